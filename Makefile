@@ -1,0 +1,53 @@
+# cronwheel: `make run` for the whole local system, `make test` for the suite.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CW := $(BIN)/cronwheel
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-15s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install cronwheel with its test tools
+
+up: install ## start the local PostgreSQL and Kafka (no Docker)
+	$(CW) up
+
+down: ## stop the local stack
+	@if [ -x $(CW) ]; then $(CW) down; fi
+
+migrate: up ## apply pending migrations
+	$(CW) migrate
+
+run: migrate ## the whole system: stack, migrations, every service, demo tenant
+	$(CW) dev --demo
+
+lint: install ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+check-schemas: install ## every Avro schema version is backward and forward compatible
+	$(BIN)/python -m cronwheel.core.schema_compat schemas
+
+unit: install ## the pure tests, no servers
+	$(BIN)/pytest tests/unit -q
+
+test: install lint check-schemas migrate ## install, bring the stack up, run the whole suite
+	$(BIN)/pytest -q
+
+bench: migrate ## benchmarks under bench/, printing their figures
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
+	rm -rf .cronwheel
+
+.PHONY: help install up down migrate run lint check-schemas unit test bench clean

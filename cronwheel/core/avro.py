@@ -1,0 +1,169 @@
+"""Avro single-object encoding of the events on Kafka.
+
+Every value is ``C3 01`` + the writer schema's 8-byte little-endian CRC-64-AVRO
+fingerprint + the Avro binary body (the Avro spec's "single-object encoding"),
+so any Avro library holding the files in ``schemas/`` can decode it without a
+schema registry service. Schemas are files named ``<Record>.v<N>.avsc``; a
+record is always written with its newest version and read with it too, records
+written under older versions being resolved to it, so a consumer holding the
+newer files reads old and new records alike (``cronwheel.core.schema_compat``
+checks that every version can be resolved to and from the one before).
+
+Decoded datums carry the wire values: timestamps are ``int`` milliseconds since
+the epoch (UTC), so decoding and re-encoding is exact. ``encode`` accepts those
+ints or timezone-aware ``datetime`` objects.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+NAMESPACE = "dev.cronwheel"
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+MARKER = b"\xc3\x01"
+HEADER_SIZE = len(MARKER) + 8
+SCHEMA_FILE = re.compile(r"(?P<record>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc")
+
+
+class UndecodableRecord(ValueError):
+    """Bytes that no version of any schema can decode: a poison message to dead-letter."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def parse_schema_filename(filename: str) -> tuple[str, int] | None:
+    """``"RunReady.v2.avsc"`` -> ``("RunReady", 2)``; None if the name breaks the rule."""
+    match = SCHEMA_FILE.fullmatch(filename)
+    return (match["record"], int(match["version"])) if match else None
+
+
+def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
+    """The CRC-64-AVRO fingerprint of the schema's Parsing Canonical Form, in the
+    little-endian byte order the single-object header carries."""
+    # fastavro already returns the hex of the little-endian bytes, as Java does.
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+def _without_logical_types(schema: Any) -> Any:
+    """The schema with its logicalType annotations dropped, so fastavro reads
+    timestamps as the ints on the wire instead of converting them to datetimes."""
+    if isinstance(schema, dict):
+        return {k: _without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [_without_logical_types(s) for s in schema]
+    return schema
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One schema file, parsed once: for writing, for reading, and its header."""
+
+    record: str
+    version: int
+    path: Path
+    schema: dict[str, Any]  # the file's JSON, as written
+    fingerprint: bytes  # 8 bytes, little-endian
+    header: bytes  # MARKER + fingerprint
+    writer: dict[str, Any]  # parsed, logical types kept
+    reader: dict[str, Any]  # parsed, logical types dropped
+
+    @classmethod
+    def load(cls, path: Path) -> SchemaVersion:
+        parsed_name = parse_schema_filename(path.name)
+        if parsed_name is None:
+            raise ValueError(f"{path}: schema files are named <Record>.v<N>.avsc")
+        record, version = parsed_name
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        fullname = f"{schema.get('namespace')}.{schema.get('name')}"
+        if schema.get("type") != "record" or fullname != f"{NAMESPACE}.{record}":
+            raise ValueError(f"{path}: expected record {NAMESPACE}.{record}, found {fullname}")
+        fp = schema_fingerprint(schema)
+        # Separate named-schema tables: v1 and v2 of a record share one full name.
+        return cls(
+            record=record,
+            version=version,
+            path=path,
+            schema=schema,
+            fingerprint=fp,
+            header=MARKER + fp,
+            writer=parse_schema(schema, named_schemas={}),
+            reader=parse_schema(_without_logical_types(schema), named_schemas={}),
+        )
+
+
+class SchemaRegistry:
+    """Every schema file of a directory, indexed by record name and by fingerprint."""
+
+    def __init__(self, directory: Path | str | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else SCHEMA_DIR
+        versions = [SchemaVersion.load(p) for p in sorted(self.directory.glob("*.avsc"))]
+        if not versions:
+            raise ValueError(f"no *.avsc schema files in {self.directory}")
+        self._by_fingerprint = {v.fingerprint: v for v in versions}
+        self._latest: dict[str, SchemaVersion] = {}
+        for v in versions:
+            if v.record not in self._latest or v.version > self._latest[v.record].version:
+                self._latest[v.record] = v
+
+    @property
+    def records(self) -> list[str]:
+        return sorted(self._latest)
+
+    def latest(self, record_name: str) -> SchemaVersion:
+        try:
+            return self._latest[record_name]
+        except KeyError:
+            raise KeyError(f"no schema for record {record_name!r} in {self.directory}") from None
+
+    def encode(self, record_name: str, datum: Mapping[str, Any]) -> bytes:
+        """Single-object encoding of ``datum`` under the newest version of the record.
+
+        Raises ``ValueError`` if a field is unknown or a field without a default is missing.
+        """
+        version = self.latest(record_name)
+        out = io.BytesIO()
+        out.write(version.header)
+        schemaless_writer(out, version.writer, datum, strict_allow_default=True)
+        return out.getvalue()
+
+    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """``(record name, datum)``, read with the newest version of the writer's record.
+
+        Raises ``UndecodableRecord`` for anything that is not a whole, valid record.
+        """
+        if not data or len(data) < HEADER_SIZE or data[: len(MARKER)] != MARKER:  # None: tombstone
+            raise UndecodableRecord("not single-object encoded")
+        fp = bytes(data[len(MARKER) : HEADER_SIZE])
+        writer = self._by_fingerprint.get(fp)
+        if writer is None:
+            raise UndecodableRecord(f"unknown fingerprint {fp.hex()}")
+        reader = self._latest[writer.record]
+        body = io.BytesIO(data[HEADER_SIZE:])
+        try:
+            datum = schemaless_reader(
+                body, writer.reader, None if reader is writer else reader.reader
+            )
+        except Exception as exc:  # any failure on untrusted bytes means the body is bad
+            raise UndecodableRecord(f"corrupt body: {exc!r}") from exc
+        trailing = len(data) - HEADER_SIZE - body.tell()
+        if trailing:
+            raise UndecodableRecord(f"corrupt body: {trailing} bytes after the record")
+        return writer.record, datum
+
+
+@functools.cache
+def default_registry() -> SchemaRegistry:
+    """The registry of the project's ``schemas/`` directory, loaded once per process."""
+    return SchemaRegistry()

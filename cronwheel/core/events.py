@@ -1,0 +1,85 @@
+"""The records the system publishes, built from domain values. Every record goes
+through the outbox: `OutboxRow`s are written in the transaction of the change
+they announce, and the relay publishes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cronwheel.core.avro import default_registry
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    partition_id: int
+    topic: str
+    key: bytes
+    value: bytes
+    headers: dict | None = None
+
+
+def run_ready(
+    *,
+    run_id: str,
+    tenant_id: str,
+    partition_id: int,
+    attempt: int,
+    scheduled_ms: int,
+    created_ms: int,
+    priority: str,
+    target: dict,
+    payload: str,
+    job_id: str | None = None,
+    workflow_run_id: str | None = None,
+    node: str | None = None,
+    covers: list[int] | tuple[int, ...] | None = None,
+) -> bytes:
+    return default_registry().encode(
+        "RunReady",
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "workflow_run_id": workflow_run_id,
+            "node": node,
+            "attempt": attempt,
+            "scheduled_at": scheduled_ms,
+            "created_at": created_ms,
+            "priority": priority,
+            "target_type": target["type"],
+            "queue": target.get("queue"),
+            "payload": payload,
+            "partition_id": partition_id,
+            "covers": list(covers) if covers else None,
+        },
+    )
+
+
+def run_completed(
+    *,
+    run_id: str,
+    tenant_id: str,
+    partition_id: int,
+    attempt: int,
+    state: str,
+    finished_ms: int,
+    job_id: str | None = None,
+    workflow_run_id: str | None = None,
+    node: str | None = None,
+    error: str | None = None,
+) -> bytes:
+    return default_registry().encode(
+        "RunCompleted",
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "workflow_run_id": workflow_run_id,
+            "node": node,
+            "attempt": attempt,
+            "state": state,
+            "finished_at": finished_ms,
+            "partition_id": partition_id,
+            "error": error,
+        },
+    )

@@ -1,0 +1,112 @@
+"""Kafka clients and topic names, configured in one place.
+
+Topic names: every topic starts with a prefix (default `cw`; tests use their own)
+so one broker can hold several independent systems.
+- `<p>.runs.<tenant_id>`: a tenant's runs, written by the relay, read by the dispatcher.
+- `<p>.q.<tenant_id>.<queue>`: a queue target's records, read by the tenant's workers.
+- `<p>.webhook.<tenant_id>`, `<p>.managed.<tenant_id>`: webhook and managed runs.
+- `<p>.run-completed`: terminal transitions, read by the workflow service.
+- `<p>.dead-letter`: records a consumer could not process, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cronwheel import config
+
+_SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+@dataclass(frozen=True)
+class Topics:
+    prefix: str = "cw"
+
+    @classmethod
+    def from_env(cls) -> Topics:
+        return cls(os.environ.get("CRONWHEEL_TOPIC_PREFIX", "cw"))
+
+    def runs(self, tenant_id: str) -> str:
+        return f"{self.prefix}.runs.{_safe(tenant_id)}"
+
+    @property
+    def runs_pattern(self) -> str:
+        return f"^{re.escape(self.prefix)}\\.runs\\..*"
+
+    def queue(self, tenant_id: str, queue: str) -> str:
+        return f"{self.prefix}.q.{_safe(tenant_id)}.{_safe(queue)}"
+
+    def webhook(self, tenant_id: str) -> str:
+        return f"{self.prefix}.webhook.{_safe(tenant_id)}"
+
+    def managed(self, tenant_id: str) -> str:
+        return f"{self.prefix}.managed.{_safe(tenant_id)}"
+
+    @property
+    def run_completed(self) -> str:
+        return f"{self.prefix}.run-completed"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.prefix}.dead-letter"
+
+
+def _safe(part: str) -> str:
+    if not _SAFE.match(part):
+        raise ValueError(f"not a valid topic name part: {part!r}")
+    return part
+
+
+def producer(bootstrap: str | None = None, **overrides) -> Producer:
+    """An idempotent producer: retries never duplicate or reorder within a partition."""
+    conf = {
+        "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 2,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": 500000,
+        "compression.type": "lz4",
+        "log_level": 3,
+    }
+    conf.update(overrides)
+    return Producer(conf)
+
+
+def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consumer:
+    """A consumer that commits only what the caller says it finished."""
+    conf = {
+        "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "topic.metadata.refresh.interval.ms": 2000,
+        "fetch.wait.max.ms": 10,
+        "log_level": 3,
+    }
+    conf.update(overrides)
+    return Consumer(conf)
+
+
+def admin(bootstrap: str | None = None) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap or config.kafka_bootstrap(), "log_level": 3})
+
+
+def ensure_topics(names: list[str], partitions: int = 8, bootstrap: str | None = None) -> None:
+    """Create topics that do not exist yet; an existing topic is not an error."""
+    client = admin(bootstrap)
+    existing = set(client.list_topics(timeout=10).topics)
+    wanted = [NewTopic(n, partitions, 1) for n in names if n not in existing]
+    if not wanted:
+        return
+    for name, fut in client.create_topics(wanted, operation_timeout=10).items():
+        try:
+            fut.result()
+        except Exception as e:  # created concurrently by another process
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise RuntimeError(f"creating topic {name}: {e}") from e

@@ -1,0 +1,46 @@
+"""Prometheus metrics, one registry per process. Services expose them on
+CRONWHEEL_METRICS_PORT (each service adds its own offset when run by `cronwheel
+dev`); the gateway also serves them at /metrics."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+RUNS_FIRED = Counter("cronwheel_runs_fired_total", "Runs created by the firing loop", ["kind"])
+FIRING_LATENESS = Histogram(
+    "cronwheel_firing_lateness_seconds",
+    "From a timer's due time to the commit of the transaction that fired it",
+    buckets=LATENESS_BUCKETS,
+)
+MISSED_INSTANTS = Counter(
+    "cronwheel_missed_instants_total", "Scheduled instants older than the catch-up window"
+)
+FENCED_TIMERS = Counter(
+    "cronwheel_fenced_timers_total", "Timers left alone because their partition lease was lost"
+)
+OWNED_PARTITIONS = Gauge(
+    "cronwheel_owned_partitions", "Partitions this instance leases", ["service"]
+)
+OUTBOX_PUBLISHED = Counter("cronwheel_outbox_published_total", "Outbox rows acknowledged by Kafka")
+OUTBOX_FAILED = Counter("cronwheel_outbox_failed_total", "Outbox rows Kafka refused (retried)")
+DEAD_LETTERS = Counter(
+    "cronwheel_dead_letters_total", "Records set aside as undecodable", ["consumer", "reason"]
+)
+CONSUMER_LAG = Gauge("cronwheel_consumer_lag", "Records behind the end of the topic", ["consumer"])
+
+SERVICE_PORT_OFFSET = {
+    "gateway": 0, "timer": 1, "relay": 2, "dispatcher": 3, "workflow": 4, "webhook": 5,
+    "executor": 6,
+}  # fmt: skip
+
+
+def serve(service: str) -> None:
+    """Expose /metrics when CRONWHEEL_METRICS_PORT is set (base port + service offset)."""
+    base = os.environ.get("CRONWHEEL_METRICS_PORT")
+    if not base or service == "gateway":
+        return
+    start_http_server(int(base) + SERVICE_PORT_OFFSET[service], addr="127.0.0.1")

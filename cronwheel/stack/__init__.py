@@ -1,0 +1,51 @@
+"""The local stack behind `cronwheel up | down | status`: PostgreSQL and Kafka on
+loopback with no Docker. Servers named by DATABASE_URL / KAFKA_BOOTSTRAP are used
+as they are and never started or stopped here."""
+
+from __future__ import annotations
+
+from cronwheel import config
+from cronwheel.stack.kafka import LocalKafka
+from cronwheel.stack.postgres import LocalPostgres
+from cronwheel.stack.process import StackError
+
+__all__ = ["StackError", "up", "down", "status"]
+
+
+def _parts():
+    home = config.project_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return LocalPostgres(home), LocalKafka(home)
+
+
+def up() -> dict:
+    pg, kafka = _parts()
+    if not config.external_database():
+        pg.up()
+    if not config.external_kafka():
+        kafka.up()
+    return status()
+
+
+def down() -> dict:
+    pg, kafka = _parts()
+    if not config.external_kafka():
+        kafka.down()
+    if not config.external_database():
+        pg.down()
+    return status()
+
+
+def status() -> dict:
+    pg, kafka = _parts()
+    return {
+        "database_url": config.database_url(),
+        "kafka_bootstrap": config.kafka_bootstrap(),
+        "postgres": "external" if config.external_database() else _state(pg.pid()),
+        "kafka": "external" if config.external_kafka() else _state(kafka.pid()),
+        "home": str(config.project_home()),
+    }
+
+
+def _state(pid: int | None) -> str:
+    return f"running (pid {pid})" if pid else "stopped"

@@ -1,0 +1,221 @@
+"""A single-node Apache Kafka broker in KRaft combined mode, for the local stack.
+
+The broker's jars come from Maven Central via `mvn dependency:copy-dependencies`
+into a per-user cache, storage is formatted once, and the JVM runs detached on
+loopback. Kafka 4.1.1: both clients we use speak it (confluent-kafka 2.16 and
+aiokafka 0.14 under faust-streaming; checked by tests/integration/test_kafka_clients.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+from cronwheel import config
+from cronwheel.stack.process import (
+    StackError,
+    pid_alive,
+    port_open,
+    read_pid,
+    require_command,
+    run,
+    stop_pid,
+    wait_until,
+)
+
+KAFKA_VERSION = "4.1.1"
+POM = Path(__file__).with_name("kafka-pom.xml")
+
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={log_dirs}
+num.partitions=8
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+delete.topic.enable=true
+log.retention.hours=24
+log.segment.bytes=67108864
+"""
+
+LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.server.name = kafka.server.KafkaServer
+logger.server.level = INFO
+"""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cronwheel" / f"kafka-{KAFKA_VERSION}"
+
+
+def ensure_jars() -> Path:
+    """Fetch the broker and its dependencies once; a marker file says it completed."""
+    libs = cache_dir() / "libs"
+    marker = cache_dir() / ".complete"
+    if marker.exists():
+        return libs
+    require_command(
+        "java", "install a JDK (17+) to run the local Kafka broker, or set KAFKA_BOOTSTRAP"
+    )
+    mvn = require_command("mvn", "install Maven to fetch the Kafka broker, or set KAFKA_BOOTSTRAP")
+    libs.mkdir(parents=True, exist_ok=True)
+    run(
+        [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+        ],
+        f"mvn fetching Kafka {KAFKA_VERSION}",
+        timeout=900,
+    )
+    marker.write_text(KAFKA_VERSION + "\n")
+    return libs
+
+
+class LocalKafka:
+    def __init__(self, home: Path):
+        self.root = home / "kafka"
+        self.data = self.root / "data"
+        self.props = self.root / "server.properties"
+        self.pidfile = self.root / "kafka.pid"
+        self.log = self.root / "kafka.log"
+        self.stdout = self.root / "kafka.out"
+        self.port = config.KAFKA_PORT
+        self.controller_port = config.KAFKA_CONTROLLER_PORT
+
+    @property
+    def bootstrap(self) -> str:
+        return config.LOCAL_KAFKA_BOOTSTRAP
+
+    def pid(self) -> int | None:
+        pid = read_pid(self.pidfile)
+        return pid if pid_alive(pid) else None
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def up(self) -> None:
+        if self.running():
+            wait_until(self._answers, 60, "Kafka", on_fail=self._log_tail)
+            return
+        java = require_command("java", "install a JDK (17+) or set KAFKA_BOOTSTRAP")
+        libs = ensure_jars()
+        for port in (self.port, self.controller_port):
+            if port_open(port):
+                raise StackError(
+                    f"port {port} is taken by another process: set CRONWHEEL_KAFKA_PORT / "
+                    "CRONWHEEL_KAFKA_CONTROLLER_PORT or KAFKA_BOOTSTRAP"
+                )
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.props.write_text(
+            SERVER_PROPERTIES.format(
+                port=self.port, controller_port=self.controller_port, log_dirs=self.data
+            )
+        )
+        log4j = self.root / "log4j2.properties"
+        log4j.write_text(LOG4J2.format(log=self.log))
+        classpath = f"{libs}/*"
+        if not (self.data / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            run(
+                [
+                    java,
+                    "-cp",
+                    classpath,
+                    f"-Dlog4j2.configurationFile={log4j}",
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(self.props),
+                ],
+                "formatting Kafka storage",
+            )
+        with open(self.stdout, "ab") as out:
+            proc = subprocess.Popen(
+                [
+                    java,
+                    "-Xms256m",
+                    "-Xmx1g",
+                    "-XX:+UseG1GC",
+                    "-XX:MaxGCPauseMillis=20",
+                    "-Djava.awt.headless=true",
+                    f"-Dlog4j2.configurationFile={log4j}",
+                    "-cp",
+                    classpath,
+                    "kafka.Kafka",
+                    str(self.props),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pidfile.write_text(f"{proc.pid}\n")
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise StackError(f"Kafka exited with code {proc.returncode}{self._log_tail()}")
+            return self._answers()
+
+        wait_until(answers, 90, "Kafka", on_fail=self._log_tail)
+
+    def _answers(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        try:
+            md = admin.list_topics(timeout=2)
+        except Exception:
+            return False
+        return bool(md.brokers)
+
+    def _log_tail(self) -> str:
+        for path in (self.log, self.stdout):
+            try:
+                lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            except OSError:
+                continue
+            errors = [ln for ln in lines if "ERROR" in ln or "Exception" in ln]
+            if errors or lines:
+                return ": " + (errors or lines)[-1][:300]
+        return ""
+
+    def down(self) -> None:
+        pid = self.pid()
+        if pid:
+            stop_pid(pid, timeout=30)
+        self.pidfile.unlink(missing_ok=True)

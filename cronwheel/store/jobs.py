@@ -1,0 +1,390 @@
+"""Tenant and job operations: the one place that writes jobs and their timers.
+
+Each operation is one transaction in one partition (the job's), so a job, its
+timer and the runs it creates change together or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import asdict
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from cronwheel.core import events
+from cronwheel.core.clock import iso, to_dt, to_ms
+from cronwheel.core.errors import Conflict, NotFound, ValidationError
+from cronwheel.core.firing import next_due
+from cronwheel.core.ids import new_id, partition_of, run_id_for_instant, run_id_for_trigger
+from cronwheel.core.jobs import JobSpec, parse_job
+from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
+from cronwheel.core.schedule import parse_schedule
+from cronwheel.kafka import Topics
+from cronwheel.store import outbox
+from cronwheel.store.firing import insert_runs, job_timer_id, run_spec
+from cronwheel.store.sql_loader import queries
+
+Q = queries("jobs")
+QF = queries("firing")
+MAX_BACKFILL = 1000
+DEFAULT_CLASSES = ("high", "normal", "low")
+
+
+def hash_key(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def new_api_key() -> tuple[str, str]:
+    """(key_id, secret): 32 random bytes; only the hash is stored."""
+    return new_id("key"), "cw_" + secrets.token_urlsafe(32)
+
+
+def create_tenant(
+    conn: psycopg.Connection,
+    name: str,
+    cell: str = "local",
+    priority_classes: list[str] | None = None,
+) -> dict:
+    classes = list(priority_classes or DEFAULT_CLASSES)
+    bad = [c for c in classes if c not in PRIORITIES]
+    if bad:
+        raise ValidationError("priority_classes", f"unknown class {bad[0]!r}")
+    if not isinstance(name, str) or not 1 <= len(name) <= 200:
+        raise ValidationError("name", "must be a string of 1-200 characters")
+    tenant_id = new_id("ten")
+    key_id, secret = new_api_key()
+    with conn.transaction():
+        try:
+            row = conn.execute(
+                Q["insert_tenant"],
+                {"tenant_id": tenant_id, "name": name, "cell": cell, "classes": classes},
+            ).fetchone()
+        except psycopg.errors.UniqueViolation as e:
+            raise Conflict("TENANT_EXISTS", f"a tenant named {name!r} exists") from e
+        conn.execute(
+            Q["insert_api_key"],
+            {"key_id": key_id, "tenant_id": tenant_id, "hash": hash_key(secret)},
+        )
+    return {
+        "tenant_id": row[0],
+        "name": row[1],
+        "cell": row[2],
+        "priority_classes": row[3],
+        "api_key": secret,
+    }
+
+
+def tenant_for_key(conn: psycopg.Connection, secret: str) -> dict | None:
+    row = conn.execute(Q["tenant_by_key"], {"hash": hash_key(secret)}).fetchone()
+    if not row:
+        return None
+    return {"tenant_id": row[0], "name": row[1], "cell": row[2], "priority_classes": row[3]}
+
+
+def _timer_params(job_id: str, partition: int, due_ms: int, priority: str) -> dict:
+    return {
+        "p": partition,
+        "id": job_timer_id(job_id),
+        "kind": "job",
+        "owner": job_id,
+        "due": to_dt(due_ms),
+        "prio": PRIORITY_RANK[priority],
+        "attempt": None,
+    }
+
+
+def _set_timer(conn, job_id: str, partition: int, due_ms: int | None, priority: str) -> None:
+    if due_ms is None:
+        conn.execute(QF["delete_timers"], {"p": [partition], "id": [job_timer_id(job_id)]})
+        return
+    conn.execute(QF["upsert_timer"], _timer_params(job_id, partition, due_ms, priority))
+    conn.execute(QF["notify_timer"], {"due_ms": due_ms})
+
+
+def _spec_columns(spec: JobSpec) -> dict:
+    return {
+        "name": spec.name,
+        "schedule": Jsonb(spec.schedule),
+        "target": Jsonb(spec.target),
+        "payload": spec.payload,
+        "priority": spec.priority,
+        "retry": Jsonb(asdict(spec.retry)),
+        "timeout_ms": spec.timeout_ms,
+        "lease_ms": spec.lease_ms,
+        "overlap": spec.overlap,
+        "catchup": Jsonb(asdict(spec.catchup)),
+        "jitter_ms": spec.jitter_ms,
+    }
+
+
+class Jobs:
+    def __init__(self, topics: Topics):
+        self.topics = topics
+
+    # -- views -------------------------------------------------------------
+    def view(self, row: dict) -> dict:
+        schedule = dict(row["schedule"])
+        schedule.update(jitter_ms=row["jitter_ms"], catchup=row["catchup"], overlap=row["overlap"])
+        out = {
+            "job_id": row["job_id"],
+            "tenant_id": row["tenant_id"],
+            "name": row["name"],
+            "schedule": schedule,
+            "target": row["target"],
+            "payload": json.loads(row["payload"]),
+            "priority": row["priority"],
+            "retry": row["retry"],
+            "timeout_ms": row["timeout_ms"],
+            "lease_ms": row["lease_ms"],
+            "paused": row["paused"],
+            "version": row["version"],
+            "next_fire_at": iso(to_ms(row["next_due_at"])) if row.get("next_due_at") else None,
+            "last_instant": iso(to_ms(row["last_instant"])) if row["last_instant"] else None,
+            "fired_count": row["fired_count"],
+            "missed_count": row["missed_count"],
+            "overlap_skipped": row["overlap_skipped"],
+            "created_at": iso(to_ms(row["created_at"])),
+            "updated_at": iso(to_ms(row["updated_at"])),
+        }
+        if row["target"]["type"] == "queue":
+            out["topic"] = self.topics.queue(row["tenant_id"], row["target"]["queue"])
+        return out
+
+    def _load(self, conn, tenant_id: str, job_id: str, lock: bool = False) -> dict:
+        try:
+            partition = partition_of(job_id)
+        except Exception as e:  # pragma: no cover - partition_of accepts any string
+            raise NotFound("job") from e
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                Q["lock_job" if lock else "get_job"],
+                {"partition_id": partition, "job_id": job_id, "tenant_id": tenant_id},
+            ).fetchone()
+        if row is None:
+            raise NotFound("job")
+        return row
+
+    def get(self, conn, tenant_id: str, job_id: str) -> dict:
+        return self.view(self._load(conn, tenant_id, job_id))
+
+    def list(self, conn, tenant_id: str, cursor: str | None = None, limit: int = 50) -> dict:
+        after_created, after_id = None, None
+        if cursor:
+            try:
+                ms, after_id = cursor.split(".", 1)
+                after_created = to_dt(int(ms))
+            except ValueError as e:
+                raise ValidationError("cursor", "is not a cursor this API returned") from e
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                Q["list_jobs"],
+                {
+                    "tenant_id": tenant_id,
+                    "after_created": after_created,
+                    "after_id": after_id,
+                    "limit": limit + 1,
+                },
+            ).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = f"{to_ms(rows[-1]['created_at'])}.{rows[-1]['job_id']}" if more else None
+        return {"items": [self.view(r) for r in rows], "next_cursor": nxt}
+
+    # -- changes -----------------------------------------------------------
+    def create(self, conn, tenant: dict, body: Any, now: int) -> dict:
+        spec = parse_job(body, now_ms=now, allowed_priorities=tuple(tenant["priority_classes"]))
+        job_id = new_id("job")
+        partition = partition_of(job_id)
+        sched = parse_schedule(spec.schedule, anchor_ms=now)
+        nxt = next_due(sched, job_id, now, spec.jitter_ms)
+        with conn.transaction():
+            conn.execute(
+                Q["insert_job"],
+                {
+                    "partition_id": partition,
+                    "job_id": job_id,
+                    "tenant_id": tenant["tenant_id"],
+                    "now": to_dt(now),
+                    **_spec_columns(spec),
+                },
+            )
+            _set_timer(conn, job_id, partition, nxt[1] if nxt else None, spec.priority)
+        return self.get(conn, tenant["tenant_id"], job_id)
+
+    def update(self, conn, tenant: dict, job_id: str, patch: Any, now: int) -> dict:
+        """Merge `patch` into the job as the API shows it, validate the whole, and
+        move the timer. A changed schedule starts from now: it never back-fires."""
+        if not isinstance(patch, dict):
+            raise ValidationError("body", "must be an object")
+        with conn.transaction():
+            row = self._load(conn, tenant["tenant_id"], job_id, lock=True)
+            current = self.view({**row, "next_due_at": None})
+            merged = {
+                k: current[k]
+                for k in ("name", "schedule", "target", "payload", "priority", "retry", "lease_ms")
+            }
+            if current["timeout_ms"] is not None:
+                merged["timeout_ms"] = current["timeout_ms"]
+            merged.update(patch)
+            spec = parse_job(
+                merged, now_ms=now, allowed_priorities=tuple(tenant["priority_classes"])
+            )
+            schedule_changed = (
+                spec.schedule != row["schedule"] or spec.jitter_ms != row["jitter_ms"]
+            )
+            anchor = now if schedule_changed else to_ms(row["anchor_at"])
+            conn.execute(
+                Q["update_job"],
+                {
+                    "partition_id": row["partition_id"],
+                    "job_id": job_id,
+                    "now": to_dt(now),
+                    "anchor_at": to_dt(anchor),
+                    **_spec_columns(spec),
+                },
+            )
+            if schedule_changed:
+                conn.execute(
+                    "UPDATE jobs SET last_instant = %s WHERE partition_id = %s AND job_id = %s",
+                    [to_dt(now), row["partition_id"], job_id],
+                )
+            if not row["paused"]:
+                last = now if schedule_changed else to_ms(row["last_instant"])
+                nxt = next_due(
+                    parse_schedule(spec.schedule, anchor_ms=anchor), job_id, last, spec.jitter_ms
+                )
+                _set_timer(
+                    conn, job_id, row["partition_id"], nxt[1] if nxt else None, spec.priority
+                )
+        return self.get(conn, tenant["tenant_id"], job_id)
+
+    def pause(self, conn, tenant: dict, job_id: str, now: int) -> dict:
+        with conn.transaction():
+            row = self._load(conn, tenant["tenant_id"], job_id, lock=True)
+            if not row["paused"]:
+                conn.execute(
+                    Q["set_paused"],
+                    {
+                        "paused": True,
+                        "now": to_dt(now),
+                        "partition_id": row["partition_id"],
+                        "job_id": job_id,
+                    },
+                )
+                _set_timer(conn, job_id, row["partition_id"], None, row["priority"])
+        return self.get(conn, tenant["tenant_id"], job_id)
+
+    def resume(self, conn, tenant: dict, job_id: str, now: int) -> dict:
+        """Instants missed while paused go through the catch-up window like downtime."""
+        with conn.transaction():
+            row = self._load(conn, tenant["tenant_id"], job_id, lock=True)
+            if row["paused"]:
+                conn.execute(
+                    Q["set_paused"],
+                    {
+                        "paused": False,
+                        "now": to_dt(now),
+                        "partition_id": row["partition_id"],
+                        "job_id": job_id,
+                    },
+                )
+                sched = parse_schedule(row["schedule"], anchor_ms=to_ms(row["anchor_at"]))
+                nxt = next_due(sched, job_id, to_ms(row["last_instant"]), row["jitter_ms"])
+                _set_timer(
+                    conn, job_id, row["partition_id"], nxt[1] if nxt else None, row["priority"]
+                )
+        return self.get(conn, tenant["tenant_id"], job_id)
+
+    def delete(self, conn, tenant: dict, job_id: str, now: int) -> None:
+        with conn.transaction():
+            row = self._load(conn, tenant["tenant_id"], job_id, lock=True)
+            p = row["partition_id"]
+            conn.execute(
+                Q["soft_delete_job"], {"now": to_dt(now), "partition_id": p, "job_id": job_id}
+            )
+            _set_timer(conn, job_id, p, None, row["priority"])
+            cancelled = conn.execute(
+                Q["cancel_pending_runs_of_job"],
+                {"now": to_dt(now), "partition_id": p, "job_id": job_id},
+            ).fetchall()
+            outbox.append(
+                conn,
+                [
+                    events.OutboxRow(
+                        p,
+                        self.topics.run_completed,
+                        run_id.encode(),
+                        events.run_completed(
+                            run_id=run_id,
+                            tenant_id=row["tenant_id"],
+                            partition_id=p,
+                            attempt=1,
+                            state="CANCELLED",
+                            finished_ms=now,
+                            job_id=job_id,
+                            error="job deleted",
+                        ),
+                    )
+                    for (run_id,) in cancelled
+                ],
+            )
+
+    def _runs_for(self, row: dict, instants: list[tuple[str, int]]) -> list[dict]:
+        spec = run_spec(row)
+        return [
+            {
+                "partition_id": row["partition_id"],
+                "run_id": run_id,
+                "tenant_id": row["tenant_id"],
+                "job_id": row["job_id"],
+                "scheduled_ms": at,
+                "covers": None,
+                "priority": row["priority"],
+                "spec": spec,
+            }
+            for run_id, at in instants
+        ]
+
+    def trigger(self, conn, tenant: dict, job_id: str, now: int) -> dict:
+        """A run now, outside the schedule (also for paused jobs: an explicit ask)."""
+        with conn.transaction():
+            row = self._load(conn, tenant["tenant_id"], job_id, lock=True)
+            run_id = run_id_for_trigger(job_id, now)
+            rows = insert_runs(conn, self.topics, self._runs_for(row, [(run_id, now)]), now)
+            outbox.append(conn, rows)
+        return {"run_id": run_id, "created": bool(rows)}
+
+    def backfill(
+        self, conn, tenant: dict, job_id: str, start_ms: int, end_ms: int, now: int
+    ) -> dict:
+        """Runs for the schedule's instants in [start, end]. They carry the same ids
+        as scheduled fires, so an instant that already ran is not run again."""
+        if end_ms < start_ms:
+            raise ValidationError("to", "must not be before from")
+        if end_ms > now:
+            raise ValidationError("to", "must not be in the future")
+        with conn.transaction():
+            row = self._load(conn, tenant["tenant_id"], job_id, lock=True)
+            sched = parse_schedule(row["schedule"], anchor_ms=to_ms(row["anchor_at"]))
+            instants: list[int] = []
+            fire = sched.next_after(start_ms - 1)
+            while fire is not None and fire.at_ms <= end_ms:
+                instants.append(fire.at_ms)
+                if len(instants) > MAX_BACKFILL:
+                    raise ValidationError(
+                        "to", f"the range holds more than {MAX_BACKFILL} instants"
+                    )
+                fire = sched.next_after(fire.at_ms)
+            runs = self._runs_for(row, [(run_id_for_instant(job_id, at), at) for at in instants])
+            rows = insert_runs(conn, self.topics, runs, now)
+            outbox.append(conn, rows)
+        return {
+            "instants": len(instants),
+            "created": len(rows),
+            "already_existed": len(instants) - len(rows),
+        }

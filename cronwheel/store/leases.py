@@ -1,0 +1,87 @@
+"""Partition leases, fenced by epoch.
+
+Each instance of a partitioned service (timer, relay) holds leases on a share of
+the 1024 partitions, renews them every third of the TTL, takes expired ones up
+to its fair share and releases extras when others join. Writers call
+`verify_and_lock` inside their transaction: it returns only the partitions still
+owned at the known epoch and holds a share lock, so a takeover (which raises
+the epoch) waits for the transaction, and a paused former owner is refused after.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+import psycopg
+
+from cronwheel.core.clock import now_ms, to_dt
+from cronwheel.core.ids import PARTITIONS
+from cronwheel.store.sql_loader import queries
+
+Q = queries("leases")
+
+
+@dataclass
+class Leases:
+    service: str
+    ttl_ms: int = 10_000
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    owned: dict[int, int] = field(default_factory=dict)  # partition -> epoch
+    _seeded: bool = False
+
+    def _params(self, now: int, **extra) -> dict:
+        return {
+            "service": self.service,
+            "owner": self.owner,
+            "now": to_dt(now),
+            "ttl_s": self.ttl_ms / 1000,
+            **extra,
+        }
+
+    def tick(self, conn: psycopg.Connection, now: int | None = None) -> dict[int, int]:
+        """Renew, rebalance toward a fair share, and return {partition: epoch} owned."""
+        now = now_ms() if now is None else now
+        with conn.transaction():
+            if not self._seeded:
+                conn.execute(Q["seed_partitions"], {"service": self.service})
+                self._seeded = True
+            conn.execute(Q["announce_member"], self._params(now))
+            owned = dict(conn.execute(Q["renew_owned"], self._params(now)).fetchall())
+            live = 1 + conn.execute(Q["count_live_owners"], self._params(now)).fetchone()[0]
+            share = math.ceil(PARTITIONS / live)
+            if len(owned) < share:
+                got = conn.execute(
+                    Q["acquire_free"], self._params(now, want=share - len(owned))
+                ).fetchall()
+                owned.update(dict(got))
+            elif len(owned) > share:
+                extra = sorted(owned)[share:]
+                conn.execute(Q["release"], self._params(now, partitions=extra))
+                for p in extra:
+                    owned.pop(p)
+        self.owned = owned
+        return owned
+
+    def release_all(self, conn: psycopg.Connection) -> None:
+        with conn.transaction():
+            conn.execute(Q["release"], self._params(now_ms(), partitions=list(self.owned)))
+            conn.execute(Q["leave_members"], self._params(now_ms()))
+        self.owned = {}
+
+    def verify_and_lock(self, conn: psycopg.Connection, partitions: set[int]) -> set[int]:
+        """Inside a transaction: which of `partitions` are still ours at our epoch."""
+        ps = sorted(p for p in partitions if p in self.owned)
+        if not ps:
+            return set()
+        rows = conn.execute(
+            Q["verify_and_lock"],
+            {
+                "service": self.service,
+                "owner": self.owner,
+                "partitions": ps,
+                "epochs": [self.owned[p] for p in ps],
+            },
+        ).fetchall()
+        return {r[0] for r in rows}

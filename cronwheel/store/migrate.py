@@ -1,0 +1,84 @@
+"""Numbered, forward-only SQL migrations, applied by `cronwheel migrate`.
+
+Files are `migrations/NNNN_name.sql`. Each runs in its own transaction and is
+recorded in `schema_migrations`; a session advisory lock makes two concurrent
+`migrate` calls safe (the second waits, then finds nothing to do). A file whose
+first line is `-- cronwheel: no-transaction` runs outside a transaction (for
+`CREATE INDEX CONCURRENTLY` in contract/expand steps on big tables).
+See docs/migrations.md for the expand / migrate / contract rule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+LOCK_KEY = 0x63726F6E  # "cron": one advisory lock id for every migrate call
+NO_TX_MARKER = "-- cronwheel: no-transaction"
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    @property
+    def sql(self) -> str:
+        return self.path.read_text()
+
+
+def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        m = _NAME.match(path.name)
+        if not m:
+            raise ValueError(f"migration file name must be NNNN_name.sql: {path.name}")
+        found.append(Migration(int(m.group(1)), m.group(2), path))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise ValueError(f"migration numbers must run 1..N without gaps, got {versions}")
+    return found
+
+
+def applied_versions(conn: psycopg.Connection) -> set[int]:
+    exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return set()
+    return {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+
+
+def migrate(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Apply pending migrations in order; returns those applied by this call."""
+    pending_all = discover(directory)
+    applied: list[Migration] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version int PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = applied_versions(conn)
+            for mig in pending_all:
+                if mig.version in done:
+                    continue
+                sql = mig.sql
+                record = "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)"
+                if sql.lstrip().startswith(NO_TX_MARKER):
+                    conn.execute(sql)
+                    conn.execute(record, [mig.version, mig.name])
+                else:
+                    with conn.transaction():
+                        conn.execute(sql)
+                        conn.execute(record, [mig.version, mig.name])
+                applied.append(mig)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+    return applied

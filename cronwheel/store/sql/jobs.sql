@@ -1,0 +1,72 @@
+-- Tenants, keys and jobs.
+
+-- name: insert_tenant
+INSERT INTO tenants (tenant_id, name, cell, priority_classes)
+VALUES (%(tenant_id)s, %(name)s, %(cell)s, %(classes)s)
+RETURNING tenant_id, name, cell, priority_classes, created_at;
+
+-- name: insert_api_key
+INSERT INTO api_keys (key_id, tenant_id, key_hash) VALUES (%(key_id)s, %(tenant_id)s, %(hash)s);
+
+-- name: tenant_by_key
+SELECT t.tenant_id, t.name, t.cell, t.priority_classes
+  FROM api_keys k JOIN tenants t USING (tenant_id)
+ WHERE k.key_hash = %(hash)s AND k.revoked_at IS NULL;
+
+-- name: get_tenant
+SELECT tenant_id, name, cell, priority_classes, created_at FROM tenants WHERE tenant_id = %(tenant_id)s;
+
+-- name: insert_job
+INSERT INTO jobs (partition_id, job_id, tenant_id, name, schedule, target, payload, priority,
+                  retry, timeout_ms, lease_ms, overlap, catchup, jitter_ms, anchor_at,
+                  last_instant, created_at, updated_at)
+VALUES (%(partition_id)s, %(job_id)s, %(tenant_id)s, %(name)s, %(schedule)s, %(target)s,
+        %(payload)s, %(priority)s, %(retry)s, %(timeout_ms)s, %(lease_ms)s, %(overlap)s,
+        %(catchup)s, %(jitter_ms)s, %(now)s, %(now)s, %(now)s, %(now)s);
+
+-- name: get_job
+SELECT j.*, t.due_at AS next_due_at
+  FROM jobs j
+  LEFT JOIN timers t ON t.partition_id = j.partition_id AND t.timer_id = 'job:' || j.job_id
+ WHERE j.partition_id = %(partition_id)s AND j.job_id = %(job_id)s
+   AND j.tenant_id = %(tenant_id)s AND j.deleted_at IS NULL;
+
+-- name: lock_job
+SELECT * FROM jobs
+ WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+   AND tenant_id = %(tenant_id)s AND deleted_at IS NULL
+   FOR UPDATE;
+
+-- name: list_jobs
+-- Keyset pagination on (created_at, job_id): stable while jobs are added.
+SELECT j.*, t.due_at AS next_due_at
+  FROM jobs j
+  LEFT JOIN timers t ON t.partition_id = j.partition_id AND t.timer_id = 'job:' || j.job_id
+ WHERE j.tenant_id = %(tenant_id)s AND j.deleted_at IS NULL
+   AND (%(after_created)s::timestamptz IS NULL
+        OR (j.created_at, j.job_id) > (%(after_created)s, %(after_id)s))
+ ORDER BY j.created_at, j.job_id
+ LIMIT %(limit)s;
+
+-- name: update_job
+UPDATE jobs
+   SET name = %(name)s, schedule = %(schedule)s, target = %(target)s, payload = %(payload)s,
+       priority = %(priority)s, retry = %(retry)s, timeout_ms = %(timeout_ms)s,
+       lease_ms = %(lease_ms)s, overlap = %(overlap)s, catchup = %(catchup)s,
+       jitter_ms = %(jitter_ms)s, anchor_at = %(anchor_at)s, version = version + 1,
+       updated_at = %(now)s
+ WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: set_paused
+UPDATE jobs SET paused = %(paused)s, updated_at = %(now)s, version = version + 1
+ WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: soft_delete_job
+UPDATE jobs SET deleted_at = %(now)s, updated_at = %(now)s
+ WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: cancel_pending_runs_of_job
+UPDATE runs SET state = 'CANCELLED', finished_at = %(now)s, updated_at = %(now)s
+ WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s
+   AND state IN ('PENDING', 'RETRY_WAIT')
+RETURNING run_id;

@@ -1,0 +1,122 @@
+"""The outbox relay: publishes outbox rows of its leased partitions to Kafka and
+deletes them only after the broker acknowledged them.
+
+A crash between produce and delete publishes those rows again on restart, so a
+topic may hold duplicates; every consumer is idempotent by run_id (and attempt),
+and the database never holds two runs for one instant. The producer is
+idempotent, so retries inside one session neither duplicate nor reorder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import psycopg
+
+from cronwheel import kafka, metrics
+from cronwheel.store import outbox
+from cronwheel.store.leases import Leases
+
+log = logging.getLogger("cronwheel.relay")
+
+
+class Relay:
+    def __init__(
+        self,
+        dsn: str,
+        bootstrap: str,
+        *,
+        batch: int = 5000,
+        lease_ttl_ms: int = 10_000,
+        idle_ms: int = 500,
+        instance: str | None = None,
+    ):
+        self.dsn = dsn
+        self.producer = kafka.producer(bootstrap)
+        self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
+        if instance:
+            self.leases.owner = instance
+        self.batch = batch
+        self.idle_ms = idle_ms
+        self.published_total = 0
+
+    def run(self, stop: threading.Event) -> None:
+        with (
+            psycopg.connect(self.dsn, autocommit=True) as conn,
+            psycopg.connect(self.dsn, autocommit=True) as listen,
+        ):
+            listen.execute("LISTEN cw_outbox")
+            next_lease = 0.0
+            try:
+                while not stop.is_set():
+                    if time.monotonic() >= next_lease:
+                        self.leases.tick(conn)
+                        metrics.OWNED_PARTITIONS.labels("relay").set(len(self.leases.owned))
+                        next_lease = time.monotonic() + self.leases.ttl_ms / 3000
+                    n = self.relay_once(conn)
+                    if n >= self.batch:
+                        continue
+                    # Drain notifications; wait for one if nothing was pending.
+                    for _ in listen.notifies(timeout=self.idle_ms / 1000, stop_after=1):
+                        pass
+            finally:
+                self.producer.flush(10)
+                try:
+                    self.leases.release_all(conn)
+                except psycopg.Error:
+                    log.warning("could not release leases on the way out")
+
+    def relay_once(self, conn: psycopg.Connection) -> int:
+        """Publish one batch and delete what Kafka acknowledged; returns rows read."""
+        if not self.leases.owned:
+            return 0
+        rows = outbox.read_batch(conn, list(self.leases.owned), self.batch)
+        if not rows:
+            return 0
+        acked: list[int] = []
+        failed = 0
+
+        def on_delivery(err, _msg, row_id):
+            nonlocal failed
+            if err is None:
+                acked.append(row_id)
+            else:
+                failed += 1
+
+        for row_id, topic, key, value, headers in rows:
+            hdrs = (
+                list(headers.items())
+                if isinstance(headers, dict)
+                else (list(json.loads(headers).items()) if headers else None)
+            )
+            while True:
+                try:
+                    self.producer.produce(
+                        topic,
+                        value=bytes(value),
+                        key=bytes(key) if key is not None else None,
+                        headers=hdrs,
+                        on_delivery=lambda err, msg, rid=row_id: on_delivery(err, msg, rid),
+                    )
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)  # local queue full: let deliveries drain
+        remaining = self.producer.flush(30)
+        if remaining:
+            log.warning(
+                "%d records not acknowledged within 30 s; they stay in the outbox", remaining
+            )
+        with conn.transaction():
+            outbox.delete_delivered(conn, acked)
+        self.published_total += len(acked)
+        metrics.OUTBOX_PUBLISHED.inc(len(acked))
+        if failed:
+            metrics.OUTBOX_FAILED.inc(failed)
+            log.warning("%d outbox rows failed to publish; retrying on the next pass", failed)
+        return len(rows)
+
+    def close(self) -> None:
+        self.producer.flush(10)

@@ -1,0 +1,128 @@
+"""The timer service: the firing loop over due timers of the partitions it leases.
+
+It sleeps until the earliest due time it knows of. The next few seconds of due
+times are loaded into memory ahead of time (the timing wheel), so it wakes at the
+due millisecond rather than on a polling tick; LISTEN/NOTIFY on `cw_timers` wakes
+it early when a nearer timer is written. The database stays the truth: the wheel
+only decides when to look, and every firing claims rows in a transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+
+from cronwheel import metrics
+from cronwheel.core.clock import now_ms
+from cronwheel.kafka import Topics
+from cronwheel.store.firing import FireReport, Firing, Handler
+from cronwheel.store.leases import Leases
+
+log = logging.getLogger("cronwheel.timer")
+
+
+class TimingWheel:
+    """The upcoming due times of owned partitions, earliest first. Refilled from the
+    database each loop; NOTIFY adds a nearer one between refills."""
+
+    def __init__(self) -> None:
+        self._due: list[int] = []
+
+    def load(self, due_times: list[int]) -> None:
+        self._due = sorted(due_times)
+
+    def add(self, due: int) -> None:
+        self._due.append(due)
+        self._due.sort()
+
+    def next_due(self) -> int | None:
+        return self._due[0] if self._due else None
+
+
+class TimerService:
+    def __init__(
+        self,
+        dsn: str,
+        topics: Topics,
+        *,
+        batch: int = 500,
+        lease_ttl_ms: int = 10_000,
+        lookahead_ms: int = 2_000,
+        idle_ms: int = 1_000,
+        handlers: dict[str, Handler] | None = None,
+        clock: Callable[[], int] = now_ms,
+        instance: str | None = None,
+    ):
+        self.dsn = dsn
+        self.firing = Firing(topics, handlers)
+        self.leases = Leases("timer", ttl_ms=lease_ttl_ms)
+        if instance:
+            self.leases.owner = instance
+        self.batch = batch
+        self.lookahead_ms = lookahead_ms
+        self.idle_ms = idle_ms
+        self.clock = clock
+        self.wheel = TimingWheel()
+        self.fired_total = 0
+
+    def run(self, stop: threading.Event) -> None:
+        with (
+            psycopg.connect(self.dsn, autocommit=True) as conn,
+            psycopg.connect(self.dsn, autocommit=True) as listen,
+        ):
+            listen.execute("LISTEN cw_timers")
+            next_lease = 0
+            try:
+                while not stop.is_set():
+                    now = self.clock()
+                    if now >= next_lease:
+                        self.leases.tick(conn, now)
+                        metrics.OWNED_PARTITIONS.labels("timer").set(len(self.leases.owned))
+                        next_lease = now + self.leases.ttl_ms // 3
+                    report = self.fire_once(conn, now)
+                    if report.timers + report.fenced >= self.batch:
+                        continue  # more is due: no sleep
+                    if report.fenced:
+                        next_lease = 0  # our view of the leases is stale
+                    self._sleep(conn, listen, next_lease, stop)
+            finally:
+                try:
+                    self.leases.release_all(conn)
+                except psycopg.Error:
+                    log.warning("could not release leases on the way out")
+
+    def fire_once(self, conn: psycopg.Connection, now: int) -> FireReport:
+        report = self.firing.fire_due(conn, self.leases, now, self.batch)
+        if report.runs_created:
+            self.fired_total += report.runs_created
+            metrics.RUNS_FIRED.labels("job").inc(report.runs_created)
+            committed = self.clock()
+            for late in report.lateness_ms:
+                metrics.FIRING_LATENESS.observe(max(0, committed - now + late) / 1000)
+        if report.missed:
+            metrics.MISSED_INSTANTS.inc(report.missed)
+        if report.fenced:
+            metrics.FENCED_TIMERS.inc(report.fenced)
+        return report
+
+    def _sleep(self, conn, listen, next_lease: int, stop: threading.Event) -> None:
+        now = self.clock()
+        self.wheel.load(
+            self.firing.upcoming(conn, list(self.leases.owned), now + self.lookahead_ms)
+        )
+        wake = min(self.wheel.next_due() or now + self.idle_ms, next_lease, now + self.idle_ms)
+        while not stop.is_set():
+            remaining = wake - self.clock()
+            if remaining <= 0:
+                return
+            # At most 250 ms per wait, so a stop request is seen promptly.
+            for note in listen.notifies(timeout=min(remaining, 250) / 1000, stop_after=1):
+                try:
+                    due = int(note.payload)
+                except ValueError:
+                    due = self.clock()
+                self.wheel.add(due)
+                wake = min(wake, due)

@@ -1,0 +1,40 @@
+"""Shared fixtures: real servers, a fresh database and unique topics per test."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.support import db as dbsupport
+from tests.support.servers import Servers, provide
+
+
+@pytest.fixture(scope="session")
+def servers() -> Servers:
+    with provide() as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def db_template(servers: Servers) -> str:
+    return dbsupport.template(servers.database_url)
+
+
+@pytest.fixture
+def database_url(servers: Servers, db_template: str) -> str:
+    """A migrated database of this test's own, dropped afterwards."""
+    name = dbsupport.clone(servers.database_url, db_template)
+    yield dbsupport.with_dbname(servers.database_url, name)
+    dbsupport.drop(servers.database_url, name)
+
+
+@pytest.fixture
+def kafka_bootstrap(servers: Servers) -> str:
+    return servers.kafka_bootstrap
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """Topics of this test start with this, so tests never read each other's records."""
+    return f"t{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,65 @@
+"""The firing path end to end, in-process: job -> timer -> run + outbox -> relay -> Kafka."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from cronwheel.core.clock import now_ms, to_ms
+from cronwheel.core.ids import run_id_for_instant
+from cronwheel.kafka import Topics
+from cronwheel.store.jobs import Jobs, create_tenant
+from services.relay.service import Relay
+from services.timer.service import TimerService
+from tests.support.kafka import drain
+from tests.support.running import running
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def conn(database_url):
+    with psycopg.connect(database_url, autocommit=True) as c:
+        yield c
+
+
+def test_every_ms_job__fires_on_its_instants__records_reach_the_tenant_topic(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    job = Jobs(topics).create(
+        conn,
+        tenant,
+        {
+            "name": "tick",
+            "schedule": {"every_ms": 200},
+            "target": {"type": "queue", "queue": "billing"},
+            "payload": {"hello": "world"},
+        },
+        now_ms(),
+    )
+    assert job["topic"] == topics.queue(tenant["tenant_id"], "billing")
+    timer = TimerService(database_url, topics, lease_ttl_ms=5000)
+    relay = Relay(database_url, kafka_bootstrap)
+    with running(relay):
+        with running(timer):
+            records = drain(kafka_bootstrap, topics.runs(tenant["tenant_id"]), want=5)
+        outbox_rows = "SELECT count(*) FROM outbox"
+        wait_for(lambda: conn.execute(outbox_rows).fetchone()[0] == 0, what="outbox drained")
+    assert len(records) >= 5
+    for _topic, key, name, datum, _msg in records:
+        assert name == "RunReady"
+        assert key.decode() == datum["run_id"]
+        assert datum["run_id"] == run_id_for_instant(job["job_id"], datum["scheduled_at"])
+        assert datum["payload"] == '{"hello":"world"}'
+        assert datum["queue"] == "billing"
+    rows = conn.execute(
+        "SELECT run_id, scheduled_at FROM runs WHERE job_id = %s ORDER BY scheduled_at",
+        [job["job_id"]],
+    ).fetchall()
+    instants = [to_ms(r[1]) for r in rows]
+    # Every instant from the first on fired, once, 200 ms apart.
+    assert all(b - a == 200 for a, b in zip(instants, instants[1:], strict=False))
+    assert {r[3]["run_id"] for r in records} <= {r[0] for r in rows}

@@ -1,0 +1,67 @@
+"""`cronwheel migrate`: ordered, recorded, idempotent, and safe when run twice at once."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from cronwheel.store.migrate import discover, migrate
+from tests.support import db as dbsupport
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def empty_database(servers):
+    name = f"cw_empty_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(servers.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield dbsupport.with_dbname(servers.database_url, name)
+    dbsupport.drop(servers.database_url, name)
+
+
+def test_migrate__twice__second_applies_nothing(empty_database):
+    first = migrate(empty_database)
+    assert [m.version for m in first] == [m.version for m in discover()]
+    assert migrate(empty_database) == []
+
+
+def test_migrate__concurrently__each_version_recorded_once(empty_database):
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(migrate(empty_database))
+        except Exception as e:  # pragma: no cover - the assertion below reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert sorted(len(r) for r in results) == [0, 0, len(discover())]
+    with psycopg.connect(empty_database) as conn:
+        rows = conn.execute("SELECT version, count(*) FROM schema_migrations GROUP BY 1").fetchall()
+    assert all(n == 1 for _, n in rows) and len(rows) == len(discover())
+
+
+def test_migrate__failing_migration__rolls_back_and_records_nothing(empty_database, tmp_path):
+    (tmp_path / "0001_ok.sql").write_text("CREATE TABLE a (x int);")
+    (tmp_path / "0002_bad.sql").write_text("CREATE TABLE b (x int); SELECT 1/0;")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        migrate(empty_database, tmp_path)
+    with psycopg.connect(empty_database) as conn:
+        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+        assert conn.execute("SELECT to_regclass('b')").fetchone()[0] is None
+
+
+def test_discover__gap_in_numbers__refused(tmp_path):
+    (tmp_path / "0001_a.sql").write_text("")
+    (tmp_path / "0003_c.sql").write_text("")
+    with pytest.raises(ValueError, match="without gaps"):
+        discover(tmp_path)

@@ -1,0 +1,55 @@
+"""One database per test, cloned from a migrated template (fast: a file copy)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from cronwheel.store.migrate import MIGRATIONS_DIR, migrate
+
+
+def with_dbname(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def _migrations_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def template(admin_url: str) -> str:
+    """Create (once per migration set) a migrated template database; return its name."""
+    name = f"cw_template_{_migrations_digest()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(4242)")
+        try:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{name}"')
+                try:
+                    migrate(with_dbname(admin_url, name))
+                except Exception:
+                    conn.execute(f'DROP DATABASE "{name}"')
+                    raise
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(4242)")
+    return name
+
+
+def clone(admin_url: str, template_name: str) -> str:
+    name = f"cw_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_name}"')
+    return name
+
+
+def drop(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
