@@ -39,8 +39,14 @@ SERVICE_PORT_OFFSET = {
 
 
 def serve(service: str) -> None:
-    """Expose /metrics when CRONWHEEL_METRICS_PORT is set (base port + service offset)."""
-    base = os.environ.get("CRONWHEEL_METRICS_PORT")
-    if not base or service == "gateway":
+    """Expose /metrics (any path answers, so /healthz serves as liveness) on
+    CRONWHEEL_METRICS_ADDR (host:port, one service per container), or on
+    127.0.0.1 at CRONWHEEL_METRICS_PORT + the service's offset (`cronwheel dev`).
+    The gateway serves /metrics on its own HTTP port."""
+    if service == "gateway":
         return
-    start_http_server(int(base) + SERVICE_PORT_OFFSET[service], addr="127.0.0.1")
+    if addr := os.environ.get("CRONWHEEL_METRICS_ADDR"):
+        host, _, port = addr.rpartition(":")
+        start_http_server(int(port), addr=host or "0.0.0.0")
+    elif base := os.environ.get("CRONWHEEL_METRICS_PORT"):
+        start_http_server(int(base) + SERVICE_PORT_OFFSET[service], addr="127.0.0.1")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +30,9 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 NAMESPACE = "dev.cronwheel"
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+# The checkout's schemas/; an installed copy (a container image) names its own
+# with CRONWHEEL_SCHEMAS.
+SCHEMA_DIR = Path(os.environ.get("CRONWHEEL_SCHEMAS") or Path(__file__).resolve().parents[2] / "schemas")
 MARKER = b"\xc3\x01"
 HEADER_SIZE = len(MARKER) + 8
 SCHEMA_FILE = re.compile(r"(?P<record>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc")

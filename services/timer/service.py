@@ -20,6 +20,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.firing import FireReport, Firing, Handler
 from cronwheel.store.leases import Leases
+from cronwheel.store.lifecycle import timer_handlers
 
 log = logging.getLogger("cronwheel.timer")
 
@@ -57,7 +58,8 @@ class TimerService:
         instance: str | None = None,
     ):
         self.dsn = dsn
-        self.firing = Firing(topics, handlers)
+        # The firing loop is the same for every feature; features add timer kinds.
+        self.firing = Firing(topics, {**timer_handlers(topics), **(handlers or {})})
         self.leases = Leases("timer", ttl_ms=lease_ttl_ms)
         if instance:
             self.leases.owner = instance

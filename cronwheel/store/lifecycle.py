@@ -1,0 +1,334 @@
+"""The run lifecycle: StartRun, Heartbeat, CompleteRun, cancel, and the timers
+that end attempts (lease expiry, timeout) and bring retries back.
+
+Fencing: Heartbeat and CompleteRun hold only for the (attempt, start_token) that
+StartRun handed out, while the run is RUNNING. A duplicate, late or stale call
+changes nothing and gets STALE_ATTEMPT. Every terminal transition writes a
+RunCompleted record through the outbox in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from cronwheel.core import events
+from cronwheel.core.clock import iso, to_dt, to_ms
+from cronwheel.core.errors import Conflict, NotFound, ValidationError
+from cronwheel.core.events import OutboxRow
+from cronwheel.core.ids import partition_of_run, run_id_for_instant
+from cronwheel.core.runs import PRIORITY_RANK, RunState
+from cronwheel.kafka import Topics
+from cronwheel.store import outbox
+from cronwheel.store.firing import FireReport, Timer, insert_runs
+from cronwheel.store.sql_loader import queries
+
+Q = queries("lifecycle")
+QF = queries("firing")
+MAX_RESULT_BYTES = 64 * 1024
+MAX_ERROR_CHARS = 4096
+
+
+def backoff_ms(retry: dict, attempt: int, rng: random.Random | None = None) -> int:
+    """Exponential backoff after `attempt` failed, with equal jitter: half fixed,
+    half random, so retries of a herd spread out but never come back too early."""
+    base = retry["initial_backoff_ms"] * retry["multiplier"] ** (attempt - 1)
+    delay = min(retry["max_backoff_ms"], base)
+    return int(delay / 2 + (rng or random).random() * delay / 2)
+
+
+def _partition(run_id: str) -> int:
+    try:
+        return partition_of_run(run_id)
+    except ValueError as e:
+        raise NotFound("run") from e
+
+
+def _timer(p: int, kind: str, run_id: str, due_ms: int, priority: str, attempt: int) -> dict:
+    return {
+        "p": p,
+        "id": f"{kind}:{run_id}",
+        "kind": kind,
+        "owner": run_id,
+        "due": to_dt(due_ms),
+        "prio": PRIORITY_RANK.get(priority, 2),
+        "attempt": attempt,
+    }
+
+
+class Lifecycle:
+    def __init__(self, topics: Topics):
+        self.topics = topics
+
+    # -- the worker protocol -------------------------------------------------
+    def start(
+        self,
+        conn,
+        tenant_id: str,
+        run_id: str,
+        worker_id: str,
+        now: int,
+        attempt: int | None = None,
+    ) -> dict:
+        if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
+            raise ValidationError("worker_id", "must be a string of 1-200 characters")
+        p = _partition(run_id)
+        token = secrets.token_urlsafe(18)
+        args = {
+            "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
+            "token": token, "now": to_dt(now), "attempt": attempt,
+        }  # fmt: skip
+        with conn.transaction():
+            row = conn.execute(Q["start_run"], args).fetchone()
+            if row is None:
+                raise self._why_not_started(conn, p, run_id, tenant_id, attempt, now)
+            att, lease_expires, spec = row[0], row[1], row[2]
+            conn.execute(Q["record_attempt_start"], {**args, "attempt": att})
+            prio = row[6]
+            conn.execute(
+                QF["upsert_timer"], _timer(p, "lease", run_id, to_ms(lease_expires), prio, att)
+            )
+            if spec.get("timeout_ms"):
+                due = now + spec["timeout_ms"]
+                conn.execute(QF["upsert_timer"], _timer(p, "timeout", run_id, due, prio, att))
+        return {
+            "run_id": run_id,
+            "attempt": att,
+            "start_token": token,
+            "lease_expires_at": iso(to_ms(lease_expires)),
+            "lease_ms": spec["lease_ms"],
+            "payload": json.loads(spec["payload"]),
+            "job_id": row[3],
+            "workflow_run_id": row[4],
+            "node": row[5],
+        }
+
+    def _why_not_started(self, conn, p, run_id, tenant_id, attempt, now) -> Exception:
+        cur = conn.execute(
+            Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}
+        ).fetchone()
+        if cur is None:
+            return NotFound("run")
+        state, cur_attempt, scheduled = RunState(cur[0]), cur[1], to_ms(cur[2])
+        if attempt is not None and attempt != cur_attempt:
+            return Conflict("STALE_ATTEMPT", f"the run is at attempt {cur_attempt}, not {attempt}")
+        if state == RunState.RUNNING:
+            return Conflict("ALREADY_STARTED", "another worker holds this attempt")
+        if state == RunState.PENDING and scheduled > now:
+            return Conflict("NOT_RUNNABLE", "the run is not due yet")
+        return Conflict("NOT_RUNNABLE", f"the run is {state.value}")
+
+    def heartbeat(
+        self, conn, tenant_id: str, run_id: str, attempt: Any, start_token: Any, now: int
+    ) -> dict:
+        _check_fence(attempt, start_token)
+        p = _partition(run_id)
+        row = conn.execute(
+            Q["heartbeat"],
+            {"p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
+             "token": start_token, "now": to_dt(now)},
+        ).fetchone()  # fmt: skip
+        if row is None:
+            raise self._stale_or_missing(conn, p, run_id, tenant_id)
+        return {"lease_expires_at": iso(to_ms(row[0]))}
+
+    def complete(
+        self,
+        conn,
+        tenant_id: str,
+        run_id: str,
+        attempt: Any,
+        start_token: Any,
+        outcome: Any,
+        now: int,
+        result: Any = None,
+        error: Any = None,
+        retryable: Any = True,
+    ) -> dict:
+        _check_fence(attempt, start_token)
+        if outcome not in ("SUCCEEDED", "FAILED"):
+            raise ValidationError("outcome", "must be SUCCEEDED or FAILED")
+        if not isinstance(retryable, bool):
+            raise ValidationError("retryable", "must be true or false")
+        if error is not None and not isinstance(error, str):
+            raise ValidationError("error", "must be a string")
+        if result is not None and len(json.dumps(result)) > MAX_RESULT_BYTES:
+            raise ValidationError(
+                "result", "is larger than 64 KiB", code="PAYLOAD_TOO_LARGE", status=413
+            )
+        p = _partition(run_id)
+        with conn.transaction():
+            row = conn.execute(
+                Q["complete_attempt"],
+                {
+                    "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
+                    "token": start_token, "outcome": outcome, "retryable": retryable,
+                    "now": to_dt(now), "result": None if result is None else Jsonb(result),
+                    "error": error[:MAX_ERROR_CHARS] if error else None,
+                },
+            ).fetchone()  # fmt: skip
+            if row is None:
+                raise self._stale_or_missing(conn, p, run_id, tenant_id)
+            self._after_attempt(conn, p, run_id, row, outcome, error, now)
+        return {"state": row[0], "attempt": row[1]}
+
+    def cancel(
+        self, conn, tenant_id: str, run_id: str, now: int, reason: str = "cancelled"
+    ) -> dict:
+        p = _partition(run_id)
+        with conn.transaction():
+            row = conn.execute(
+                Q["cancel_run"],
+                {
+                    "p": p,
+                    "run_id": run_id,
+                    "tenant_id": tenant_id,
+                    "now": to_dt(now),
+                    "error": reason,
+                },
+            ).fetchone()
+            if row is None:
+                cur = conn.execute(
+                    Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}
+                ).fetchone()
+                if cur is None:
+                    raise NotFound("run")
+                raise Conflict("NOT_RUNNABLE", f"the run is {cur[0]}")
+            self._after_attempt(conn, p, run_id, row, "CANCELLED", reason, now)
+        return {"state": row[0]}
+
+    def _stale_or_missing(self, conn, p, run_id, tenant_id) -> Exception:
+        cur = conn.execute(
+            Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}
+        ).fetchone()
+        if cur is None:
+            return NotFound("run")
+        return Conflict("STALE_ATTEMPT", "this attempt is no longer running")
+
+    # -- what follows the end of an attempt ----------------------------------
+    def _after_attempt(self, conn, p: int, run_id: str, row, outcome: str, error, now: int) -> None:
+        """Record the attempt, drop its timers, then either schedule the retry or
+        announce the terminal state (and release a buffered instant)."""
+        state, attempt, spec, tenant_id, job_id, wf_run, node = row[:7]
+        priority = row[8]
+        conn.execute(
+            Q["record_attempt_end"],
+            {"p": p, "run_id": run_id, "attempt": attempt, "outcome": outcome, "error": error, "now": to_dt(now)},
+        )  # fmt: skip
+        conn.execute(
+            QF["delete_timers"], {"p": [p, p], "id": [f"lease:{run_id}", f"timeout:{run_id}"]}
+        )
+        if state == RunState.RETRY_WAIT:
+            due = now + backoff_ms(spec["retry"], attempt)
+            conn.execute(QF["upsert_timer"], _timer(p, "retry", run_id, due, priority, attempt))
+            conn.execute(QF["notify_timer"], {"due_ms": due})
+            return
+        rows = [
+            OutboxRow(
+                p,
+                self.topics.run_completed,
+                run_id.encode(),
+                events.run_completed(
+                    run_id=run_id, tenant_id=tenant_id, partition_id=p, attempt=attempt,
+                    state=state, finished_ms=now, job_id=job_id, workflow_run_id=wf_run,
+                    node=node, error=error,
+                ),
+            )
+        ]  # fmt: skip
+        if job_id:
+            rows += self._release_buffered(conn, p, job_id, now)
+        outbox.append(conn, rows)
+
+    def _release_buffered(self, conn, p: int, job_id: str, now: int) -> list[OutboxRow]:
+        got = conn.execute(Q["take_buffered_instant"], {"p": p, "job_id": job_id}).fetchone()
+        if got is None:
+            return []
+        at = to_ms(got[0])
+        spec = {
+            "target": got[2],
+            "payload": got[3],
+            "retry": got[4],
+            "timeout_ms": got[5],
+            "lease_ms": got[6],
+        }
+        run = {
+            "partition_id": p, "run_id": run_id_for_instant(job_id, at), "tenant_id": got[1],
+            "job_id": job_id, "scheduled_ms": at, "covers": None, "priority": got[7], "spec": spec,
+        }  # fmt: skip
+        return insert_runs(conn, self.topics, [run], now)
+
+    # -- timer kinds -----------------------------------------------------------
+    def on_expiry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
+        """`lease` and `timeout` timers: end the attempt unless it already ended;
+        a lease that heartbeats extended is re-armed at its new expiry."""
+        for t in timers:
+            check_lease = t.kind == "lease"
+            args = {
+                "p": t.partition_id, "run_id": t.owner_id, "attempt": t.attempt, "now": to_dt(now),
+                "check_lease": check_lease,
+                "error": "lease expired" if check_lease else "timed out",
+            }  # fmt: skip
+            row = conn.execute(Q["expire_attempt"], args).fetchone()
+            if row is not None:
+                conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
+                self._after_attempt(
+                    conn, t.partition_id, t.owner_id, row, "TIMED_OUT", args["error"], now
+                )
+                continue
+            cur = conn.execute(
+                Q["lease_of"], {"p": t.partition_id, "run_id": t.owner_id}
+            ).fetchone()
+            if check_lease and cur and cur[0] == "RUNNING" and cur[1] == t.attempt and cur[2]:
+                conn.execute(
+                    QF["reschedule_timers"],
+                    {"p": [t.partition_id], "id": [t.timer_id], "d": [cur[2]]},
+                )
+            else:
+                conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
+        return []
+
+    def on_retry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
+        """`retry` timers: RETRY_WAIT -> PENDING at attempt + 1, published again."""
+        rows: list[OutboxRow] = []
+        for t in timers:
+            conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
+            got = conn.execute(
+                Q["retry_run"],
+                {
+                    "p": t.partition_id,
+                    "run_id": t.owner_id,
+                    "attempt": t.attempt,
+                    "now": to_dt(now),
+                },
+            ).fetchone()
+            if got is None:
+                continue
+            attempt, spec, tenant_id, job_id, wf_run, node, scheduled, priority = got
+            value = events.run_ready(
+                run_id=t.owner_id, tenant_id=tenant_id, partition_id=t.partition_id, attempt=attempt,
+                scheduled_ms=to_ms(scheduled), created_ms=now, priority=priority,
+                target=spec["target"], payload=spec["payload"], job_id=job_id,
+                workflow_run_id=wf_run, node=node,
+            )  # fmt: skip
+            rows.append(
+                OutboxRow(t.partition_id, self.topics.runs(tenant_id), t.owner_id.encode(), value)
+            )
+            report.runs_created += 1
+        return rows
+
+
+def _check_fence(attempt: Any, start_token: Any) -> None:
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValidationError("attempt", "must be a positive integer")
+    if not isinstance(start_token, str) or not start_token:
+        raise ValidationError("start_token", "must be the token StartRun returned")
+
+
+def timer_handlers(topics: Topics) -> dict:
+    """The timer kinds the lifecycle adds to the firing loop."""
+    lc = Lifecycle(topics)
+    return {"lease": lc.on_expiry, "timeout": lc.on_expiry, "retry": lc.on_retry}
