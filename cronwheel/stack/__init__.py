@@ -41,11 +41,12 @@ def status() -> dict:
     return {
         "database_url": config.database_url(),
         "kafka_bootstrap": config.kafka_bootstrap(),
-        "postgres": "external" if config.external_database() else _state(pg.pid()),
-        "kafka": "external" if config.external_kafka() else _state(kafka.pid()),
+        "postgres": "external" if config.external_database() else _state(pg.pid),
+        "kafka": "external" if config.external_kafka() else _state(kafka.pid),
         "home": str(config.project_home()),
     }
 
 
-def _state(pid: int | None) -> str:
+def _state(pid_of) -> str:
+    pid = pid_of()
     return f"running (pid {pid})" if pid else "stopped"

@@ -8,6 +8,7 @@ socket access as the superuser is trusted while TCP needs the role's password.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -84,11 +85,23 @@ def data_root(home: Path) -> Path:
 class LocalPostgres:
     def __init__(self, home: Path):
         self.home = home
-        self.root = data_root(home)
-        self.data = self.root / "data"
-        self.sock = self.root / "sock"
-        self.log = self.root / "postgres.log"
         self.port = config.PG_PORT
+
+    @functools.cached_property
+    def root(self) -> Path:
+        return data_root(self.home)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def sock(self) -> Path:
+        return self.root / "sock"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "postgres.log"
 
     @property
     def url(self) -> str:

@@ -1,0 +1,76 @@
+"""Both Kafka clients the project uses speak the broker that `cronwheel up`
+starts (Kafka 4.1): confluent-kafka (services, SDK) and aiokafka (under
+faust-streaming), each round-tripping Avro single-object records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from cronwheel import kafka
+from cronwheel.core import events
+from cronwheel.core.avro import default_registry
+from tests.support.kafka import drain
+
+pytestmark = pytest.mark.integration
+
+
+def _record(i: int) -> bytes:
+    return events.run_ready(
+        run_id=f"{i:032x}", tenant_id="ten_a", partition_id=1, attempt=1,
+        scheduled_ms=1_700_000_000_000 + i, created_ms=1_700_000_000_005 + i,
+        priority="normal", target={"type": "queue", "queue": "q"}, payload=json.dumps({"i": i}, separators=(",", ":")),
+    )  # fmt: skip
+
+
+def test_confluent_kafka__idempotent_producer__records_round_trip(kafka_bootstrap, topic_prefix):
+    topic = f"{topic_prefix}.roundtrip"
+    kafka.ensure_topics([topic], partitions=3, bootstrap=kafka_bootstrap)
+    p = kafka.producer(kafka_bootstrap)
+    for i in range(20):
+        p.produce(topic, key=f"{i:032x}".encode(), value=_record(i))
+    assert p.flush(15) == 0
+    got = drain(kafka_bootstrap, topic, want=20)
+    assert sorted(d["payload"] for *_, d, _m in got) == sorted(
+        json.dumps({"i": i}, separators=(",", ":")) for i in range(20)
+    )
+    assert {name for _t, _k, name, _d, _m in got} == {"RunReady"}
+
+
+def test_aiokafka__the_faust_client__reads_and_writes_the_same_records(
+    kafka_bootstrap, topic_prefix
+):
+    topic = f"{topic_prefix}.aiokafka"
+    kafka.ensure_topics([topic], partitions=2, bootstrap=kafka_bootstrap)
+
+    async def scenario() -> list[dict]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            for i in range(5):
+                await producer.send_and_wait(topic, _record(i), key=f"{i:032x}".encode())
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=kafka_bootstrap, group_id=f"{topic_prefix}-aio",
+            auto_offset_reset="earliest", enable_auto_commit=False,
+        )  # fmt: skip
+        await consumer.start()
+        out: list[dict] = []
+        deadline = time.monotonic() + 30
+        try:
+            while len(out) < 5 and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    out.extend(default_registry().decode(r.value)[1] for r in records)
+            await consumer.commit()
+        finally:
+            await consumer.stop()
+        return out
+
+    got = asyncio.run(scenario())
+    assert sorted(d["run_id"] for d in got) == [f"{i:032x}" for i in range(5)]
