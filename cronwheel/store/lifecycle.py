@@ -327,8 +327,3 @@ def _check_fence(attempt: Any, start_token: Any) -> None:
     if not isinstance(start_token, str) or not start_token:
         raise ValidationError("start_token", "must be the token StartRun returned")
 
-
-def timer_handlers(topics: Topics) -> dict:
-    """The timer kinds the lifecycle adds to the firing loop."""
-    lc = Lifecycle(topics)
-    return {"lease": lc.on_expiry, "timeout": lc.on_expiry, "retry": lc.on_retry}

@@ -20,7 +20,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.firing import FireReport, Firing, Handler
 from cronwheel.store.leases import Leases
-from cronwheel.store.lifecycle import timer_handlers
+from cronwheel.store.timer_kinds import timer_handlers
 
 log = logging.getLogger("cronwheel.timer")
 
