@@ -32,7 +32,9 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 NAMESPACE = "dev.cronwheel"
 # The checkout's schemas/; an installed copy (a container image) names its own
 # with CRONWHEEL_SCHEMAS.
-SCHEMA_DIR = Path(os.environ.get("CRONWHEEL_SCHEMAS") or Path(__file__).resolve().parents[2] / "schemas")
+SCHEMA_DIR = Path(
+    os.environ.get("CRONWHEEL_SCHEMAS") or Path(__file__).resolve().parents[2] / "schemas"
+)
 MARKER = b"\xc3\x01"
 HEADER_SIZE = len(MARKER) + 8
 SCHEMA_FILE = re.compile(r"(?P<record>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc")

@@ -4,7 +4,8 @@ it with any clock they like.
 
 The job remembers `last_instant`, the last scheduled instant it handled. A firing
 walks the instants after it that are due by now:
-- instants older than the catch-up window are missed: counted, never fired;
+- instants older than the catch-up window (at least MISFIRE_GRACE_MS) are
+  missed: counted, never fired;
 - instants inside the window fire (policy `all`, at most `max_runs`, the newest
   kept), or become one run that carries the span (policy `latest`);
 - at most CATCHUP_BATCH runs are created per firing; the rest follow on the next
@@ -24,6 +25,9 @@ from cronwheel.core.schedule import jitter_offset_ms
 CATCHUP_BATCH = 100
 CATCHUP_PAUSE_MS = 100  # between catch-up batches of one job
 MAX_WALK = 5_000_000  # instants walked to count misses before giving up counting exactly
+# A firing this late is still on time, whatever the window: a window of 0 means
+# "no catch-up after downtime", not "a loop 3 ms late misses the instant".
+MISFIRE_GRACE_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,10 @@ def plan_fire(
     has_active_run: bool = False,
 ) -> FirePlan:
     plan = FirePlan(last_instant_ms=last_instant_ms)
-    window_start = now_ms - catchup.window_ms
+    # An instant is missed only when even its latest possible due time (instant +
+    # jitter) is older than the window: a jittered fire on time is never missed,
+    # and the cut stays monotonic in the instant, so the walk stays in order.
+    window_start = now_ms - max(catchup.window_ms, MISFIRE_GRACE_MS) - jitter_ms
     keep: deque[int] = deque()
     cursor = last_instant_ms
     walked = 0
@@ -97,11 +104,13 @@ def plan_fire(
     if catchup.policy == "latest":
         covers = tuple(keep)
         if len(covers) > catchup.max_runs:
+            plan.missed += len(covers) - catchup.max_runs  # not covered: counted, not dropped
             covers = covers[-catchup.max_runs :]
         runs = [PlannedRun(keep[-1], covers if len(keep) > 1 else None)]
         plan.last_instant_ms = keep[-1]
     else:
-        batch = list(keep)[:CATCHUP_BATCH]
+        # With overlap skip/buffer_one only the newest instant can run: take all.
+        batch = list(keep)[:CATCHUP_BATCH] if overlap == "allow" else list(keep)
         runs = [PlannedRun(i) for i in batch]
         plan.last_instant_ms = batch[-1]
         more_due = more_due or len(batch) < len(keep)

@@ -71,7 +71,8 @@ def _obj(value: Any, field_name: str, allowed: set[str]) -> dict:
         raise ValidationError(field_name, "must be an object")
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise ValidationError(f"{field_name}.{unknown[0]}", "unknown field")
+        where = unknown[0] if field_name == "body" else f"{field_name}.{unknown[0]}"
+        raise ValidationError(where, "unknown field")
     return value
 
 

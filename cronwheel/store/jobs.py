@@ -330,7 +330,7 @@ class Jobs:
                             error="job deleted",
                         ),
                     )
-                    for (run_id,) in cancelled
+                    for run_id, attempt in cancelled
                 ],
             )
 

@@ -69,4 +69,4 @@ UPDATE jobs SET deleted_at = %(now)s, updated_at = %(now)s
 UPDATE runs SET state = 'CANCELLED', finished_at = %(now)s, updated_at = %(now)s
  WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s
    AND state IN ('PENDING', 'RETRY_WAIT')
-RETURNING run_id;
+RETURNING run_id, attempt;
