@@ -326,4 +326,3 @@ def _check_fence(attempt: Any, start_token: Any) -> None:
         raise ValidationError("attempt", "must be a positive integer")
     if not isinstance(start_token, str) or not start_token:
         raise ValidationError("start_token", "must be the token StartRun returned")
-
