@@ -15,6 +15,7 @@ import calendar
 from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import MAXYEAR, datetime, timedelta
+from functools import cached_property
 
 __all__ = ["Cron", "CronError", "parse_cron"]
 
@@ -23,8 +24,9 @@ class CronError(ValueError):
     """A cron expression that cronie would refuse; the message names the field."""
 
 
-_MONTH_NAMES = {name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}
-_DAY_NAMES = {n: i for i, n in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
+_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_MONTH_NAMES = {name: i + 1 for i, name in enumerate(_MONTHS)}
+_DAY_NAMES = {name: i for i, name in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
 
 # cronie's @-shortcuts, as the five fields they stand for.
 _MACROS = {
@@ -127,7 +129,7 @@ class Cron:
         """True if the hour field starts with ``*``: the DST rule then keeps spacing."""
         return self.hour_star
 
-    @property
+    @cached_property
     def can_fire(self) -> bool:
         """False when no calendar date ever matches (e.g. ``0 0 30 2 *``).
 

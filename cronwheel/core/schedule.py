@@ -50,6 +50,7 @@ DstMark = Literal["gap", "repeat"] | None
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+_TICK = timedelta(microseconds=1)  # next_local(t - _TICK) may return t itself
 _KINDS = ("cron", "every_ms", "at")
 # Keys of the job's `schedule` object that other layers validate and use.
 _FOREIGN_KEYS = ("catchup", "overlap")
@@ -131,73 +132,73 @@ class CronSchedule:
     def next_after(self, after_ms: int) -> Fire | None:
         """The earliest fire strictly after ``after_ms``.
 
-        Fires are enumerated by increasing local time, but local time is not
-        monotonic in real time: after a fall-back the same readings come
-        again. So the search starts one repeat-length before the local
-        reading of ``after_ms`` when a repeat lies just ahead, and goes on
-        past the best fire found by the length of a repeat that lies just
-        behind it: no local time outside that range can map to an earlier
-        instant.
+        Local times are enumerated in order and mapped to instants. That
+        order is the order of the fires except inside a fall-back repeat:
+        while the first pass of a repeat runs, the second pass brings back
+        earlier local times. So when ``after_ms`` lies in a first pass, the
+        fires of the second pass (from the transition on) are searched
+        separately and the earlier of the two wins.
         """
-        start = self._local(after_ms)
-        local = start.replace(tzinfo=None, fold=0)
-        if start.fold == 0:
-            local -= _repeat_length(start)
-        best: Fire | None = None
-        stop: datetime | None = None
-        while (local := self.cron.next_local(local)) is not None:
-            if stop is not None and local > stop:
-                break
-            for fire in self._fires_of(local):
-                if fire.at_ms <= after_ms:
-                    continue
-                if best is None or fire.at_ms < best.at_ms:
-                    best = fire
-                    stop = fire.local.replace(tzinfo=None, fold=0)
-                    if fire.local.fold == 1:
-                        stop += _repeat_length(fire.local)
-                elif fire.at_ms == best.at_ms and fire.dst == "gap":
-                    best = fire  # a shifted fire that merges with a regular one
+        local = self._local(after_ms)
+        best = self._first_fire(local.replace(tzinfo=None, fold=0), after_ms)
+        if local.fold == 0 and (length := _repeat_length(local)):
+            switch = self._transition(after_ms, after_ms + length // _MS)
+            second = self._first_fire(self._reading(switch) - _TICK, switch - 1)
+            if best is None or (second is not None and second.at_ms < best.at_ms):
+                best = second
         return best
 
-    def _fires_of(self, local: datetime) -> list[Fire]:
-        """The fires produced by one matching local time, under the DST policy."""
-        instants = self._instants(local)
-        if len(instants) == 1:
-            return [Fire(instants[0], self._local(instants[0]))]
-        if len(instants) == 2:
-            if not self.cron.hour_field_is_wildcard and self.repeat == "first":
+    def _first_fire(self, local: datetime, after_ms: int) -> Fire | None:
+        """The earliest fire after ``after_ms`` that comes from a local time after ``local``.
+
+        Callers ensure that these fires come in the order of their local
+        times, so the first one found wins. A shifted fire is found before a
+        regular fire at the same instant (the local time the clock jumps to),
+        and keeps its "gap" mark.
+        """
+        wildcard = self.cron.hour_field_is_wildcard
+        while (found := self.cron.next_local(local)) is not None:
+            local = found
+            instants = self._instants(local)
+            if not instants:
+                at_ms = self._transition(*self._fold_readings(local))
+                if not wildcard and self.gap == "shift":
+                    return Fire(at_ms, self._local(at_ms), "gap")
+                # Nothing else in this gap fires at another instant: resume after it.
+                local = self._reading(at_ms) - _TICK
+                continue
+            repeated = len(instants) == 2
+            if repeated and not wildcard and self.repeat == "first":
+                if instants[0] <= after_ms:
+                    # after_ms is past this repeat's first pass: skip the rest of it.
+                    local += (self._transition(*instants) - instants[0]) * _MS - _TICK
+                    continue
                 instants = instants[:1]
-            elif not self.cron.hour_field_is_wildcard and self.repeat == "last":
+            elif repeated and not wildcard and self.repeat == "last":
                 instants = instants[1:]
-            return [Fire(ms, self._local(ms), "repeat") for ms in instants]
-        if self.cron.hour_field_is_wildcard or self.gap == "skip":
-            return []
-        at_ms = self._gap_end(local)
-        return [Fire(at_ms, self._local(at_ms), "gap")]
+            later = [ms for ms in instants if ms > after_ms]
+            if later:
+                return Fire(later[0], self._local(later[0]), "repeat" if repeated else None)
+        return None
 
     def _instants(self, local: datetime) -> list[int]:
         """The real instants whose reading is ``local``: none in a gap, two in a repeat."""
-        found: list[int] = []
-        for fold in (0, 1):
-            ms = _ms(local.replace(tzinfo=self.zone, fold=fold))
-            if ms not in found and self._reading(ms) == local:
-                found.append(ms)
-        return sorted(found)
+        return sorted({ms for ms in self._fold_readings(local) if self._reading(ms) == local})
 
-    def _gap_end(self, local: datetime) -> int:
-        """The instant the clock jumps over the non-existent ``local``.
+    def _fold_readings(self, local: datetime) -> tuple[int, int]:
+        """``local`` read with the offsets before and after a nearby transition."""
+        first, second = (_ms(local.replace(tzinfo=self.zone, fold=f)) for f in (0, 1))
+        return min(first, second), max(first, second)
 
-        Reading ``local`` with the offsets before and after the jump gives two
-        instants on either side of it; bisect down to the millisecond.
-        """
-        lo, hi = sorted(_ms(local.replace(tzinfo=self.zone, fold=f)) for f in (0, 1))
+    def _transition(self, lo: int, hi: int) -> int:
+        """The instant in (lo, hi] at which the zone's UTC offset changes (bisection)."""
+        offset = self._local(lo).utcoffset()
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._reading(mid) > local:
-                hi = mid
-            else:
+            if self._local(mid).utcoffset() == offset:
                 lo = mid
+            else:
+                hi = mid
         return hi
 
     def _local(self, ms: int) -> datetime:

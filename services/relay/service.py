@@ -18,6 +18,7 @@ import psycopg
 
 from cronwheel import kafka, metrics
 from cronwheel.store import outbox
+from cronwheel.store.db import connect
 from cronwheel.store.leases import Leases
 
 log = logging.getLogger("cronwheel.relay")
@@ -45,8 +46,8 @@ class Relay:
 
     def run(self, stop: threading.Event) -> None:
         with (
-            psycopg.connect(self.dsn, autocommit=True) as conn,
-            psycopg.connect(self.dsn, autocommit=True) as listen,
+            connect(self.dsn, idle_tx_timeout_ms=self.leases.ttl_ms) as conn,
+            connect(self.dsn) as listen,
         ):
             listen.execute("LISTEN cw_outbox")
             next_lease = 0.0

@@ -18,6 +18,7 @@ import psycopg
 from cronwheel import metrics
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
+from cronwheel.store.db import connect
 from cronwheel.store.firing import FireReport, Firing, Handler
 from cronwheel.store.leases import Leases
 from cronwheel.store.timer_kinds import timer_handlers
@@ -72,8 +73,8 @@ class TimerService:
 
     def run(self, stop: threading.Event) -> None:
         with (
-            psycopg.connect(self.dsn, autocommit=True) as conn,
-            psycopg.connect(self.dsn, autocommit=True) as listen,
+            connect(self.dsn, idle_tx_timeout_ms=self.leases.ttl_ms) as conn,
+            connect(self.dsn) as listen,
         ):
             listen.execute("LISTEN cw_timers")
             next_lease = 0
