@@ -1,0 +1,14 @@
+-- The dispatcher's idempotency record: which (run_id, attempt) it has forwarded.
+-- Rows of the `processed` table are keyed by (consumer, message_key).
+
+-- name: seen
+SELECT message_key
+  FROM processed
+ WHERE consumer = %(consumer)s
+   AND message_key = ANY(%(keys)s::text[]);
+
+-- name: mark_processed
+-- ON CONFLICT: another instance (during a rebalance) may have recorded it first.
+INSERT INTO processed (consumer, message_key)
+SELECT %(consumer)s, k FROM unnest(%(keys)s::text[]) AS k
+ON CONFLICT DO NOTHING;

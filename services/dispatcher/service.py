@@ -1,0 +1,384 @@
+"""The dispatcher: reads every tenant's run topic and forwards each RunReady, byte
+for byte and under the same key, to where its target executes (the queue topic,
+the webhook service's topic or the managed executor's topic).
+
+One batch at a time, in this order, so a crash never loses a record: consume up
+to `batch` records, skip those already in `processed` (run_id:attempt), produce
+the rest (higher priority classes first) and wait for the broker's ack, then
+record them as processed in one statement, then commit the offsets. A crash
+before the record is written forwards again; a duplicate on a queue topic is
+harmless because only one worker wins StartRun. Records that cannot be routed
+go to the dead-letter topic, acknowledged before their offset is committed, so
+a poison record neither crashes the service nor stalls its partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from cronwheel import kafka, metrics
+from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.core.clock import now_ms
+from cronwheel.core.runs import PRIORITY_RANK
+from cronwheel.kafka import Topics
+from cronwheel.store.dispatch import Processed, message_key
+
+log = logging.getLogger("cronwheel.dispatcher")
+
+CONSUMER = "dispatcher"
+RECORD_HEADER = "record"  # every record the dispatcher writes names its Avro record here
+_NORMAL = PRIORITY_RANK["normal"]  # unknown classes are treated as normal (docs/events.md)
+_DEAD_LETTER_RANK = len(PRIORITY_RANK)
+
+
+class Poison(Exception):
+    """A record that cannot be routed; `kind` labels the dead-letter metric."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def route(topics: Topics, source_topic: str, value: bytes | None) -> tuple[str, dict]:
+    """(destination topic, decoded RunReady) for a value read from a run topic.
+
+    Raises Poison for anything else: undecodable bytes, another record type, a
+    tenant that does not own the topic it came from, an unknown target type.
+    """
+    try:
+        name, datum = default_registry().decode(value)
+    except UndecodableRecord as exc:
+        raise Poison("undecodable", exc.reason) from None
+    if name != "RunReady":
+        raise Poison("wrong_record", f"expected RunReady, got {name}")
+    tenant, target = datum["tenant_id"], datum["target_type"]
+    try:
+        owner_topic = topics.runs(tenant)
+    except ValueError:
+        owner_topic = None
+    if owner_topic != source_topic:
+        # Never let one tenant's topic deliver into another tenant's queue.
+        raise Poison("wrong_tenant", f"tenant_id {tenant!r} does not own {source_topic}")
+    if target == "queue":
+        try:
+            return topics.queue(tenant, datum["queue"] or ""), datum
+        except ValueError:
+            raise Poison("bad_queue", f"queue target with queue {datum['queue']!r}") from None
+    if target == "webhook":
+        return topics.webhook(tenant), datum
+    if target == "managed":
+        return topics.managed(tenant), datum
+    raise Poison("unknown_target", f"unknown target_type {target!r}")
+
+
+@dataclass
+class _Out:
+    """One record to produce: a forward (`done_key` set) or a dead letter (`poison`)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    rank: int
+    done_key: str | None = None
+    poison: Poison | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        dsn: str,
+        bootstrap: str,
+        topics: Topics,
+        *,
+        group_id: str | None = None,
+        batch: int = 500,
+        max_wait_ms: int = 5,
+        idle_ms: int = 200,
+        lag_every_ms: int = 5_000,
+        shutdown_grace_ms: int = 10_000,
+    ):
+        self.dsn = dsn
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.group_id = group_id or f"{topics.prefix}.dispatcher"
+        self.batch = batch
+        self.max_wait_ms = max_wait_ms
+        self.idle_ms = idle_ms
+        self.lag_every_ms = lag_every_ms
+        self.shutdown_grace_ms = shutdown_grace_ms
+        self.processed = Processed(CONSUMER)
+        self.producer = kafka.producer(bootstrap)
+        self.forwarded_total = 0
+        self.duplicates_total = 0
+        self.dead_lettered_total = 0
+        self._conn: psycopg.Connection | None = None
+        self._consumer: Consumer | None = None
+        self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
+        self._known_topics: set[str] = set()  # destinations known to exist
+
+    # -- the loop -------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        consumer = kafka.consumer(
+            self.group_id,
+            self.bootstrap,
+            # New tenant topics join without revoking every other partition.
+            **{"partition.assignment.strategy": "cooperative-sticky", "on_commit": _on_commit},
+        )
+        self._consumer = consumer
+        consumer.subscribe([self.topics.runs_pattern], on_revoke=self._on_revoke)
+        next_lag = 0.0
+        try:
+            while not stop.is_set():
+                msgs = self._consume(consumer)
+                if msgs:
+                    if not self.dispatch(msgs, stop):
+                        break  # stopping mid-batch: uncommitted, so consumed again later
+                    self._commit(asynchronous=True)
+                if time.monotonic() >= next_lag:
+                    self._report_lag(consumer)
+                    next_lag = time.monotonic() + self.lag_every_ms / 1000
+        finally:
+            self._commit(asynchronous=False)  # only finished batches are in _done
+            consumer.close()
+            self._consumer = None
+            self.close()
+
+    def close(self) -> None:
+        """Flush the producer and close the database connection (run() does this)."""
+        self.producer.flush(self.shutdown_grace_ms / 1000)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _consume(self, consumer: Consumer) -> list[Message]:
+        """Block until one record arrives, then take what else comes within
+        `max_wait_ms`: batches under load, little added latency when quiet."""
+        msgs = consumer.consume(1, timeout=self.idle_ms / 1000)
+        if msgs and self.batch > 1:
+            msgs += consumer.consume(self.batch - 1, timeout=self.max_wait_ms / 1000)
+        good = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                good.append(m)
+            elif err.fatal():
+                raise KafkaException(err)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consume: %s", err)
+        return good
+
+    # -- one batch ------------------------------------------------------------
+
+    def dispatch(self, msgs: list[Message], stop: threading.Event) -> bool:
+        """Forward and dead-letter one batch, then record it; True when done (the
+        offsets may be committed), False if `stop` interrupted it first."""
+        outs: list[_Out] = []
+        for m in msgs:
+            try:
+                dest, datum = route(self.topics, m.topic(), m.value())
+            except Poison as p:
+                outs.append(self._dead_letter(m, p))
+                continue
+            outs.append(
+                _Out(
+                    dest,
+                    m.key() if m.key() is not None else datum["run_id"].encode(),
+                    m.value(),
+                    _headers(m, "RunReady"),
+                    PRIORITY_RANK.get(datum["priority"], _NORMAL),
+                    done_key=message_key(datum["run_id"], datum["attempt"]),
+                )
+            )
+        keys = [o.done_key for o in outs if o.done_key]
+        seen = self._with_db(lambda c: self.processed.seen(c, keys), stop)
+        if seen is None:
+            return False
+        todo: list[_Out] = []
+        for o in outs:
+            if o.done_key is not None:
+                if o.done_key in seen:
+                    self.duplicates_total += 1
+                    continue
+                seen.add(o.done_key)  # a duplicate inside the batch goes once
+            todo.append(o)
+        todo.sort(key=lambda o: o.rank)  # stable: equal classes keep their order
+        self._ensure_topics({o.topic for o in todo})
+        if not self._deliver(todo, stop):
+            return False
+        forwarded = [o.done_key for o in todo if o.done_key]
+        if self._with_db(lambda c: self.processed.mark(c, forwarded), stop) is None:
+            return False
+        for m in msgs:
+            self._done[(m.topic(), m.partition())] = m.offset() + 1
+        self.forwarded_total += len(forwarded)
+        for o in todo:
+            if o.poison is not None:
+                self.dead_lettered_total += 1
+                metrics.DEAD_LETTERS.labels(CONSUMER, o.poison.kind).inc()
+        return True
+
+    def _ensure_topics(self, names: set[str]) -> None:
+        """Create destination topics on first use (a new queue, a new tenant), so
+        routing does not depend on the broker auto-creating topics."""
+        missing = names - self._known_topics
+        if not missing:
+            return
+        try:
+            kafka.ensure_topics(sorted(missing), bootstrap=self.bootstrap)
+        except Exception as exc:  # produce retries until the topic exists
+            log.warning("could not create topics %s: %s", sorted(missing), exc)
+            return
+        self._known_topics |= missing
+
+    def _dead_letter(self, m: Message, p: Poison) -> _Out:
+        log.warning("dead-lettering %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason)
+        value = default_registry().encode(
+            "DeadLetter",
+            {
+                "source_topic": m.topic(),
+                "source_partition": m.partition(),
+                "source_offset": m.offset(),
+                "key": m.key(),
+                "value": m.value(),
+                "reason": p.reason,
+                "consumer": CONSUMER,
+                "at": now_ms(),
+            },
+        )
+        return _Out(
+            self.topics.dead_letter,
+            m.key(),
+            value,
+            [(RECORD_HEADER, b"DeadLetter")],
+            _DEAD_LETTER_RANK,
+            poison=p,
+        )
+
+    def _deliver(self, outs: list[_Out], stop: threading.Event) -> bool:
+        """Produce all and wait until the broker acknowledged every one; records
+        it refused are produced again after a pause. False if `stop` gave up."""
+        pending = outs
+        backoff = 0.1
+        while pending:
+            failed: list[_Out] = []
+            for o in pending:
+                self._produce(o, failed)
+            if not self._flush(stop):
+                return False
+            if failed:
+                log.warning("%d records not acknowledged; retrying", len(failed))
+                if stop.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, 5.0)
+            pending = failed
+        return True
+
+    def _produce(self, o: _Out, failed: list[_Out]) -> None:
+        def on_delivery(err, _msg, o=o):
+            if err is not None:
+                log.warning("delivery to %s failed: %s", o.topic, err)
+                failed.append(o)
+
+        while True:
+            try:
+                self.producer.produce(
+                    o.topic, value=o.value, key=o.key, headers=o.headers, on_delivery=on_delivery
+                )
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def _flush(self, stop: threading.Event) -> bool:
+        """Wait for every delivery report. On stop, wait `shutdown_grace_ms` more,
+        then purge what is left (its callbacks report it failed)."""
+        give_up: float | None = None
+        while len(self.producer) > 0:
+            self.producer.flush(0.5)
+            if stop.is_set():
+                give_up = give_up or time.monotonic() + self.shutdown_grace_ms / 1000
+                if time.monotonic() >= give_up:
+                    self.producer.purge()
+                    self.producer.flush(0)
+                    return False
+        return True
+
+    def _with_db(self, fn, stop: threading.Event):
+        """`fn(conn)`, reconnecting while the database is away; None if stopped."""
+        backoff = 0.1
+        while True:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self.dsn, autocommit=True)
+                return fn(self._conn)
+            except psycopg.OperationalError as exc:
+                log.warning("database unavailable (%s); retrying", exc)
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                if stop.wait(backoff):
+                    return None
+                backoff = min(backoff * 2, 5.0)
+
+    # -- offsets and lag ------------------------------------------------------
+
+    def _commit(self, *, asynchronous: bool) -> None:
+        """Commit the offsets of finished batches on partitions still assigned
+        (a revoked partition's new owner commits its own)."""
+        consumer = self._consumer
+        if consumer is None or not self._done:
+            return
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        offsets = [
+            TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in assigned
+        ]
+        if not offsets:
+            return
+        try:
+            consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as exc:
+            log.warning("commit failed (the records are skipped as processed): %s", exc)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Hand over cleanly: commit what this instance finished before losing it."""
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in revoked]
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        for key in revoked:
+            self._done.pop(key, None)
+
+    def _report_lag(self, consumer: Consumer) -> int:
+        """Records behind the end of the assigned partitions, from the watermarks
+        the last fetches brought (no extra requests). Partitions this instance
+        has not read from yet are not counted."""
+        total = 0
+        assigned = consumer.assignment()
+        for tp in consumer.position(assigned) if assigned else []:
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                total += max(high - tp.offset, 0)
+        metrics.CONSUMER_LAG.labels(CONSUMER).set(total)
+        return total
+
+
+def _headers(m: Message, record: str) -> list[tuple[str, bytes]]:
+    """The source headers, with the record name set."""
+    kept = [(k, v) for k, v in (m.headers() or []) if k != RECORD_HEADER]
+    return [*kept, (RECORD_HEADER, record.encode())]
+
+
+def _on_commit(err, partitions) -> None:
+    if err is not None and err.code() != KafkaError._NO_OFFSET:
+        log.warning("offset commit failed (the records are skipped as processed): %s", err)

@@ -1,0 +1,222 @@
+"""The dispatcher against the real broker and database: routing by target,
+idempotency by (run_id, attempt), dead letters, and new tenant topics."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+from confluent_kafka import TopicPartition
+from prometheus_client import REGISTRY
+
+from cronwheel import kafka
+from cronwheel.core import events
+from cronwheel.kafka import Topics
+from services.dispatcher.service import Dispatcher
+from tests.support.kafka import drain
+from tests.support.running import running
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+QUEUE = {"type": "queue", "queue": "billing"}
+
+
+def ready(
+    tenant: str, run_id: str, *, target: dict = QUEUE, attempt: int = 1, priority: str = "normal"
+) -> bytes:
+    return events.run_ready(
+        run_id=run_id,
+        tenant_id=tenant,
+        partition_id=7,
+        attempt=attempt,
+        scheduled_ms=1_700_000_000_000,
+        created_ms=1_700_000_000_003,
+        priority=priority,
+        target=target,
+        payload='{"n":1}',
+    )
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]], **kw) -> None:
+    p = kafka.producer(bootstrap)
+    for key, value in records:
+        p.produce(topic, value=value, key=key, **kw)
+    assert p.flush(30) == 0
+
+
+class Broker:
+    """What the tests read back: record counts and a consumer group's progress."""
+
+    def __init__(self, bootstrap: str, group: str):
+        self.c = kafka.consumer(group, bootstrap)
+
+    def partitions(self, topic: str) -> list[TopicPartition]:
+        meta = self.c.list_topics(topic, timeout=10).topics[topic]
+        return [TopicPartition(topic, p) for p in meta.partitions] if not meta.error else []
+
+    def count(self, topic: str) -> int:
+        total = 0
+        for tp in self.partitions(topic):
+            low, high = self.c.get_watermark_offsets(tp, timeout=10)
+            total += high - low
+        return total
+
+    def caught_up(self, topic: str) -> bool:
+        """The group committed up to the end of every non-empty partition of `topic`."""
+        parts = self.partitions(topic)
+        if not parts:
+            return False
+        for tp in self.c.committed(parts, timeout=10):
+            _low, high = self.c.get_watermark_offsets(tp, timeout=10)
+            if high > 0 and tp.offset != high:
+                return False
+        return True
+
+    def close(self) -> None:
+        self.c.close()
+
+
+@pytest.fixture
+def topics(topic_prefix) -> Topics:
+    return Topics(topic_prefix)
+
+
+@pytest.fixture
+def broker(kafka_bootstrap, topics):
+    b = Broker(kafka_bootstrap, f"{topics.prefix}.dispatcher")
+    yield b
+    b.close()
+
+
+def test_run_ready__routed_by_target__same_bytes_and_key_reach_queue_webhook_managed(
+    database_url, kafka_bootstrap, topics
+):
+    sent = {
+        "r-queue": ready("acme", "r-queue"),
+        "r-webhook": ready("acme", "r-webhook", target={"type": "webhook", "url": "https://x"}),
+        "r-managed": ready("acme", "r-managed", target={"type": "managed", "command": ["true"]}),
+    }
+    produce(kafka_bootstrap, topics.runs("acme"), [(k.encode(), v) for k, v in sent.items()])
+    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
+        got = drain(kafka_bootstrap, f"^{topics.prefix}\\.(q|webhook|managed)\\..*", want=3)
+    by_run = {key.decode(): (topic, msg) for topic, key, _name, _datum, msg in got}
+    assert {k: t for k, (t, _m) in by_run.items()} == {
+        "r-queue": topics.queue("acme", "billing"),
+        "r-webhook": topics.webhook("acme"),
+        "r-managed": topics.managed("acme"),
+    }
+    for run_id, (_topic, msg) in by_run.items():
+        assert msg.value() == sent[run_id]
+        assert ("record", b"RunReady") in msg.headers()
+    with psycopg.connect(database_url) as conn:
+        keys = conn.execute(
+            "SELECT message_key FROM processed WHERE consumer = 'dispatcher'"
+        ).fetchall()
+    assert sorted(k for (k,) in keys) == ["r-managed:1", "r-queue:1", "r-webhook:1"]
+
+
+def test_duplicate__same_run_and_attempt__forwarded_once__next_attempt_forwarded_again(
+    database_url, kafka_bootstrap, topics, broker
+):
+    source, dest = topics.runs("acme"), topics.queue("acme", "billing")
+    first, retry = ready("acme", "r1"), ready("acme", "r1", attempt=2)
+    produce(kafka_bootstrap, source, [(b"r1", first), (b"r1", first), (b"r1", retry)])
+    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
+        wait_for(lambda: broker.caught_up(source), timeout=30, what="dispatcher caught up")
+        produce(kafka_bootstrap, source, [(b"r1", first)])  # e.g. the relay republished
+        wait_for(lambda: broker.count(source) == 4 and broker.caught_up(source), timeout=30)
+    assert broker.count(dest) == 2
+    attempts = [d["attempt"] for _t, _k, _n, d, _m in drain(kafka_bootstrap, dest, want=2)]
+    assert attempts == [1, 2]
+
+    # A dispatcher that rereads the whole topic (new group) forwards nothing again.
+    group = f"{topics.prefix}.again"
+    again = Broker(kafka_bootstrap, group)
+    try:
+        with running(Dispatcher(database_url, kafka_bootstrap, topics, group_id=group)):
+            wait_for(lambda: again.caught_up(source), timeout=30, what="second group caught up")
+    finally:
+        again.close()
+    assert broker.count(dest) == 2
+
+
+def test_poison__garbage_wrong_record_unknown_target__dead_lettered__records_behind_forwarded(
+    database_url, kafka_bootstrap, topics
+):
+    def dead(reason: str) -> float:
+        labels = {"consumer": "dispatcher", "reason": reason}
+        return REGISTRY.get_sample_value("cronwheel_dead_letters_total", labels) or 0.0
+
+    reasons = ["undecodable", "wrong_record", "unknown_target", "wrong_tenant"]
+    before = {r: dead(r) for r in reasons}
+    completed = events.run_completed(
+        run_id="r0", tenant_id="acme", partition_id=7, attempt=1, state="SUCCEEDED", finished_ms=1
+    )
+    poison = [
+        (b"garbage", b"not avro at all"),
+        (b"r0", completed),
+        (b"r2", ready("acme", "r2", target={"type": "carrier-pigeon"})),
+        (b"r3", ready("globex", "r3")),  # another tenant's run on acme's topic
+    ]
+    good = ready("acme", "r-after")
+    # One partition: the good record sits behind the poison ones.
+    produce(kafka_bootstrap, topics.runs("acme"), [*poison, (b"r-after", good)], partition=0)
+    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
+        forwarded = drain(kafka_bootstrap, topics.queue("acme", "billing"), want=1)
+        letters = drain(kafka_bootstrap, topics.dead_letter, want=4)
+    assert [m.value() for *_x, m in forwarded] == [good]
+    letters.sort(key=lambda r: r[3]["source_offset"])
+    assert [(name, d["source_offset"]) for _t, _k, name, d, _m in letters] == [
+        ("DeadLetter", 0),
+        ("DeadLetter", 1),
+        ("DeadLetter", 2),
+        ("DeadLetter", 3),
+    ]
+    for (key, value), (_t, dl_key, _n, d, msg) in zip(poison, letters, strict=True):
+        assert (d["key"], d["value"], dl_key) == (key, value, key)
+        assert d["source_topic"] == topics.runs("acme") and d["source_partition"] == 0
+        assert d["consumer"] == "dispatcher"
+        assert ("record", b"DeadLetter") in msg.headers()
+    assert [d["reason"] for *_x, d, _m in letters] == [
+        "not single-object encoded",
+        "expected RunReady, got RunCompleted",
+        "unknown target_type 'carrier-pigeon'",
+        f"tenant_id 'globex' does not own {topics.runs('acme')}",
+    ]
+    assert {r: dead(r) - before[r] for r in reasons} == dict.fromkeys(reasons, 1.0)
+
+
+def test_new_tenant_topic__created_after_start__is_picked_up(database_url, kafka_bootstrap, topics):
+    produce(kafka_bootstrap, topics.runs("acme"), [(b"r-a", ready("acme", "r-a"))])
+    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
+        assert drain(kafka_bootstrap, topics.queue("acme", "billing"), want=1)
+        late = f"late{uuid.uuid4().hex[:6]}"
+        produce(kafka_bootstrap, topics.runs(late), [(b"r-b", ready(late, "r-b"))])
+        got = drain(kafka_bootstrap, topics.queue(late, "billing"), want=1, timeout=45)
+    assert [d["run_id"] for _t, _k, _n, d, _m in got] == ["r-b"]
+
+
+def test_priority__within_a_batch__higher_classes_forwarded_first(
+    database_url, kafka_bootstrap, topics
+):
+    classes = ["low", "normal", "surprise", "critical", "high"]  # unknown counts as normal
+    # One key for all, so the forwards share a destination partition and keep their order.
+    records = [(b"k", ready("acme", f"r-{c}", priority=c)) for c in classes]
+    produce(kafka_bootstrap, topics.runs("acme"), records, partition=0)
+    batch = [m for *_x, m in drain(kafka_bootstrap, topics.runs("acme"), want=len(classes))]
+    dispatcher = Dispatcher(database_url, kafka_bootstrap, topics)
+    try:
+        assert dispatcher.dispatch(batch, threading.Event())
+    finally:
+        dispatcher.close()
+    got = drain(kafka_bootstrap, topics.queue("acme", "billing"), want=len(classes))
+    assert [d["priority"] for *_x, d, _m in got] == [
+        "critical",
+        "high",
+        "normal",
+        "surprise",
+        "low",
+    ]
