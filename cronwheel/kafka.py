@@ -87,6 +87,10 @@ def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consum
         "auto.offset.reset": "earliest",
         "topic.metadata.refresh.interval.ms": 2000,
         "fetch.wait.max.ms": 10,
+        # A crashed member's partitions move on after 10 s, not the default 45 s:
+        # a scheduler's records should not wait that long behind a dead process.
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000,
         "log_level": 3,
     }
     conf.update(overrides)
