@@ -17,7 +17,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install cronwheel with its test tools
+install: system-deps $(STAMP) ## create .venv and install cronwheel with its test tools
+
+system-deps: ## Debian packages the services need: bubblewrap for the managed executor
+	@if ! command -v bwrap >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q bubblewrap; \
+	  else \
+	    echo "hint: the managed executor needs bwrap; run: sudo apt-get install bubblewrap"; \
+	  fi; \
+	fi
+.PHONY: system-deps
 
 up: install ## start the local PostgreSQL and Kafka (no Docker)
 	$(CW) up

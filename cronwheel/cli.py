@@ -13,6 +13,7 @@ import sys
 import time
 
 from cronwheel import config
+from cronwheel.cli_admin import add_parsers as add_admin_parsers
 from cronwheel.kafka import Topics
 
 SERVICES = ["gateway", "timer", "relay", "dispatcher", "workflow", "webhook", "executor"]
@@ -88,18 +89,28 @@ def cmd_serve(args) -> None:
     _supervise(args.services)
 
 
+def _dev_services() -> list[str]:
+    """Every built service; the executor only where its sandbox can run."""
+    import shutil
+
+    names = available_services()
+    if "executor" in names and not shutil.which("bwrap"):
+        print("cronwheel dev: skipping the executor (bubblewrap is not installed)", file=sys.stderr)
+        names.remove("executor")
+    return names
+
+
 def cmd_dev(args) -> None:
     if args.demo:
         from cronwheel.demo import ensure_demo, operator_key
 
         demo = ensure_demo(config.database_url())
-        services = available_services()
-        if "gateway" in services:
+        if "gateway" in available_services():
             print(f"admin API     http://{config.http_addr()}/v1  (spec at /openapi.json)")
         print(f"operator key  {operator_key()}")
         print(f"demo tenant   {demo['tenant_id']}  key {demo['api_key']}")
         print(f"demo queue    {Topics.from_env().queue(demo['tenant_id'], 'demo')}")
-    _supervise(available_services())
+    _supervise(_dev_services())
 
 
 def _supervise(names: list[str]) -> None:
@@ -174,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repeat", choices=["first", "last", "both"], default="first")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_preview)
+    add_admin_parsers(sub)
     return p
 
 

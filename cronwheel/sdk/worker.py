@@ -120,6 +120,9 @@ class Worker:
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 10,
+                # A crashed worker's partitions move to the others after 10 s.
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 2_000,
                 "log_level": 3,
                 **self.consumer_config,
             }
@@ -154,7 +157,7 @@ class Worker:
 
     def _drain(self, pool: ThreadPoolExecutor) -> None:
         deadline = time.monotonic() + self.drain_seconds
-        while self._offsets.in_flight() and time.monotonic() < deadline:
+        while self._busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         with self._active_lock:
             held = list(self._active.values())
@@ -162,6 +165,11 @@ class Worker:
             run.lost.set()
             self._complete(run, "FAILED", None, "worker stopped before the handler finished", True)
         pool.shutdown(wait=False, cancel_futures=True)
+
+    def _busy(self) -> bool:
+        """Records being started or runs being handled."""
+        with self._active_lock:
+            return bool(self._active) or self._offsets.in_flight() > 0
 
     def _on_revoke(self, consumer: Consumer, partitions) -> None:
         self._commit(consumer)
@@ -188,6 +196,9 @@ class Worker:
             log.exception("could not start a run; it will be redelivered")
             self._slots.release()
             return
+        if run is not None:
+            with self._active_lock:
+                self._active[run.run_id] = run
         self._offsets.finish(topic, partition, offset)
         try:
             if run is not None:
@@ -221,8 +232,6 @@ class Worker:
         return run
 
     def _execute(self, run: Run) -> None:
-        with self._active_lock:
-            self._active[run.run_id] = run
         done = threading.Event()
         threading.Thread(target=self._heartbeat, args=(run, done), daemon=True).start()
         try:

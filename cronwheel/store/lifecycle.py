@@ -107,6 +107,14 @@ class Lifecycle:
             "node": row[5],
         }
 
+    def spec(self, conn, tenant_id: str, run_id: str) -> dict | None:
+        """The run's snapshot (target, payload, retry, timeout_ms, lease_ms), for the
+        platform's own workers; never sent over the worker API (webhook headers)."""
+        row = conn.execute(
+            Q["run_spec"], {"p": _partition(run_id), "run_id": run_id, "tenant_id": tenant_id}
+        ).fetchone()
+        return row[0] if row else None
+
     def _why_not_started(self, conn, p, run_id, tenant_id, attempt, now) -> Exception:
         cur = conn.execute(
             Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}

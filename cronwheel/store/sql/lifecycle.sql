@@ -112,3 +112,8 @@ UPDATE jobs j
  WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
 RETURNING old.buffered_at, j.tenant_id, j.target, j.payload, j.retry, j.timeout_ms,
           j.lease_ms, j.priority;
+
+-- name: run_spec
+-- What a platform worker (webhook, executor) needs to execute the run: its snapshot.
+SELECT spec FROM runs
+ WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;

@@ -1,0 +1,1 @@
+"""The managed executor: runs `managed` targets' commands in a bubblewrap sandbox."""

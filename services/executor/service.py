@@ -1,0 +1,540 @@
+"""The managed executor: the platform's own worker for `managed` targets.
+
+It consumes the RunReady records the dispatcher forwards to the tenants'
+managed topics, starts each run through the fenced lifecycle as worker
+`executor:<instance>`, runs the command in the sandbox (sandbox.py) while
+heartbeating every lease/3, and completes the run by exit code with the
+result `{exit_code, output, output_truncated}`:
+
+- exit 0: SUCCEEDED; any other exit: FAILED, retryable (the job's retry policy
+  decides whether another attempt follows);
+- the job's `timeout_ms` passed: the process group is killed and nothing is
+  completed: the lifecycle's `timeout` timer (armed by StartRun for the same
+  instant) ends the attempt as it does for every worker: RETRY_WAIT while
+  attempts remain, else TIMED_OUT;
+- a heartbeat refused (cancelled, or the lease expired and the run moved on):
+  the command is killed and nothing is completed;
+- a target this executor will not run (network not allowed, limits above its
+  ceilings): FAILED, not retryable, with the reason.
+
+Offsets: a record is done once its run is started (or found not startable);
+from then on the database owns the run, and if this process dies the lease
+expires and the run is retried. So a crash re-reads at most a few records,
+whose StartRun then answers ALREADY_STARTED or STALE_ATTEMPT. At a cap
+(executor-wide or the tenant's) the record is held and its partition paused,
+so other tenants' partitions keep flowing; it is offered again when a slot
+frees. On shutdown, commands get `shutdown_grace_ms` to finish, then are
+killed and completed FAILED retryable ("interrupted"), so the run is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import Counter, Gauge, Histogram
+
+from cronwheel import kafka, metrics
+from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.core.clock import now_ms
+from cronwheel.core.errors import Conflict, NotFound
+from cronwheel.core.ids import partition_of_run
+from cronwheel.kafka import Topics
+from cronwheel.store.lifecycle import Lifecycle
+from services.executor.sandbox import (
+    PAYLOAD_FILE,
+    Exit,
+    Policy,
+    Sandbox,
+    TargetRefused,
+    command_env,
+)
+
+log = logging.getLogger("cronwheel.executor")
+
+CONSUMER = "executor"
+RUNS = Counter(
+    "cronwheel_executor_runs_total",
+    "Managed runs the executor ended, by how",
+    ["outcome"],  # succeeded, failed, timed_out, lost, refused, interrupted
+)
+ACTIVE = Gauge("cronwheel_executor_active_runs", "Sandboxed commands running now")
+RUN_SECONDS = Histogram(
+    "cronwheel_executor_run_seconds",
+    "Wall time of sandboxed commands, sandbox start included",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
+)
+
+
+class Slots:
+    """The executor-wide and per-tenant caps on commands running at once."""
+
+    def __init__(self, total: int, per_tenant: int):
+        self.total = total
+        self.per_tenant = per_tenant
+        self._by_tenant: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, tenant: str) -> bool:
+        with self._lock:
+            if sum(self._by_tenant.values()) >= self.total:
+                return False
+            if self._by_tenant.get(tenant, 0) >= self.per_tenant:
+                return False
+            self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+            return True
+
+    def give(self, tenant: str) -> None:
+        with self._lock:
+            left = self._by_tenant[tenant] - 1
+            if left:
+                self._by_tenant[tenant] = left
+            else:
+                del self._by_tenant[tenant]
+
+    def in_use(self) -> int:
+        with self._lock:
+            return sum(self._by_tenant.values())
+
+
+class Executor:
+    def __init__(
+        self,
+        dsn: str,
+        bootstrap: str,
+        topics: Topics,
+        *,
+        policy: Policy | None = None,
+        concurrency: int = 4,
+        per_tenant: int = 2,
+        group_id: str | None = None,
+        instance: str | None = None,
+        session_timeout_ms: int = 10_000,
+        shutdown_grace_ms: int = 10_000,
+        idle_ms: int = 200,
+    ):
+        self.dsn = dsn
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.policy = policy or Policy.from_env()
+        # Refuses to construct (SandboxUnavailable) where commands cannot be sandboxed.
+        self.sandbox = Sandbox(self.policy, concurrency)
+        self.slots = Slots(concurrency, per_tenant)
+        self.instance = instance or uuid.uuid4().hex[:12]
+        self.worker_id = f"executor:{self.instance}"
+        self.group_id = group_id or f"{topics.prefix}.executor"
+        self.pattern = f"^{re.escape(topics.prefix)}\\.managed\\..*"
+        self.session_timeout_ms = session_timeout_ms
+        self.shutdown_grace_ms = shutdown_grace_ms
+        self.idle_ms = idle_ms
+        self.lifecycle = Lifecycle(topics)
+        self.producer = kafka.producer(bootstrap)
+        self.started_total = 0
+        self._conn: psycopg.Connection | None = None
+        self._consumer: Consumer | None = None
+        self._done: dict[tuple[str, int], int] = {}
+        # A partition parked at a cap: its next record, held here, and paused
+        # (pausing drops what was fetched after it; resuming continues after it).
+        self._held: dict[tuple[str, int], Message] = {}
+        self._room = threading.Event()
+        self._runners: set[threading.Thread] = set()
+        self._stop = threading.Event()
+        self._dbs: list[_Db] = []  # idle connections of finished runs, for the next ones
+        self._dbs_lock = threading.Lock()
+
+    # -- the consumer loop ----------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        self._stop = stop
+        consumer = kafka.consumer(
+            self.group_id,
+            self.bootstrap,
+            **{
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": self.session_timeout_ms,
+                "heartbeat.interval.ms": max(500, self.session_timeout_ms // 5),
+                "on_commit": _on_commit,
+            },
+        )
+        self._consumer = consumer
+        consumer.subscribe([self.pattern], on_revoke=self._on_revoke)
+        next_commit = 0.0
+        try:
+            while not stop.is_set():
+                self._retry_held(consumer, stop)
+                msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
+                if msg is not None and not self._consumed(msg):
+                    self._handle(consumer, msg, stop)
+                if self._done and time.monotonic() >= next_commit:
+                    self._commit(asynchronous=True)
+                    next_commit = time.monotonic() + 0.5
+        finally:
+            self._wait_for_runners()
+            self._commit(asynchronous=False)
+            consumer.close()
+            self._consumer = None
+            self.producer.flush(10)
+            if self._conn is not None:
+                self._conn.close()
+            for db in self._dbs:
+                db.close()
+            self.sandbox.close()
+
+    def _consumed(self, msg: Message) -> bool:
+        """True for an error event (handled here) rather than a record."""
+        err = msg.error()
+        if err is None:
+            return False
+        if err.fatal():
+            raise KafkaException(err)
+        if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            log.debug("consume: %s", err)  # no tenant has a managed topic yet
+        elif err.code() != KafkaError._PARTITION_EOF:
+            log.warning("consume: %s", err)
+        return True
+
+    def _handle(self, consumer: Consumer, msg: Message, stop: threading.Event) -> None:
+        where = (msg.topic(), msg.partition())
+        try:
+            datum = self._decode(msg)
+        except _Poison as p:
+            self._dead_letter(msg, p)
+            self._done[where] = msg.offset() + 1
+            return
+        tenant = datum["tenant_id"]
+        if not self.slots.take(tenant):
+            # At a cap: park this partition at this record until a slot frees.
+            consumer.pause([TopicPartition(*where)])
+            self._held[where] = msg
+            return
+        try:
+            begun = self._with_db(lambda conn: self._start(conn, datum), stop)
+        except BaseException:
+            self.slots.give(tenant)
+            raise
+        if begun is _STOPPED:
+            self.slots.give(tenant)
+            return  # not done: read again after a restart
+        self._done[where] = msg.offset() + 1
+        if begun is None:
+            self.slots.give(tenant)
+            return
+        ACTIVE.inc()
+        runner = threading.Thread(
+            target=self._execute, args=(begun,), name=f"run-{datum['run_id']}", daemon=True
+        )
+        self._runners.add(runner)
+        runner.start()
+
+    def _decode(self, msg: Message) -> dict:
+        try:
+            name, datum = default_registry().decode(msg.value())
+        except UndecodableRecord as e:
+            raise _Poison("undecodable", e.reason) from None
+        if name != "RunReady":
+            raise _Poison("wrong_record", f"expected RunReady, got {name}")
+        try:
+            owner = self.topics.managed(datum["tenant_id"])
+        except ValueError:
+            owner = None
+        if owner != msg.topic():
+            raise _Poison(
+                "wrong_tenant", f"tenant_id {datum['tenant_id']!r} does not own {msg.topic()}"
+            )
+        try:
+            partition_of_run(datum["run_id"])
+        except ValueError:
+            raise _Poison("bad_run_id", f"run_id {datum['run_id']!r} is not a run id") from None
+        if datum["target_type"] != "managed":
+            raise _Poison("wrong_target", f"target_type {datum['target_type']!r} is not managed")
+        return datum
+
+    def _start(self, conn: psycopg.Connection, datum: dict) -> _Started | None:
+        """StartRun for the record's attempt; None when it is not ours to run."""
+        run_id, tenant = datum["run_id"], datum["tenant_id"]
+        early_ms = datum["scheduled_at"] - now_ms()
+        if 0 < early_ms <= 5000:  # a clock ahead of ours: wait rather than drop it
+            self._stop.wait(early_ms / 1000)
+        spec = self.lifecycle.spec(conn, tenant, run_id)
+        if spec is None:
+            log.warning("run %s: no such run for tenant %s", run_id, tenant)
+            return None
+        started_at = time.monotonic()
+        try:
+            got = self.lifecycle.start(
+                conn, tenant, run_id, self.worker_id, now_ms(), attempt=datum["attempt"]
+            )
+        except (Conflict, NotFound) as e:
+            log.info("run %s attempt %s not started: %s", run_id, datum["attempt"], e)
+            return None
+        self.started_total += 1
+        return _Started(
+            tenant_id=tenant,
+            run_id=run_id,
+            attempt=got["attempt"],
+            token=got["start_token"],
+            lease_ms=got["lease_ms"],
+            spec=spec,
+            started_at=started_at,
+        )
+
+    # -- one run, in its own thread -------------------------------------------
+
+    def _execute(self, run: _Started) -> None:
+        with self._dbs_lock:
+            db = self._dbs.pop() if self._dbs else _Db(self.dsn)
+        try:
+            self._run_and_complete(db, run)
+        except Exception:
+            log.exception("run %s attempt %d: executor error", run.run_id, run.attempt)
+            db.close()
+        finally:
+            with self._dbs_lock:
+                self._dbs.append(db)  # at most `concurrency` of them
+            self.slots.give(run.tenant_id)
+            ACTIVE.dec()
+            self._room.set()
+            self._runners.discard(threading.current_thread())
+
+    def _run_and_complete(self, db: _Db, run: _Started) -> None:
+        target, spec = run.spec["target"], run.spec
+        try:
+            limits = self.policy.limits_for(target)
+            env = command_env(
+                target.get("env") or {},
+                {
+                    "CRONWHEEL_RUN_ID": run.run_id,
+                    "CRONWHEEL_ATTEMPT": str(run.attempt),
+                    "CRONWHEEL_PAYLOAD_FILE": PAYLOAD_FILE,
+                },
+            )
+        except TargetRefused as e:
+            RUNS.labels("refused").inc()
+            self._complete(db, run, "FAILED", None, f"refused: {e}", retryable=False)
+            return
+        timeout_ms = spec.get("timeout_ms")
+        job_deadline = timeout_ms is not None and timeout_ms <= self.policy.max_wall_ms
+        wall_ms = timeout_ms if job_deadline else self.policy.max_wall_ms
+
+        def heartbeat() -> bool:
+            try:
+                self.lifecycle.heartbeat(
+                    db(), run.tenant_id, run.run_id, run.attempt, run.token, now_ms()
+                )
+            except (Conflict, NotFound):
+                return False  # cancelled, or the attempt already ended: stop the command
+            except psycopg.Error as e:
+                log.warning("run %s: heartbeat failed (%s); trying again", run.run_id, e)
+                db.close()
+            return True
+
+        try:
+            got = self.sandbox.run(
+                target["command"],
+                env,
+                limits,
+                payload=spec.get("payload", "null"),
+                deadline=run.started_at + wall_ms / 1000,
+                tick=heartbeat,
+                tick_every=run.lease_ms / 3000,
+                stop=self._stop,
+                grace=self.shutdown_grace_ms / 1000,
+            )
+        except ValueError as e:  # e.g. a NUL byte in the command
+            RUNS.labels("refused").inc()
+            self._complete(db, run, "FAILED", None, f"refused: {e}", retryable=False)
+            return
+        except OSError as e:
+            RUNS.labels("failed").inc()
+            self._complete(db, run, "FAILED", None, f"the sandbox did not start: {e}", True)
+            return
+        RUN_SECONDS.observe(got.duration_ms / 1000)
+        log.info(
+            "run %s attempt %d: %s, exit code %d, %d ms",
+            run.run_id, run.attempt, got.reason, got.code, got.duration_ms,
+        )  # fmt: skip
+        self._finish(db, run, got, job_deadline)
+
+    def _finish(self, db: _Db, run: _Started, got: Exit, job_deadline: bool) -> None:
+        result = {
+            "exit_code": got.code,
+            "output": got.output,
+            "output_truncated": got.truncated,
+        }
+        if got.reason == "exited":
+            ok = got.code == 0
+            RUNS.labels("succeeded" if ok else "failed").inc()
+            error = None if ok else f"exit code {got.code}"
+            self._complete(db, run, "SUCCEEDED" if ok else "FAILED", result, error, True)
+        elif got.reason == "timeout" and job_deadline:
+            RUNS.labels("timed_out").inc()  # the lifecycle's timeout timer ends the attempt
+        elif got.reason == "timeout":
+            RUNS.labels("failed").inc()
+            error = f"killed at the executor's wall-clock limit ({self.policy.max_wall_ms} ms)"
+            self._complete(db, run, "FAILED", result, error, False)
+        elif got.reason == "stopped":
+            RUNS.labels("interrupted").inc()
+            self._complete(db, run, "FAILED", result, "interrupted: the executor stopped", True)
+        else:  # aborted: the attempt is no longer ours
+            RUNS.labels("lost").inc()
+
+    def _complete(self, db: _Db, run: _Started, outcome, result, error, retryable: bool) -> None:
+        for delay in (0.1, 0.5, 1, 2, None):
+            try:
+                self.lifecycle.complete(
+                    db(), run.tenant_id, run.run_id, run.attempt, run.token, outcome,
+                    now_ms(), result=result, error=error, retryable=retryable,
+                )  # fmt: skip
+                return
+            except (Conflict, NotFound) as e:
+                log.info("run %s attempt %d: completion refused: %s", run.run_id, run.attempt, e)
+                return
+            except psycopg.OperationalError as e:
+                log.warning("run %s: completing failed (%s)", run.run_id, e)
+                db.close()
+                if delay is not None:
+                    time.sleep(delay)
+        log.error(
+            "run %s attempt %d: not completed; its lease will expire", run.run_id, run.attempt
+        )
+
+    def _wait_for_runners(self) -> None:
+        """Commands get shutdown_grace_ms to finish (they see `stop`), then are
+        killed and completed FAILED retryable, so the run is retried."""
+        deadline = time.monotonic() + self.shutdown_grace_ms / 1000 + 10
+        for t in list(self._runners):
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    # -- partitions, offsets, the database ------------------------------------
+
+    def _retry_held(self, consumer: Consumer, stop: threading.Event) -> None:
+        """Once a slot freed, offer the held records again; a partition whose
+        record found a slot resumes."""
+        if not self._held or not self._room.is_set():
+            return
+        self._room.clear()
+        for where, msg in list(self._held.items()):
+            del self._held[where]
+            self._handle(consumer, msg, stop)
+            if where not in self._held:
+                consumer.resume([TopicPartition(*where)])
+
+    def _commit(self, *, asynchronous: bool) -> None:
+        consumer = self._consumer
+        if consumer is None or not self._done:
+            return
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        offsets = [
+            TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in assigned
+        ]
+        self._done.clear()
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=asynchronous)
+            except KafkaException as e:
+                log.warning("commit failed (the records are started already): %s", e)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in revoked]
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as e:
+                log.warning("commit on revoke failed: %s", e)
+        for key in revoked:
+            self._done.pop(key, None)
+            self._held.pop(key, None)  # its new owner reads it again
+
+    def _with_db(self, fn, stop: threading.Event):
+        """`fn(conn)`, reconnecting while the database is away; _STOPPED if stopped."""
+        backoff = 0.1
+        while True:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self.dsn, autocommit=True)
+                return fn(self._conn)
+            except psycopg.OperationalError as e:
+                log.warning("database unavailable (%s); retrying", e)
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                if stop.wait(backoff):
+                    return _STOPPED
+                backoff = min(backoff * 2, 5.0)
+
+    def _dead_letter(self, msg: Message, p: _Poison) -> None:
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), p.reason
+        )
+        value = default_registry().encode(
+            "DeadLetter",
+            {
+                "source_topic": msg.topic(),
+                "source_partition": msg.partition(),
+                "source_offset": msg.offset(),
+                "key": msg.key(),
+                "value": msg.value(),
+                "reason": p.reason,
+                "consumer": CONSUMER,
+                "at": now_ms(),
+            },
+        )
+        self.producer.produce(
+            self.topics.dead_letter, value=value, key=msg.key(), headers=[("record", b"DeadLetter")]
+        )
+        if self.producer.flush(30):
+            raise RuntimeError("the dead-letter topic did not acknowledge a record")
+        metrics.DEAD_LETTERS.labels(CONSUMER, p.kind).inc()
+
+
+class _Poison(Exception):
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Started:
+    """An attempt this executor won: what it needs to run, heartbeat and complete it."""
+
+    tenant_id: str
+    run_id: str
+    attempt: int
+    token: str
+    lease_ms: int
+    spec: dict
+    started_at: float  # time.monotonic() just before StartRun: timeout_ms counts from here
+
+
+class _Db:
+    """One runner thread's connection, opened on first use and again after an error."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self._conn: psycopg.Connection | None = None
+
+    def __call__(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.dsn, autocommit=True)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+_STOPPED = object()
+
+
+def _on_commit(err, partitions) -> None:
+    if err is not None and err.code() != KafkaError._NO_OFFSET:
+        log.warning("offset commit failed: %s", err)
