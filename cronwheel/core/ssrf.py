@@ -1,0 +1,119 @@
+"""Webhook destinations: only public addresses, unless the operator allows more.
+
+A webhook URL is checked when a job is created or changed (the gateway) and
+again when the webhook service connects, since DNS can change in between (and
+a name can answer differently on each lookup). The connecting side should dial
+one of the addresses `resolve_destination` returned, not resolve the name again.
+
+Refused: loopback, private, link-local, multicast, reserved, unspecified and
+shared (CGNAT) addresses, IPv4 addresses hidden in IPv6 (IPv4-mapped, 6to4,
+Teredo, NAT64), and every address that is not globally routable, unless it
+lies inside one of the CIDRs in `CRONWHEEL_WEBHOOK_ALLOW_CIDRS`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+from cronwheel.core.errors import ValidationError
+
+ALLOW_ENV = "CRONWHEEL_WEBHOOK_ALLOW_CIDRS"
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[..., list]
+
+
+class Refused(ValueError):
+    """The destination is not one the platform may call."""
+
+
+def allowed_networks(text: str | None = None) -> list[Network]:
+    """The operator's allow list (comma-separated CIDRs); ValueError on a bad entry,
+    so a typo fails at startup instead of silently allowing nothing."""
+    raw = os.environ.get(ALLOW_ENV, "") if text is None else text
+    nets = []
+    for part in raw.split(","):
+        if part.strip():
+            try:
+                nets.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError as e:
+                raise ValueError(f"{ALLOW_ENV}: {part.strip()!r} is not a CIDR") from e
+    return nets
+
+
+def why_refused(addr: Address, allow: Sequence[Network] = ()) -> str | None:
+    """None when `addr` may be called, else the reason it may not."""
+    if any(addr in net for net in allow if net.version == addr.version):
+        return None
+    if isinstance(addr, ipaddress.IPv6Address):
+        embedded = addr.ipv4_mapped or addr.sixtofour or (addr.teredo or (None, None))[1]
+        if embedded is not None:
+            return f"{addr} embeds the IPv4 address {embedded}"
+    for attr, what in (
+        ("is_loopback", "loopback"),
+        ("is_unspecified", "unspecified"),
+        ("is_link_local", "link-local"),
+        ("is_multicast", "multicast"),
+        ("is_private", "private"),
+        ("is_reserved", "reserved"),
+    ):
+        if getattr(addr, attr):
+            return f"{addr} is a {what} address"
+    if not addr.is_global:
+        return f"{addr} is not a public address"
+    return None
+
+
+def resolve_destination(
+    host: str,
+    port: int,
+    allow: Sequence[Network] | None = None,
+    resolve: Resolver = socket.getaddrinfo,
+) -> list[str]:
+    """Every address `host` resolves to, when all of them may be called; else Refused.
+    (All, not any: a name that also answers with a private address is refused.)"""
+    nets = allowed_networks() if allow is None else allow
+    try:
+        infos = resolve(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError) as e:
+        raise Refused(f"{host!r} does not resolve") from e
+    addrs: list[str] = []
+    for info in infos:
+        text = str(info[4][0])
+        try:
+            addr = ipaddress.ip_address(text.split("%", 1)[0])
+        except ValueError as e:
+            raise Refused(f"{host!r} resolved to {text!r}, not an address") from e
+        if reason := why_refused(addr, nets):
+            raise Refused(reason)
+        if text not in addrs:
+            addrs.append(text)
+    if not addrs:
+        raise Refused(f"{host!r} does not resolve")
+    return addrs
+
+
+def check_webhook_url(
+    url: object,
+    *,
+    field: str = "target.url",
+    allow: Sequence[Network] | None = None,
+    resolve: Resolver = socket.getaddrinfo,
+) -> None:
+    """ValidationError naming `field` unless `url` is http(s) to a callable host."""
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError(field, "must be an http(s) URL with a host")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        raise ValidationError(field, "has an invalid port") from e
+    try:
+        resolve_destination(parts.hostname, port, allow, resolve)
+    except Refused as e:
+        raise ValidationError(field, f"refused destination: {e}", code="DESTINATION_REFUSED") from e

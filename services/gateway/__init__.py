@@ -1,0 +1,1 @@
+"""The gateway service: the `/v1` HTTP API (admin and worker protocol) of CONTRACT.md."""

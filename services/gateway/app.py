@@ -1,0 +1,70 @@
+"""The gateway's app factory: the `/v1` API of CONTRACT.md over one connection pool.
+
+`create_app` wires the pieces; each lives in a module named for it:
+auth (bearer keys), ratelimit, bodies (size cap, strict JSON), idempotency,
+problems (RFC 9457 errors), transactions (one request = one transaction in the
+caller's scope), accounts (tenants and keys), routes/* (one module per resource).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fastapi import FastAPI
+
+from cronwheel import config
+from cronwheel.core.clock import now_ms
+from cronwheel.core.ssrf import Network, allowed_networks
+from cronwheel.kafka import Topics
+from services.gateway import problems
+from services.gateway.http_metrics import HttpMetrics
+from services.gateway.ratelimit import RateLimiter
+from services.gateway.routes import health, jobs, runs, schedules, tenants
+from services.gateway.transactions import Gateway
+
+DESCRIPTION = """\
+cronwheel's admin and worker API. Authenticate with `Authorization: Bearer <key>`:
+the operator key manages tenants; a tenant key sees and changes only its tenant.
+Errors are `application/problem+json` with a stable `code` and the `field` at fault.
+See docs/api.md."""
+
+
+def create_app(
+    dsn: str,
+    topics: Topics,
+    bootstrap: str,
+    operator_key: str,
+    *,
+    rate_per_s: float = 1000.0,
+    burst: float = 2000.0,
+    clock: Callable[[], int] = now_ms,
+    cell: str | None = None,
+    webhook_allow: Sequence[Network] | None = None,
+    pool_max: int = 10,
+) -> FastAPI:
+    """The ASGI app. Its pool opens now; call `app.state.gateway.close()` when done."""
+    gateway = Gateway(
+        dsn,
+        topics,
+        bootstrap,
+        operator_key,
+        limiter=RateLimiter(rate_per_s, burst),
+        clock=clock,
+        cell=cell or config.cell(),
+        webhook_allow=allowed_networks() if webhook_allow is None else webhook_allow,
+        pool_max=pool_max,
+    )
+    app = FastAPI(
+        title="cronwheel",
+        version="1",
+        description=DESCRIPTION,
+        openapi_url="/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.gateway = gateway
+    problems.install(app)
+    for module in (tenants, jobs, runs, schedules, health):
+        app.include_router(module.router)
+    app.add_middleware(HttpMetrics)
+    return app

@@ -1,0 +1,173 @@
+"""Jobs: create, list, get, change, delete, pause, resume, trigger, backfill.
+
+Each handler is one call into cronwheel.store.jobs.Jobs. The gateway adds the
+webhook destination check (cronwheel.core.ssrf) before a webhook target is
+stored, since it needs the network and the operator's allow list.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from cronwheel.core.clock import to_ms
+from cronwheel.core.errors import ValidationError
+from cronwheel.core.ssrf import check_webhook_url
+from services.gateway import openapi as oa
+from services.gateway.auth import TenantCaller
+from services.gateway.bodies import JsonObject, OptionalObject
+from services.gateway.routes import Gw, ident
+from services.gateway.transactions import Gateway, Reply
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+MAX_PAGE = 200
+_CURSOR = re.compile(r"^\d{1,15}\.[A-Za-z0-9_-]{1,100}$")
+_MIN_INSTANT = 0  # 1970-01-01: backfills start no earlier
+TRIGGERED = {
+    "type": "object",
+    "properties": {"run_id": {"type": "string"}, "created": {"type": "boolean"}},
+}
+BACKFILLED = {
+    "type": "object",
+    "properties": {
+        "instants": {"type": "integer"},
+        "created": {"type": "integer"},
+        "already_existed": {"type": "integer"},
+    },
+}
+
+
+def _check_destination(gw: Gateway, body: dict) -> None:
+    target = body.get("target")
+    if isinstance(target, dict) and target.get("type") == "webhook":
+        check_webhook_url(target.get("url"), allow=gw.webhook_allow)
+
+
+@router.post(
+    "",
+    status_code=201,
+    openapi_extra=oa.body(oa.JOB_CREATE),
+    responses=oa.ok(oa.JOB, 201, 403, 413),
+    summary="Create a job",
+)
+def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
+    def create(tx):
+        _check_destination(gw, body)
+        return gw.jobs.create(tx.conn, tx.tenant, body, tx.now)
+
+    return gw.as_tenant(who, create, 201)
+
+
+@router.get("", responses=oa.ok(oa.page(oa.JOB)), summary="The tenant's jobs, oldest first")
+def list_jobs(
+    gw: Gw,
+    who: TenantCaller,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+):
+    if cursor is not None and not _CURSOR.match(cursor):
+        raise ValidationError("cursor", "is not a cursor this API returned")
+    return gw.as_tenant(
+        who, lambda tx: gw.jobs.list(tx.conn, tx.tenant["tenant_id"], cursor=cursor, limit=limit)
+    )
+
+
+@router.get("/{job_id}", responses=oa.ok(oa.JOB, 200, 404), summary="One job")
+def get_job(gw: Gw, who: TenantCaller, job_id: str):
+    jid = ident(job_id, "job")
+    return gw.as_tenant(who, lambda tx: gw.jobs.get(tx.conn, tx.tenant["tenant_id"], jid))
+
+
+@router.patch(
+    "/{job_id}",
+    openapi_extra=oa.body(oa.JOB_PATCH),
+    responses=oa.ok(oa.JOB, 200, 403, 404, 413),
+    summary="Change a job: the fields given replace the job's",
+)
+def update_job(gw: Gw, who: TenantCaller, job_id: str, body: JsonObject):
+    jid = ident(job_id, "job")
+
+    def update(tx):
+        _check_destination(gw, body)
+        return gw.jobs.update(tx.conn, tx.tenant, jid, body, tx.now)
+
+    return gw.as_tenant(who, update)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    responses=oa.errors(404),
+    summary="Delete a job; its pending runs are cancelled",
+)
+def delete_job(gw: Gw, who: TenantCaller, job_id: str):
+    jid = ident(job_id, "job")
+    return gw.as_tenant(who, lambda tx: gw.jobs.delete(tx.conn, tx.tenant, jid, tx.now), 204)
+
+
+@router.post("/{job_id}/pause", responses=oa.ok(oa.JOB, 200, 404), summary="Pause a job")
+def pause_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
+    jid = ident(job_id, "job")
+    return gw.as_tenant(who, lambda tx: gw.jobs.pause(tx.conn, tx.tenant, jid, tx.now))
+
+
+@router.post(
+    "/{job_id}/resume",
+    responses=oa.ok(oa.JOB, 200, 404),
+    summary="Resume a job; missed instants go through its catch-up window",
+)
+def resume_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
+    jid = ident(job_id, "job")
+    return gw.as_tenant(who, lambda tx: gw.jobs.resume(tx.conn, tx.tenant, jid, tx.now))
+
+
+@router.post(
+    "/{job_id}/trigger",
+    status_code=201,
+    responses=oa.ok(TRIGGERED, 201, 404),
+    summary="A run now, outside the schedule (201; 200 when that run already existed)",
+)
+def trigger_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
+    jid = ident(job_id, "job")
+
+    def trigger(tx):
+        out = gw.jobs.trigger(tx.conn, tx.tenant, jid, tx.now)
+        return Reply(201 if out["created"] else 200, out)
+
+    return gw.as_tenant(who, trigger)
+
+
+@router.post(
+    "/{job_id}/backfill",
+    openapi_extra=oa.body(oa.BACKFILL),
+    responses=oa.ok(BACKFILLED, 200, 404),
+    summary="Runs for the schedule's instants in [from, to]; instants that ran are not rerun",
+)
+def backfill_job(gw: Gw, who: TenantCaller, job_id: str, body: JsonObject):
+    jid = ident(job_id, "job")
+    unknown = sorted(set(body) - {"from", "to"})
+    if unknown:
+        raise ValidationError(unknown[0], "unknown field")
+    start, end = _instant(body, "from"), _instant(body, "to")
+    return gw.as_tenant(
+        who, lambda tx: gw.jobs.backfill(tx.conn, tx.tenant, jid, start, end, tx.now)
+    )
+
+
+def _instant(body: dict, field: str) -> int:
+    text: Any = body.get(field)
+    if not isinstance(text, str):
+        raise ValidationError(field, "must be an RFC 3339 instant")
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            raise ValueError("no offset")
+        ms = to_ms(moment)
+    except (ValueError, OverflowError) as e:
+        raise ValidationError(field, "must be an RFC 3339 instant with an offset or Z") from e
+    if ms < _MIN_INSTANT:
+        raise ValidationError(field, "must not be before 1970-01-01T00:00:00Z")
+    return ms

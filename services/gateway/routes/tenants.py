@@ -1,0 +1,154 @@
+"""Tenants and their keys, for the operator key; a tenant's own keys, for it.
+
+Keys: more than one per tenant (rotate: issue a new key, move clients, revoke
+the old one); the secret is shown once, when issued.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from cronwheel.core.errors import ValidationError
+from services.gateway import accounts
+from services.gateway import openapi as oa
+from services.gateway.auth import AnyCaller, TenantCaller
+from services.gateway.bodies import JsonObject, OptionalObject
+from services.gateway.routes import _ID, Gw, ident
+
+router = APIRouter(tags=["tenants"])
+
+KEY = {
+    "type": "object",
+    "properties": {
+        "key_id": {"type": "string"},
+        "label": {"type": ["string", "null"]},
+        "created_at": oa.INSTANT,
+        "revoked_at": oa.NULLABLE_INSTANT,
+        "api_key": {"type": "string", "description": "the secret; in this answer only"},
+    },
+}
+TENANT = {
+    "type": "object",
+    "properties": {
+        "tenant_id": {"type": "string"},
+        "name": {"type": "string"},
+        "cell": {"type": "string"},
+        "priority_classes": {"type": "array", "items": oa.PRIORITY},
+        "api_key": {"type": "string", "description": "at creation only"},
+    },
+}
+
+
+@router.post(
+    "/v1/tenants",
+    status_code=201,
+    openapi_extra=oa.body(oa.TENANT_CREATE),
+    responses=oa.ok(TENANT, 201, 403, 409),
+    summary="Create a tenant and its first API key (operator)",
+)
+def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
+    return gw.as_operator(who, lambda tx: accounts.new_tenant(tx.conn, body, gw.cell), 201)
+
+
+@router.get(
+    "/v1/tenants",
+    responses=oa.ok(oa.page(TENANT), 200, 403),
+    summary="List tenants (operator)",
+)
+def list_tenants(
+    gw: Gw,
+    who: AnyCaller,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=accounts.MAX_TENANT_PAGE)] = 50,
+):
+    if cursor is not None and not _ID.match(cursor):
+        raise ValidationError("cursor", "is not a cursor this API returned")
+    return gw.as_operator(who, lambda tx: accounts.list_tenants(tx.conn, cursor, limit))
+
+
+@router.get(
+    "/v1/tenants/{tenant_id}",
+    responses=oa.ok(TENANT, 200, 403, 404),
+    summary="One tenant (operator)",
+)
+def get_tenant(gw: Gw, who: AnyCaller, tenant_id: str):
+    tid = ident(tenant_id, "tenant")
+    return gw.as_operator(who, lambda tx: accounts.get_tenant(tx.conn, tid))
+
+
+@router.post(
+    "/v1/tenants/{tenant_id}/keys",
+    status_code=201,
+    openapi_extra=oa.body(oa.KEY_CREATE, required=False),
+    responses=oa.ok(KEY, 201, 403, 404),
+    summary="Issue another key for a tenant (operator)",
+)
+def issue_tenant_key(gw: Gw, who: AnyCaller, tenant_id: str, body: OptionalObject):
+    tid = ident(tenant_id, "tenant")
+    return gw.as_operator(who, lambda tx: accounts.issue_key(tx.conn, tid, body, tx.now), 201)
+
+
+@router.get(
+    "/v1/tenants/{tenant_id}/keys",
+    responses=oa.ok(oa.page(KEY), 200, 403, 404),
+    summary="A tenant's keys, without secrets (operator)",
+)
+def list_tenant_keys(gw: Gw, who: AnyCaller, tenant_id: str):
+    tid = ident(tenant_id, "tenant")
+    return gw.as_operator(who, lambda tx: accounts.list_keys(tx.conn, tid))
+
+
+@router.delete(
+    "/v1/tenants/{tenant_id}/keys/{key_id}",
+    status_code=204,
+    responses=oa.errors(403, 404),
+    summary="Revoke one of a tenant's keys (operator)",
+)
+def revoke_tenant_key(gw: Gw, who: AnyCaller, tenant_id: str, key_id: str):
+    tid, kid = ident(tenant_id, "tenant"), ident(key_id, "key")
+    return gw.as_operator(
+        who, lambda tx: _revoked(accounts.revoke_key(tx.conn, tid, kid, tx.now)), 204
+    )
+
+
+@router.post(
+    "/v1/keys",
+    status_code=201,
+    openapi_extra=oa.body(oa.KEY_CREATE, required=False),
+    responses=oa.ok(KEY, 201, 403),
+    summary="Issue another key for the caller's tenant (rotation)",
+)
+def issue_key(gw: Gw, who: TenantCaller, body: OptionalObject):
+    return gw.as_tenant(
+        who, lambda tx: accounts.issue_key(tx.conn, tx.tenant["tenant_id"], body, tx.now), 201
+    )
+
+
+@router.get(
+    "/v1/keys",
+    responses=oa.ok(oa.page(KEY), 200, 403),
+    summary="The caller's tenant's keys, without secrets",
+)
+def list_keys(gw: Gw, who: TenantCaller):
+    return gw.as_tenant(who, lambda tx: accounts.list_keys(tx.conn, tx.tenant["tenant_id"]))
+
+
+@router.delete(
+    "/v1/keys/{key_id}",
+    status_code=204,
+    responses=oa.errors(403, 404),
+    summary="Revoke one of the caller's tenant's keys (also the one in use)",
+)
+def revoke_key(gw: Gw, who: TenantCaller, key_id: str):
+    kid = ident(key_id, "key")
+    return gw.as_tenant(
+        who,
+        lambda tx: _revoked(accounts.revoke_key(tx.conn, tx.tenant["tenant_id"], kid, tx.now)),
+        204,
+    )
+
+
+def _revoked(_key: dict) -> None:
+    return None

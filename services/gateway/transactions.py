@@ -1,0 +1,194 @@
+"""One request, one transaction, in the caller's scope.
+
+A handler hands `Gateway.as_tenant` (or `as_operator`) one function that calls
+into cronwheel/store. Around it, in a single transaction on a pooled
+connection: the key is looked up (a revoked key fails at once), the
+transaction's scope is set for row-level security (docs/tenancy.md), the
+Idempotency-Key is claimed or replayed, and the answer is rendered. Store
+functions that open their own `conn.transaction()` get a savepoint inside it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+from starlette.responses import Response
+
+from cronwheel.core.clock import now_ms
+from cronwheel.core.ssrf import Network
+from cronwheel.kafka import Topics
+from cronwheel.store.jobs import Jobs, tenant_for_key
+from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.sql_loader import parse_blocks
+from services.gateway import idempotency, problems
+from services.gateway.auth import Caller, unauthenticated
+from services.gateway.problems import Problem
+from services.gateway.ratelimit import RateLimiter
+
+OPERATOR_SCOPE = "operator"  # the idempotency scope of operator requests
+
+
+@functools.cache
+def _q() -> dict[str, str]:
+    return parse_blocks(Path(__file__).with_name("transactions.sql").read_text())
+
+
+@dataclass(frozen=True)
+class Tx:
+    """What a handler's store call gets: the connection, the tenant and `now`."""
+
+    conn: Any
+    tenant: dict | None
+    now: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A result whose status depends on what happened (201 created, 200 existed)."""
+
+    status: int
+    body: Any
+
+
+def dumps(body: Any) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def respond(status: int, text: str | None) -> Response:
+    if status == 204 or text is None:
+        return Response(status_code=status)
+    media = problems.MEDIA_TYPE if status >= 400 else "application/json"
+    return Response(text, status_code=status, media_type=media)
+
+
+class Gateway:
+    """The gateway's wiring: pool, store objects, limiter, clock and settings."""
+
+    def __init__(
+        self,
+        dsn: str,
+        topics: Topics,
+        bootstrap: str,
+        operator_key: str,
+        *,
+        limiter: RateLimiter,
+        clock: Callable[[], int] = now_ms,
+        cell: str = "local",
+        webhook_allow: Sequence[Network] = (),
+        pool_min: int = 1,
+        pool_max: int = 10,
+    ):
+        if not operator_key:
+            raise ValueError("an operator key is required")
+        self.topics = topics
+        self.bootstrap = bootstrap
+        self.operator_key = operator_key
+        self.limiter = limiter
+        self.clock = clock
+        self.cell = cell
+        self.webhook_allow = list(webhook_allow)
+        self.jobs = Jobs(topics)
+        self.lifecycle = Lifecycle(topics)
+        self.pool = ConnectionPool(
+            dsn,
+            min_size=pool_min,
+            max_size=pool_max,
+            kwargs={"autocommit": True},
+            configure=self._configure,
+            timeout=5.0,
+            name="gateway",
+            open=True,
+        )
+        self._admin = None
+        self._admin_lock = threading.Lock()
+
+    @staticmethod
+    def _configure(conn) -> None:
+        conn.execute(_q()["default_scope"])
+
+    def close(self) -> None:
+        self.pool.close()
+        with self._admin_lock:
+            self._admin = None  # librdkafka handles close when collected
+
+    # -- requests ------------------------------------------------------------
+    def as_tenant(self, who: Caller, fn: Callable[[Tx], Any], status: int = 200) -> Response:
+        with self.pool.connection() as conn, conn.transaction():
+            self._scope(conn, "")
+            tenant = tenant_for_key(conn, who.token)
+            if tenant is None:
+                raise unauthenticated("unknown or revoked key")
+            self._scope(conn, tenant["tenant_id"])
+            tx = Tx(conn, tenant, self.clock())
+            return self._execute(tx, who, tenant["tenant_id"], fn, status)
+
+    def as_operator(self, who: Caller, fn: Callable[[Tx], Any], status: int = 200) -> Response:
+        with self.pool.connection() as conn, conn.transaction():
+            self._scope(conn, "")
+            if not who.operator:
+                if tenant_for_key(conn, who.token) is None:
+                    raise unauthenticated("unknown or revoked key")
+                raise Problem(403, "FORBIDDEN", "this needs the operator key")
+            tx = Tx(conn, None, self.clock())
+            return self._execute(tx, who, OPERATOR_SCOPE, fn, status)
+
+    def as_anyone(self, who: Caller, fn: Callable[[], Any]) -> Response:
+        """For reads that touch no tenant data (schedule preview): any valid key."""
+        if not who.operator:
+            with self.pool.connection() as conn, conn.transaction():
+                self._scope(conn, "")
+                if tenant_for_key(conn, who.token) is None:
+                    raise unauthenticated("unknown or revoked key")
+        return respond(200, dumps(fn()))
+
+    def _scope(self, conn, scope: str) -> None:
+        conn.execute(_q()["set_scope"], {"scope": scope})
+
+    def _execute(self, tx: Tx, who: Caller, scope: str, fn, status: int) -> Response:
+        req = who.idempotent_request()
+        if req is None:
+            status, result = _unwrap(status, fn(tx))
+            return respond(status, None if result is None else dumps(result))
+        stored = idempotency.begin(tx.conn, scope, req, tx.now)
+        if stored is not None:
+            response = respond(stored.status, stored.body)
+            response.headers["Idempotent-Replayed"] = "true"
+            return response
+        headers: dict[str, str] = {}
+        try:
+            with tx.conn.transaction():
+                status, result = _unwrap(status, fn(tx))
+            text = None if result is None else dumps(result)
+        except problems.REQUEST_ERRORS as e:
+            status, doc, headers = problems.from_exception(e)
+            text = dumps(doc)
+        idempotency.record(tx.conn, scope, req, status, text)
+        response = respond(status, text)
+        response.headers.update(headers)
+        return response
+
+    # -- readiness -----------------------------------------------------------
+    def check_database(self) -> None:
+        with self.pool.connection(timeout=2.0) as conn:
+            conn.execute(_q()["ping"])
+
+    def check_kafka(self) -> None:
+        from cronwheel.kafka import admin
+
+        with self._admin_lock:
+            if self._admin is None:
+                self._admin = admin(self.bootstrap)
+            md = self._admin.list_topics(timeout=2.0)
+        if not md.brokers:
+            raise RuntimeError("no Kafka broker answered")
+
+
+def _unwrap(status: int, result: Any) -> tuple[int, Any]:
+    return (result.status, result.body) if isinstance(result, Reply) else (status, result)
