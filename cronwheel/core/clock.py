@@ -26,4 +26,5 @@ def to_ms(dt: datetime) -> int:
 
 def iso(ms: int) -> str:
     """RFC 3339 in UTC with milliseconds and Z, as the API prints instants."""
-    return to_dt(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    d = to_dt(ms)
+    return f"{d.year:04d}-" + d.strftime("%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"

@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 MIN_EVERY_MS = 100
+MAX_EVERY_MS = 366 * 86_400_000  # a year: longer intervals are `at` or cron
 GAP_POLICIES = ("shift", "skip")
 REPEAT_POLICIES = ("first", "last", "both")
 
@@ -262,8 +263,10 @@ def parse_schedule(spec: dict[str, Any], *, anchor_ms: int) -> Schedule:
             raise ScheduleError(f"schedule.{key}", "only applies to cron schedules")
     if kinds == ["every_ms"]:
         every_ms = spec["every_ms"]
-        if not _is_int(every_ms) or every_ms < MIN_EVERY_MS:
-            raise ScheduleError("schedule.every_ms", f"must be an integer >= {MIN_EVERY_MS}")
+        if not _is_int(every_ms) or not MIN_EVERY_MS <= every_ms <= MAX_EVERY_MS:
+            raise ScheduleError(
+                "schedule.every_ms", f"must be an integer from {MIN_EVERY_MS} to {MAX_EVERY_MS}"
+            )
         return IntervalSchedule(every_ms, anchor_ms, jitter_ms)
     return OnceSchedule(_parse_instant(spec["at"]), jitter_ms)
 
@@ -320,10 +323,12 @@ def _parse_instant(text: Any) -> int:
         if int(off_h or 0) > 23 or int(off_m or 0) > 59:
             raise ValueError(f"offset {sign}{off_h}:{off_m} out of range")
         wall = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second))
-    except ValueError as e:
+        offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+        utc = wall - offset if sign == "+" else wall + offset
+    except (ValueError, OverflowError) as e:
         raise ScheduleError("schedule.at", f"not a valid instant: {e}") from None
-    offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
-    utc = wall - offset if sign == "+" else wall + offset
+    if not 1970 <= utc.year <= 9000:
+        raise ScheduleError("schedule.at", "must be between 1970 and 9000")
     return _ms(utc.replace(tzinfo=UTC)) + int((frac or "0").ljust(3, "0"))
 
 

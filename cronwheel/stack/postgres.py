@@ -210,6 +210,8 @@ class LocalPostgres:
                 "SELECT 1 FROM pg_database WHERE datname = %s", [config.PG_DATABASE]
             ).fetchone():
                 conn.execute(f"CREATE DATABASE {config.PG_DATABASE} OWNER {config.PG_USER}")
+            # Lets tests drop their databases while autovacuum works in them.
+            conn.execute(f"GRANT pg_signal_backend TO {config.PG_USER}")
 
     def down(self) -> None:
         if not self.running():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from dataclasses import asdict
 from typing import Any
@@ -50,6 +51,8 @@ def create_tenant(
     cell: str = "local",
     priority_classes: list[str] | None = None,
 ) -> dict:
+    if priority_classes is not None and not isinstance(priority_classes, list):
+        raise ValidationError("priority_classes", "must be a list of class names")
     classes = list(priority_classes or DEFAULT_CLASSES)
     bad = [c for c in classes if c not in PRIORITIES]
     if bad:
@@ -177,8 +180,10 @@ class Jobs:
         if cursor:
             try:
                 ms, after_id = cursor.split(".", 1)
+                if not re.fullmatch(r"[A-Za-z0-9_-]{1,100}", after_id):
+                    raise ValueError(after_id)
                 after_created = to_dt(int(ms))
-            except ValueError as e:
+            except (ValueError, OverflowError, OSError) as e:
                 raise ValidationError("cursor", "is not a cursor this API returned") from e
         with conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(
@@ -250,8 +255,8 @@ class Jobs:
             )
             if schedule_changed:
                 conn.execute(
-                    "UPDATE jobs SET last_instant = %s WHERE partition_id = %s AND job_id = %s",
-                    [to_dt(now), row["partition_id"], job_id],
+                    Q["restart_schedule_from"],
+                    {"now": to_dt(now), "partition_id": row["partition_id"], "job_id": job_id},
                 )
             if not row["paused"]:
                 last = now if schedule_changed else to_ms(row["last_instant"])

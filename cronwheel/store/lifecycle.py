@@ -330,7 +330,7 @@ class Lifecycle:
 
 
 def _check_fence(attempt: Any, start_token: Any) -> None:
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= 2**31 - 1:
         raise ValidationError("attempt", "must be a positive integer")
     if not isinstance(start_token, str) or not start_token:
         raise ValidationError("start_token", "must be the token StartRun returned")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
@@ -51,5 +52,15 @@ def clone(admin_url: str, template_name: str) -> str:
 
 
 def drop(admin_url: str, name: str) -> None:
+    """Drop a test database. An autovacuum worker inside it can make FORCE fail for
+    a non-superuser (InsufficientPrivilege); it finishes quickly, so try again."""
+    deadline = time.monotonic() + 30
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        while True:
+            try:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # retry pacing while autovacuum leaves

@@ -70,3 +70,8 @@ UPDATE runs SET state = 'CANCELLED', finished_at = %(now)s, updated_at = %(now)s
  WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s
    AND state IN ('PENDING', 'RETRY_WAIT')
 RETURNING run_id, attempt;
+
+-- name: restart_schedule_from
+-- A changed schedule starts from now: its past instants never fire.
+UPDATE jobs SET last_instant = %(now)s
+ WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
