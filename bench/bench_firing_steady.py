@@ -1,0 +1,112 @@
+"""Steady: 1k jobs firing every second for 30 s. Lateness is the record's
+scheduled_at to the wall clock at which a consumer could read it. Target: p99
+at most 25 ms. Two cases, each in a fresh database: anchors spread over the
+second (about one job due per millisecond) and aligned (all 1k due at once)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+from common import (
+    JobBatch,
+    Reader,
+    Services,
+    bulk_jobs,
+    check_like_create,
+    create_tenants,
+    delete_topics,
+    describe,
+    fresh_database,
+    header,
+    machine_load,
+    now_ms,
+    percentile,
+    say,
+    vacuum_analyze,
+)
+
+from cronwheel.kafka import Topics
+
+JOBS = 1_000
+EVERY_MS = 1_000
+TENANTS = 10
+WARMUP_MS = 3_000
+WINDOW_MS = 30_000
+SETTLE_MS = 15_000  # a record not readable this long after the window counts as missing
+TARGET_P99_MS = 25
+
+
+def case(label: str, spread_ms: int) -> float:
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    topics = Topics(prefix)
+    with fresh_database() as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            tenants = create_tenants(conn, TENANTS)
+        names = [topics.runs(t["tenant_id"]) for t in tenants]
+        try:
+            with Reader(names, decode=True) as reader, Services(url, prefix) as services:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    # Created over the last second (spread) or at one instant (aligned).
+                    batch = JobBatch(
+                        JOBS, now_ms() - EVERY_MS, every_ms=EVERY_MS, spread_ms=spread_ms
+                    )
+                    seed = bulk_jobs(conn, tenants, batch)
+                    check_like_create(conn, topics, tenants, batch, seed)
+                vacuum_analyze(url)
+                start = now_ms() + WARMUP_MS
+                end = start + WINDOW_MS
+                expected = JOBS * WINDOW_MS // EVERY_MS
+                while now_ms() < start:
+                    time.sleep(0.01)
+                cpu0 = services.cpu()
+                while now_ms() < end:
+                    services.check_alive()
+                    time.sleep(0.1)
+                cpu1 = services.cpu()
+                while True:  # the window's last records, up to SETTLE_MS after it
+                    arrivals = [a for a in reader.snapshot() if start <= a.scheduled_ms < end]
+                    if len(arrivals) >= expected or now_ms() > end + SETTLE_MS:
+                        break
+                    time.sleep(0.05)
+                duplicates = reader.duplicates
+        finally:
+            delete_topics(names)
+    # An instant whose record never became readable counts as infinitely late.
+    missing = [float("inf")] * (expected - len(arrivals))
+    late = [a.received_ms - a.scheduled_ms for a in arrivals] + missing
+    pickup = [a.created_ms - a.scheduled_ms for a in arrivals]
+    rest = [a.received_ms - a.created_ms for a in arrivals]
+    cpu = ", ".join(f"{n} {100 * (cpu1[n] - cpu0[n]) / (WINDOW_MS / 1000):.0f}%" for n in cpu1)
+    say(
+        f"{label}: {JOBS} jobs every {EVERY_MS} ms, anchors spread over {spread_ms} ms;"
+        f" {len(arrivals):,} of {expected:,} instants of a {WINDOW_MS // 1000} s window"
+        f" readable by {SETTLE_MS} ms after it, {duplicates} duplicate records"
+    )
+    say(f"{label}: lateness scheduled_at -> readable by a consumer: {describe(late)}")
+    say(f"{label}:   of which scheduled_at -> timer loop's now (created_at): {describe(pickup)}")
+    say(f"{label}:   of which created_at -> readable (txn, relay, Kafka): {describe(rest)}")
+    say(f"{label}:   CPU share of one core over the window: {cpu}")
+    say(f"{label}: machine after: {machine_load()}")
+    return percentile(late, 99)
+
+
+def main() -> None:
+    header("bench_firing_steady: 1k jobs every second, lateness to a consumer")
+    say(
+        f"setup: per case a fresh database, {TENANTS} tenants, `cronwheel serve timer` and"
+        " `cronwheel serve relay` as processes, a confluent-kafka reader (poll) in this"
+        f" process; the first {WARMUP_MS} ms are warm-up and not counted"
+    )
+    spread = case("spread", EVERY_MS)
+    aligned = case("aligned", 1)
+    for label, p99 in (("spread", spread), ("aligned", aligned)):
+        say(
+            f"RESULT steady {label}: p99 lateness {p99:.0f} ms"
+            f" (target <= {TARGET_P99_MS} ms: {'met' if p99 <= TARGET_P99_MS else 'MISSED'})"
+        )
+
+
+if __name__ == "__main__":
+    main()

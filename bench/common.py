@@ -1,0 +1,655 @@
+"""What the firing-path benchmarks share: a fresh database, jobs in bulk, the
+services as processes, and a Kafka reader that notes when each record arrives.
+
+Jobs are written by SQL (INSERT ... SELECT generate_series) because 1M calls of
+Jobs.create would take longer than the benchmark; the rows are the ones
+Jobs.create writes (its own column values, partition_of, timer `job:<id>`), and
+`check_like_create` compares one bulk row with a real Jobs.create in a
+transaction that is rolled back. Benchmarks print figures; they never assert
+timings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from cronwheel import config, kafka
+from cronwheel.core.avro import default_registry
+from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
+from cronwheel.core.ids import partition_of
+from cronwheel.core.jobs import parse_job
+from cronwheel.core.runs import PRIORITY_RANK
+from cronwheel.kafka import Topics
+from cronwheel.store.firing import job_timer_id
+from cronwheel.store.jobs import Jobs, _spec_columns, create_tenant
+from cronwheel.store.migrate import MIGRATIONS_DIR, migrate
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 100_000  # jobs per INSERT statement (and transaction) in bulk loads
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+# -- the machine ------------------------------------------------------------
+
+
+def _cpu_ticks() -> dict[int, tuple[int, str]]:
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        out[int(entry.name)] = (int(fields[11]) + int(fields[12]), cmd or stat.split()[1])
+    return out
+
+
+def machine_load(sample_s: float = 1.0, top: int = 4) -> str:
+    """Load average and the busiest processes over a short sample: the machine is
+    shared, so every figure is printed beside what else was running."""
+    before = _cpu_ticks()
+    time.sleep(sample_s)  # a sampling interval, not a wait for a condition
+    after = _cpu_ticks()
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = sorted(
+        ((t - before[p][0], p, cmd) for p, (t, cmd) in after.items() if p in before),
+        reverse=True,
+    )
+    parts = [f"{100 * d / hz / sample_s:.0f}% {cmd[:60]}" for d, _p, cmd in busy[:top] if d > 0]
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"load average {load} on {os.cpu_count()} cores; busiest: " + (
+        "; ".join(parts) or "idle"
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def local_ports(pid: int) -> set[int]:
+    """Local TCP ports of the sockets a process holds: how its PostgreSQL backends
+    are found (pg_stat_activity.client_port)."""
+    inodes = set()
+    for fd in os.scandir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd.path)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[9] in inodes:
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def kafka_broker_pid() -> int | None:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if b"kafka.Kafka" in Path(entry.path, "cmdline").read_bytes():
+                    return int(entry.name)
+    return None
+
+
+# -- databases --------------------------------------------------------------
+
+
+def with_dbname(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def _template(admin_url: str) -> str:
+    """A migrated template per migration set (as tests/support/db.py keeps one)."""
+    h = hashlib.sha256()
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        h.update(path.name.encode() + path.read_bytes())
+    name = f"cw_bench_template_{h.hexdigest()[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(4243)")
+        try:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+                conn.execute(f'CREATE DATABASE "{name}"')
+                try:
+                    migrate(with_dbname(admin_url, name))
+                except Exception:
+                    conn.execute(f'DROP DATABASE "{name}"')
+                    raise
+                _drop_stale_templates(conn, keep=name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(4243)")
+    return name
+
+
+def _drop_stale_templates(conn: psycopg.Connection, keep: str) -> None:
+    """Templates of earlier migration sets; one still in use is left alone."""
+    stale = conn.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'cw\\_bench\\_template\\_%%'"
+        " AND datname <> %s",
+        [keep],
+    ).fetchall()
+    for (old,) in stale:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute(f'DROP DATABASE IF EXISTS "{old}"')
+
+
+@contextlib.contextmanager
+def fresh_database(template: str | None = None) -> Iterator[str]:
+    """A database of this benchmark's own, dropped afterwards: a clone of the
+    migrated template, or of `template` (a database a benchmark built, copied
+    file by file). The admin URL is config.database_url() (DATABASE_URL
+    overrides it)."""
+    admin = config.database_url()
+    source = template or _template(admin)
+    strategy = " STRATEGY = FILE_COPY" if template else ""
+    name = f"cw_bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"{strategy}')
+    try:
+        yield with_dbname(admin, name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
+def vacuum_analyze(url: str) -> float:
+    """What autovacuum would do after a bulk load, done now so that it does not
+    start in the middle of a measurement; it also gives partition_leases the
+    statistics a running system has (without them the firing transaction's
+    verify_and_lock gets a nested-loop generic plan once psycopg prepares it).
+    Returns seconds taken."""
+    t0 = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE)")
+    return time.monotonic() - t0
+
+
+# -- jobs in bulk -----------------------------------------------------------
+
+
+def create_tenants(conn: psycopg.Connection, n: int) -> list[dict]:
+    classes = ["critical", "high", "normal", "low"]
+    return [create_tenant(conn, f"bench-{i}", priority_classes=classes) for i in range(n)]
+
+
+# Columns exactly as store/sql/jobs.sql insert_job writes them; anchor_at,
+# last_instant, created_at and updated_at all take the job's creation instant.
+_BULK_JOBS = """
+WITH src AS (
+    SELECT g, 'job_' || substr(md5(%(seed)s || g::text), 1, 20) AS job_id,
+           (%(tenants)s::text[])[1 + g %% cardinality(%(tenants)s::text[])] AS tenant_id,
+           %(created)s::timestamptz + interval '1 millisecond' * (g %% %(spread)s) AS created
+      FROM generate_series(%(start)s::bigint, %(stop)s::bigint - 1) AS g
+), ins AS (
+    INSERT INTO jobs (partition_id, job_id, tenant_id, name, schedule, target, payload,
+                      priority, retry, timeout_ms, lease_ms, overlap, catchup, jitter_ms,
+                      anchor_at, last_instant, created_at, updated_at)
+    SELECT ((get_byte(d, 6) << 8) | get_byte(d, 7)) & 1023, job_id, tenant_id,
+           %(name)s || '-' || g, %(schedule)s, %(target)s, %(payload)s, %(priority)s,
+           %(retry)s, %(timeout_ms)s, %(lease_ms)s, %(overlap)s, %(catchup)s, %(jitter_ms)s,
+           created, created, created, created
+      FROM src, LATERAL (SELECT sha256(convert_to(job_id, 'UTF8')) AS d) h
+    RETURNING partition_id, job_id, anchor_at
+)
+INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt)
+SELECT partition_id, 'job:' || job_id, 'job', job_id,
+       COALESCE(%(at)s::timestamptz, anchor_at + interval '1 millisecond' * %(every_ms)s),
+       %(prio)s, NULL
+  FROM ins
+"""
+
+
+@dataclass(frozen=True)
+class JobBatch:
+    """`count` jobs of one shape. `at_ms` set: one-off jobs due then. Otherwise
+    every_ms jobs created at created_ms + (g mod spread_ms), each first due
+    every_ms after its own creation, as Jobs.create would make it."""
+
+    count: int
+    created_ms: int
+    at_ms: int | None = None
+    every_ms: int | None = None
+    spread_ms: int = 1
+    name: str = "bench"
+
+    def body(self) -> dict:
+        schedule = (
+            {"at": iso(self.at_ms)} if self.at_ms is not None else {"every_ms": self.every_ms}
+        )
+        return {
+            "name": self.name,
+            "schedule": schedule,
+            "target": {"type": "queue", "queue": "bench"},
+            "payload": {"bench": True},
+        }
+
+    def first_due_ms(self) -> int:
+        return self.at_ms if self.at_ms is not None else self.created_ms + self.every_ms
+
+
+def bulk_jobs(conn: psycopg.Connection, tenants: list[dict], batch: JobBatch) -> str:
+    """Insert the batch (jobs and their timers, CHUNK per transaction) and wake the
+    timer service as Jobs.create does; returns the id seed (job ids are
+    'job_' || md5(seed || g))."""
+    seed = uuid.uuid4().hex
+    spec = parse_job(batch.body(), now_ms=batch.created_ms)
+    params = {
+        **_spec_columns(spec),
+        "seed": seed,
+        "tenants": [t["tenant_id"] for t in tenants],
+        "created": to_dt(batch.created_ms),
+        "spread": max(1, batch.spread_ms),
+        "at": None if batch.at_ms is None else to_dt(batch.at_ms),
+        "every_ms": batch.every_ms or 0,
+        "prio": PRIORITY_RANK[spec.priority],
+    }
+    for start in range(0, batch.count, CHUNK):
+        stop = min(batch.count, start + CHUNK)
+        with conn.transaction():
+            conn.execute(_BULK_JOBS, {**params, "start": start, "stop": stop})
+            conn.execute("SELECT pg_notify('cw_timers', %s::text)", [batch.first_due_ms()])
+    return seed
+
+
+def check_like_create(
+    conn: psycopg.Connection, topics: Topics, tenants: list[dict], batch: JobBatch, seed: str
+) -> None:
+    """Compare bulk job 0 (and its timer) with what Jobs.create writes for the same
+    body at the same instant, in a transaction that is rolled back."""
+    job_id = "job_" + hashlib.md5((seed + "0").encode()).hexdigest()[:20]
+    got_job, got_timer = _rows(conn, job_id)
+    if got_job is None or got_timer is None:
+        raise RuntimeError(f"bulk job {job_id} or its timer is missing")
+    if got_job["partition_id"] != partition_of(job_id):
+        raise RuntimeError(f"bulk partition {got_job['partition_id']} != partition_of({job_id})")
+    with conn.transaction() as tx:
+        made = Jobs(topics).create(conn, tenants[0], batch.body(), batch.created_ms)
+        want_job, want_timer = _rows(conn, made["job_id"])
+        raise psycopg.Rollback(tx)
+    skip = {"partition_id", "job_id", "name", "timer_id", "owner_id"}
+    for kind, got, want in (("job", got_job, want_job), ("timer", got_timer, want_timer)):
+        diff = {k for k in want if k not in skip and want[k] != got[k]}
+        if diff:
+            raise RuntimeError(f"bulk {kind} row differs from Jobs.create in {sorted(diff)}")
+    if got_timer["timer_id"] != job_timer_id(job_id):
+        raise RuntimeError("bulk timer id is not job:<job_id>")
+
+
+def _rows(conn: psycopg.Connection, job_id: str) -> tuple[dict | None, dict | None]:
+    p = partition_of(job_id)
+    cur = conn.execute("SELECT * FROM jobs WHERE partition_id = %s AND job_id = %s", [p, job_id])
+    job = cur.fetchone()
+    job = dict(zip([c.name for c in cur.description], job, strict=True)) if job else None
+    cur = conn.execute(
+        "SELECT * FROM timers WHERE partition_id = %s AND timer_id = %s", [p, job_timer_id(job_id)]
+    )
+    timer = cur.fetchone()
+    timer = dict(zip([c.name for c in cur.description], timer, strict=True)) if timer else None
+    return job, timer
+
+
+# -- services ---------------------------------------------------------------
+
+
+class Services:
+    """`cronwheel serve <name>` processes, one per service, against one database
+    and topic prefix; stopped with SIGTERM (their own clean shutdown) on exit."""
+
+    def __init__(self, url: str, prefix: str, names: tuple[str, ...] = ("timer", "relay")):
+        self.url = url
+        self.prefix = prefix
+        self.names = names
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logdir = Path(tempfile.mkdtemp(prefix="cw-bench-"))
+
+    def __enter__(self) -> Services:
+        env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
+        env.update(
+            DATABASE_URL=self.url,
+            KAFKA_BOOTSTRAP=config.kafka_bootstrap(),
+            CRONWHEEL_TOPIC_PREFIX=self.prefix,
+            CRONWHEEL_LOG_LEVEL=os.environ.get("CRONWHEEL_LOG_LEVEL", "WARNING"),
+        )
+        for name in self.names:
+            log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - kept by the process
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "cronwheel.cli", "serve", name],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            self._wait_ready()
+            self.pids = self._pids()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def _pids(self) -> dict[str, int]:
+        """The processes whose CPU a figure is printed beside: each service, the
+        PostgreSQL backends serving it, this process (the reader) and the broker."""
+        pids = {n: p.pid for n, p in self.procs.items()}
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            backends = conn.execute(
+                "SELECT client_port, pid FROM pg_stat_activity WHERE datname = current_database()"
+            ).fetchall()
+        for name, proc in self.procs.items():
+            ports = local_ports(proc.pid)
+            for i, (_port, pid) in enumerate(b for b in backends if b[0] in ports):
+                pids[f"{name}-pg{i}"] = pid
+        pids["bench-reader"] = os.getpid()
+        if broker := kafka_broker_pid():
+            pids["kafka-broker(shared)"] = broker
+        return pids
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        """Ready when each service leases all 1024 partitions (the database is ours)."""
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while True:
+                self.check_alive()
+                held = dict(
+                    conn.execute(
+                        "SELECT service, count(*) FROM partition_leases"
+                        " WHERE owner IS NOT NULL AND expires_at > now() GROUP BY service"
+                    ).fetchall()
+                )
+                if all(held.get(n, 0) == 1024 for n in self.names):
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"services not ready after {timeout}s: {held}")
+                time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                tail = (self.logdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"service {name} exited with {p.returncode}:\n{tail}")
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each process in `pids`, PostgreSQL backends summed
+        per service (`timer-pg` covers both of the timer's connections)."""
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            key = name.split("-pg")[0] + "-pg" if "-pg" in name else name
+            out[key] = out.get(key, 0.0) + cpu_seconds(pid)
+        return out
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        clean = True
+        for p in self.procs.values():
+            try:
+                clean = p.wait(20) == 0 and clean
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+                clean = False
+        if clean and exc[0] is None:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+        else:
+            say(f"service logs kept in {self.logdir}")
+
+
+# -- Kafka ------------------------------------------------------------------
+
+
+@dataclass
+class Arrival:
+    received_ms: int
+    scheduled_ms: int | None = None
+    created_ms: int | None = None
+
+
+class Reader:
+    """Reads every partition of `topics` from the beginning in a thread and notes,
+    per record key (run_id), the wall clock at which it was first readable.
+    With decode=True it also keeps the record's scheduled_at and created_at."""
+
+    def __init__(self, topics: list[str], decode: bool = False):
+        kafka.ensure_topics(topics)
+        self.consumer = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}")
+        meta = self.consumer.list_topics(timeout=10).topics
+        self.consumer.assign(
+            [
+                TopicPartition(t, p, OFFSET_BEGINNING)
+                for t in topics
+                for p in sorted(meta[t].partitions)
+            ]
+        )
+        self.decode = decode
+        self.arrivals: dict[bytes, Arrival] = {}
+        self.duplicates = 0
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-reader")
+
+    def __enter__(self) -> Reader:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        decode = default_registry().decode
+        while not self._stop.is_set():
+            # poll() returns on the first record; consume() with a timeout would
+            # wait out the timeout for a full batch, so it only drains what is there.
+            first = self.consumer.poll(0.05)
+            if first is None:
+                continue
+            at = now_ms()
+            for m in [first, *self.consumer.consume(num_messages=2000, timeout=0)]:
+                if m.error():
+                    self.errors.append(str(m.error()))
+                    continue
+                key = m.key()
+                if key in self.arrivals:
+                    self.duplicates += 1
+                    continue
+                arrival = Arrival(at)
+                if self.decode:
+                    _name, datum = decode(m.value())
+                    arrival = Arrival(at, datum["scheduled_at"], datum["created_at"])
+                with self._lock:
+                    self.arrivals[key] = arrival
+
+    def count(self) -> int:
+        return len(self.arrivals)
+
+    def snapshot(self) -> list[Arrival]:
+        """Arrivals in the order they were read."""
+        with self._lock:
+            return list(self.arrivals.values())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.consumer.close()
+        if self.errors:
+            say(f"reader: {len(self.errors)} consumer errors, the first: {self.errors[0]}")
+
+
+def delete_topics(topics: list[str]) -> None:
+    """The benchmark's own topics (unique prefix), so runs do not pile up on the
+    shared broker. A failure is reported, not raised: the figures stand."""
+    client = kafka.admin()  # kept referenced until every future is done
+    for name, fut in client.delete_topics(topics, operation_timeout=30).items():
+        try:
+            fut.result()
+        except Exception as e:
+            say(f"warning: could not delete topic {name}: {e}")
+
+
+# -- a storm ----------------------------------------------------------------
+
+
+@dataclass
+class StormResult:
+    jobs: int
+    insert_s: float
+    slack_ms: int  # from the commit of the jobs to their due instant
+    total_s: float  # due instant -> every record readable and the outbox empty
+    timer_first_ms: int  # due instant -> the firing loop's first batch started
+    timer_last_ms: int  # due instant -> its last batch started
+    first_record_ms: int
+    last_record_ms: int
+    outbox_empty_ms: int
+    duplicates: int
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.total_s
+
+    def lines(self, label: str) -> list[str]:
+        per_run = ", ".join(f"{n} {s * 1e6 / self.jobs:.0f}" for n, s in self.cpu.items())
+        serial = self.cpu.get("timer", 0) + self.cpu.get("timer-pg", 0)
+        wall = self.total_s
+        return [
+            f"{label}: {self.jobs} runs in {wall:.2f} s from the due instant to the"
+            f" last record readable and the outbox empty = {self.rate:,.0f} runs/s end to end",
+            f"{label}:   timer batches started +{self.timer_first_ms} .. +{self.timer_last_ms} ms"
+            f" (~{self.jobs / max(self.timer_last_ms, 1) * 1000:,.0f} runs/s created);"
+            f" records readable +{self.first_record_ms} .. +{self.last_record_ms} ms;"
+            f" outbox empty +{self.outbox_empty_ms} ms; duplicates read {self.duplicates}",
+            f"{label}:   CPU us per run (above each process's idle rate): {per_run}",
+            f"{label}:   the timer and its backends were on CPU {serial:.1f} s of {wall:.1f} s"
+            f" ({100 * serial / wall:.0f}%); with a core each and no waiting their serial"
+            f" path would allow ~{self.jobs / max(serial, 1e-9):,.0f} runs/s",
+            f"{label}:   {self.jobs} jobs inserted in {self.insert_s:.1f} s, committed"
+            f" {self.slack_ms} ms before the due instant (then VACUUM ANALYZE)",
+        ]
+
+
+def storm(
+    url: str,
+    services: Services,
+    reader: Reader,
+    tenants: list[dict],
+    topics: Topics,
+    count: int,
+    lead_ms: int = 3000,
+    timeout_s: float = 150.0,
+) -> StormResult:
+    """`count` one-off jobs due together `lead_ms` after their insert is expected
+    to commit; measured until every record is readable and the outbox is empty.
+    VACUUM (ANALYZE) runs after the insert, as autovacuum would soon after a bulk
+    load, so that it does not start in the middle of the storm."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        start = now_ms()
+        expected_insert_ms = count // 10  # 10k jobs/s with margin; printed as slack
+        due = start + expected_insert_ms + lead_ms
+        batch = JobBatch(count, created_ms=start, at_ms=due, name=f"storm{count}")
+        seed = bulk_jobs(conn, tenants, batch)
+        committed = now_ms()
+        check_like_create(conn, topics, tenants, batch, seed)
+        vacuum_analyze(url)
+        if now_ms() > due - 200:
+            say(f"warning: insert and VACUUM ended {now_ms() - due} ms after due - 200 ms")
+        before = reader.count()
+        want = before + count
+        idle0, idle_from = services.cpu(), time.monotonic()
+        while now_ms() < due:
+            services.check_alive()
+            time.sleep(0.01)
+        cpu0 = services.cpu()
+        idle_s = time.monotonic() - idle_from
+        deadline = time.monotonic() + timeout_s
+        while reader.count() < want:
+            services.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {reader.count() - before}/{count} records in {timeout_s}s"
+                )
+            time.sleep(0.005)
+        while conn.execute("SELECT EXISTS (SELECT 1 FROM outbox)").fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the outbox did not drain")
+            time.sleep(0.005)
+        empty = now_ms()
+        cpu1 = services.cpu()
+        first, last = conn.execute(
+            "SELECT min(created_at), max(created_at) FROM runs WHERE scheduled_at = %s",
+            [to_dt(due)],
+        ).fetchone()
+        n_runs = conn.execute(
+            "SELECT count(*) FROM runs WHERE scheduled_at = %s", [to_dt(due)]
+        ).fetchone()[0]
+    if n_runs != count:
+        raise RuntimeError(f"{n_runs} runs for {count} due jobs")
+    times = sorted(a.received_ms for a in reader.snapshot()[before:])
+    end = max(times[-1], empty)
+    wall = (end - due) / 1000
+    # CPU above what each process burns idle (measured in the lead before due).
+    idle_rate = {n: (cpu0[n] - idle0[n]) / idle_s if idle_s >= 0.5 else 0.0 for n in cpu0}
+    cpu = {n: cpu1[n] - cpu0[n] - idle_rate[n] * wall for n in cpu1}
+    return StormResult(
+        jobs=count,
+        insert_s=(committed - start) / 1000,
+        slack_ms=due - committed,
+        total_s=wall,
+        timer_first_ms=to_ms(first) - due,
+        timer_last_ms=to_ms(last) - due,
+        first_record_ms=times[0] - due,
+        last_record_ms=times[-1] - due,
+        outbox_empty_ms=empty - due,
+        duplicates=reader.duplicates,
+        cpu=cpu,
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    s = sorted(values)
+    return s[max(0, min(len(s), math.ceil(q / 100 * len(s))) - 1)]
+
+
+def describe(values: list[float]) -> str:
+    """p50, p99, max and mean in ms; an infinite value stands for a missing record."""
+    return (
+        f"p50 {percentile(values, 50):.0f} ms, p99 {percentile(values, 99):.0f} ms,"
+        f" max {max(values):.0f} ms, mean {statistics.fmean(values):.1f} ms"
+    )
+
+
+def header(title: str) -> None:
+    say(f"{title} (python {sys.version.split()[0]}, pid {os.getpid()})")
+    say(f"machine: {machine_load()}")
