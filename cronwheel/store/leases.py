@@ -77,11 +77,6 @@ class Leases:
             return set()
         rows = conn.execute(
             Q["verify_and_lock"],
-            {
-                "service": self.service,
-                "owner": self.owner,
-                "partitions": ps,
-                "epochs": [self.owned[p] for p in ps],
-            },
+            {"service": self.service, "owner": self.owner, "partitions": ps},
         ).fetchall()
-        return {r[0] for r in rows}
+        return {p for p, epoch in rows if self.owned.get(p) == epoch}

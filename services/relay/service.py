@@ -36,7 +36,8 @@ class Relay:
         instance: str | None = None,
     ):
         self.dsn = dsn
-        self.producer = kafka.producer(bootstrap)
+        # linger 1 ms: the relay already batches by reading the outbox in bulk.
+        self.producer = kafka.producer(bootstrap, **{"linger.ms": 1})
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
         if instance:
             self.leases.owner = instance

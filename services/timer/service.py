@@ -9,6 +9,7 @@ only decides when to look, and every firing claims rows in a transaction.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from collections.abc import Callable
@@ -27,18 +28,32 @@ log = logging.getLogger("cronwheel.timer")
 
 
 class TimingWheel:
-    """The upcoming due times of owned partitions, earliest first. Refilled from the
-    database each loop; NOTIFY adds a nearer one between refills."""
+    """The upcoming due times of owned partitions, earliest first (a heap).
+
+    Refilled from the database every half lookahead (or when empty); between
+    refills it learns new due times from the firing itself (the next instants
+    of the timers it just moved) and from NOTIFY, so a busy loop does not
+    query for what it already knows."""
 
     def __init__(self) -> None:
         self._due: list[int] = []
+        self.loaded_at: int | None = None
 
-    def load(self, due_times: list[int]) -> None:
-        self._due = sorted(due_times)
+    def load(self, due_times: list[int], now: int) -> None:
+        self._due = list(due_times)
+        heapq.heapify(self._due)
+        self.loaded_at = now
 
     def add(self, due: int) -> None:
-        self._due.append(due)
-        self._due.sort()
+        heapq.heappush(self._due, due)
+
+    def drop_through(self, now: int) -> None:
+        """Forget due times already handled by a firing at `now`."""
+        while self._due and self._due[0] <= now:
+            heapq.heappop(self._due)
+
+    def stale(self, now: int, lookahead_ms: int) -> bool:
+        return not self._due or self.loaded_at is None or now - self.loaded_at >= lookahead_ms // 2
 
     def next_due(self) -> int | None:
         return self._due[0] if self._due else None
@@ -99,6 +114,9 @@ class TimerService:
 
     def fire_once(self, conn: psycopg.Connection, now: int) -> FireReport:
         report = self.firing.fire_due(conn, self.leases, now, self.batch)
+        self.wheel.drop_through(now)
+        for due in report.next_due_ms:
+            self.wheel.add(due)
         if report.runs_created:
             self.fired_total += report.runs_created
             metrics.RUNS_FIRED.labels("job").inc(report.runs_created)
@@ -113,9 +131,9 @@ class TimerService:
 
     def _sleep(self, conn, listen, next_lease: int, stop: threading.Event) -> None:
         now = self.clock()
-        self.wheel.load(
-            self.firing.upcoming(conn, list(self.leases.owned), now + self.lookahead_ms)
-        )
+        if self.wheel.stale(now, self.lookahead_ms):
+            horizon = now + self.lookahead_ms
+            self.wheel.load(self.firing.upcoming(conn, list(self.leases.owned), horizon), now)
         wake = min(self.wheel.next_due() or now + self.idle_ms, next_lease, now + self.idle_ms)
         while not stop.is_set():
             remaining = wake - self.clock()

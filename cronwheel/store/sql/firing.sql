@@ -81,3 +81,6 @@ DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = 
 
 -- name: notify_timer
 SELECT pg_notify('cw_timers', %(due_ms)s::text);
+
+-- name: relaxed_commit
+SET LOCAL synchronous_commit = off;
