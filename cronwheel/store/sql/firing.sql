@@ -1,4 +1,6 @@
 -- The firing loop: claim due timers, act on them, move them on.
+-- Array parameters use %(x)b (binary): escaping big arrays as text cost more
+-- CPU than the rest of the loop.
 
 -- name: claim_due
 -- Due timers of the caller's partitions, by priority class then due time. The
@@ -36,7 +38,7 @@ SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule, j.target, j.payload, j
              WHERE r.job_id = j.job_id AND r.state IN ('PENDING', 'RUNNING', 'RETRY_WAIT')))
          AS has_active
   FROM jobs j
-  JOIN unnest(%(partitions)s::smallint[], %(job_ids)s::text[]) AS k(p, id)
+  JOIN unnest(%(partitions)b::smallint[], %(job_ids)b::text[]) AS k(p, id)
     ON j.partition_id = k.p AND j.job_id = k.id
  WHERE j.deleted_at IS NULL AND NOT j.paused;
 
@@ -45,8 +47,8 @@ SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule, j.target, j.payload, j
 INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, covers, priority,
                   spec, created_at, updated_at)
 SELECT v.p, v.id, v.t, v.j, v.s, v.c::jsonb, v.pr, v.sp::jsonb, %(now)s, %(now)s
-  FROM unnest(%(p)s::smallint[], %(id)s::text[], %(t)s::text[], %(j)s::text[],
-              %(s)s::timestamptz[], %(c)s::text[], %(pr)s::text[], %(sp)s::text[])
+  FROM unnest(%(p)b::smallint[], %(id)b::text[], %(t)b::text[], %(j)b::text[],
+              %(s)b::timestamptz[], %(c)b::text[], %(pr)b::text[], %(sp)b::text[])
        AS v(p, id, t, j, s, c, pr, sp)
 ON CONFLICT DO NOTHING
 RETURNING run_id;
@@ -58,19 +60,19 @@ UPDATE jobs j
        fired_count = j.fired_count + v.f,
        overlap_skipped = j.overlap_skipped + v.o,
        buffered_at = COALESCE(v.b, j.buffered_at)
-  FROM unnest(%(p)s::smallint[], %(id)s::text[], %(li)s::timestamptz[], %(m)s::bigint[],
-              %(f)s::bigint[], %(o)s::bigint[], %(b)s::timestamptz[]) AS v(p, id, li, m, f, o, b)
+  FROM unnest(%(p)b::smallint[], %(id)b::text[], %(li)b::timestamptz[], %(m)b::bigint[],
+              %(f)b::bigint[], %(o)b::bigint[], %(b)b::timestamptz[]) AS v(p, id, li, m, f, o, b)
  WHERE j.partition_id = v.p AND j.job_id = v.id;
 
 -- name: reschedule_timers
 UPDATE timers t
    SET due_at = v.d
-  FROM unnest(%(p)s::smallint[], %(id)s::text[], %(d)s::timestamptz[]) AS v(p, id, d)
+  FROM unnest(%(p)b::smallint[], %(id)b::text[], %(d)b::timestamptz[]) AS v(p, id, d)
  WHERE t.partition_id = v.p AND t.timer_id = v.id;
 
 -- name: delete_timers
 DELETE FROM timers t
- USING unnest(%(p)s::smallint[], %(id)s::text[]) AS v(p, id)
+ USING unnest(%(p)b::smallint[], %(id)b::text[]) AS v(p, id)
  WHERE t.partition_id = v.p AND t.timer_id = v.id;
 
 -- name: upsert_timer
