@@ -19,6 +19,7 @@ import psycopg
 from cronwheel import metrics
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
+from cronwheel.runtime import keep_running
 from cronwheel.store.db import connect
 from cronwheel.store.firing import FireReport, Firing, Handler
 from cronwheel.store.leases import Leases
@@ -87,8 +88,11 @@ class TimerService:
         self.fired_total = 0
 
     def run(self, stop: threading.Event) -> None:
+        keep_running(self._run_connected, stop, log, "timer")
+
+    def _run_connected(self, stop: threading.Event) -> None:
         with (
-            connect(self.dsn, idle_tx_timeout_ms=self.leases.ttl_ms) as conn,
+            connect(self.dsn, idle_tx_timeout_ms=max(2 * self.leases.ttl_ms, 10_000)) as conn,
             connect(self.dsn) as listen,
         ):
             listen.execute("LISTEN cw_timers")

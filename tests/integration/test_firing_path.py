@@ -63,3 +63,30 @@ def test_every_ms_job__fires_on_its_instants__records_reach_the_tenant_topic(
     # Every instant from the first on fired, once, 200 ms apart.
     assert all(b - a == 200 for a, b in zip(instants, instants[1:], strict=False))
     assert {r[3]["run_id"] for r in records} <= {r[0] for r in rows}
+
+
+def test_timer__database_session_killed__reconnects_and_keeps_firing(
+    database_url, topic_prefix, conn
+):
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    job = Jobs(topics).create(
+        conn,
+        tenant,
+        {"name": "tick", "schedule": {"every_ms": 200}, "target": {"type": "queue", "queue": "q"}},
+        now_ms(),
+    )
+    count = "SELECT count(*) FROM runs WHERE job_id = %s"
+    with running(TimerService(database_url, topics, lease_ttl_ms=5000)):
+        wait_for(lambda: conn.execute(count, [job["job_id"]]).fetchone()[0] >= 3, what="first runs")
+        killed = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+        assert killed >= 1
+        before = conn.execute(count, [job["job_id"]]).fetchone()[0]
+        wait_for(
+            lambda: conn.execute(count, [job["job_id"]]).fetchone()[0] >= before + 5,
+            timeout=30,
+            what="firing to resume after the sessions were killed",
+        )
