@@ -1,5 +1,6 @@
-"""The demo tenant and job that `make run` creates, so a fresh machine shows the
-system working: a job firing every 10 seconds onto the `demo` queue."""
+"""The demo tenant, job and workflow that `make run` creates, so a fresh machine
+shows the system working: a job firing every 10 seconds onto the `demo` queue and
+a four-node diamond workflow every 5 minutes on the same queue."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant, hash_key, new_api_key
 from cronwheel.store.sql_loader import queries
+from cronwheel.store.workflows import Workflows
 
 DEMO_TENANT = "demo"
 
@@ -47,6 +49,22 @@ def ensure_demo(dsn: str) -> dict:
                     "schedule": {"cron": "*/10 * * * * *", "timezone": "UTC"},
                     "target": {"type": "queue", "queue": "demo"},
                     "payload": {"hello": "cronwheel"},
+                },
+                now_ms(),
+            )
+            q = {"type": "queue", "queue": "demo"}
+            Workflows(topics).create(
+                conn,
+                tenant,
+                {
+                    "name": "demo-diamond",
+                    "schedule": {"cron": "*/5 * * * *", "timezone": "UTC"},
+                    "nodes": [
+                        {"name": "extract", "target": q},
+                        {"name": "clean", "target": q, "depends_on": ["extract"]},
+                        {"name": "enrich", "target": q, "depends_on": ["extract"]},
+                        {"name": "load", "target": q, "depends_on": ["clean", "enrich"]},
+                    ],
                 },
                 now_ms(),
             )

@@ -31,6 +31,30 @@ DEAD_LETTERS = Counter(
     "cronwheel_dead_letters_total", "Records set aside as undecodable", ["consumer", "reason"]
 )
 CONSUMER_LAG = Gauge("cronwheel_consumer_lag", "Records behind the end of the topic", ["consumer"])
+QUOTA_HELD = Gauge(
+    "cronwheel_quota_held",
+    "Due job timers (fire) or read records (dispatch) that tenants' token buckets hold back"
+    " as of this instance's last pass",
+    ["kind"],
+)
+QUOTA_THROTTLED = Counter(
+    "cronwheel_quota_throttled_total",
+    "Passes in which a tenant's token bucket held something back, per tenant and pass",
+    ["kind"],
+)
+FAIR_LANES = Gauge(
+    "cronwheel_fair_lanes",
+    "Lanes (class and tenant, or class and topic) the last backlogged pass shared out",
+    ["service"],
+)
+CLASS_PAUSED = Gauge(
+    "cronwheel_dispatcher_class_paused_partitions",
+    "Run-topic partitions the dispatcher pauses because a higher class has records waiting",
+)
+CLASS_PAUSES = Counter(
+    "cronwheel_dispatcher_class_pauses_total",
+    "Times the dispatcher paused lower-class partitions for a higher class's backlog",
+)
 
 SERVICE_PORT_OFFSET = {
     "gateway": 0, "timer": 1, "relay": 2, "dispatcher": 3, "workflow": 4, "webhook": 5,

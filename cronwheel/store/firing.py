@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from cronwheel import metrics
 from cronwheel.core import events
 from cronwheel.core.clock import to_dt, to_ms
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import plan_fire
 from cronwheel.core.ids import run_id_for_instant
 from cronwheel.core.jobs import Catchup
+from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox
 from cronwheel.store.leases import Leases
+from cronwheel.store.quotas import Buckets, fair_shares
 from cronwheel.store.sql_loader import queries
 
 Q = queries("firing")
@@ -36,6 +39,8 @@ class Timer:
     owner_id: str
     due_ms: int
     attempt: int | None
+    tenant_id: str = ""
+    priority: int = 2  # 0 critical .. 3 low
 
 
 @dataclass
@@ -46,6 +51,8 @@ class FireReport:
     lateness_ms: list[int] = field(default_factory=list)  # per created run: now - due
     fenced: int = 0  # timers left alone: their partition is no longer ours
     next_due_ms: list[int] = field(default_factory=list)  # where moved timers are due next
+    held: int = 0  # due job timers a tenant's fire quota held back (they stay due)
+    lanes: int = 0  # lanes served round-robin; 0: no backlog, claimed in due order
 
 
 Handler = Callable[[psycopg.Connection, list[Timer], int, FireReport], list[OutboxRow]]
@@ -126,7 +133,13 @@ def insert_runs(
             covers=r.get("covers"),
         )
         rows.append(
-            OutboxRow(r["partition_id"], topics.runs(r["tenant_id"]), r["run_id"].encode(), value)
+            outbox.RankedRow(
+                r["partition_id"],
+                topics.runs(r["tenant_id"]),
+                r["run_id"].encode(),
+                value,
+                priority=PRIORITY_RANK.get(r["priority"], outbox.NORMAL),
+            )
         )
     return rows
 
@@ -222,11 +235,37 @@ class JobTimers:
         return rows
 
 
+def _timer(r: tuple) -> Timer:
+    return Timer(r[0], r[1], r[2], r[3], to_ms(r[4]), r[5], r[6], r[7])
+
+
 class Firing:
-    def __init__(self, topics: Topics, handlers: dict[str, Handler] | None = None):
+    """Claims due timers and runs their handlers, one transaction per batch.
+
+    Order under a backlog (docs/priority.md): classes first (critical, high,
+    normal, low), then within a class every tenant (lane) the same share of the
+    batch, so a tenant with 100k due timers cannot hold back one with 10. With
+    fewer due than a batch, one scan in due order claims them all and fairness
+    has nothing to decide. Job timers of a tenant whose fire bucket is empty
+    stay due; the report says when the bucket refills so the wheel wakes then.
+    """
+
+    def __init__(
+        self,
+        topics: Topics,
+        handlers: dict[str, Handler] | None = None,
+        *,
+        quotas: Buckets | None = None,
+        rounds: int = 4,
+    ):
         self.topics = topics
         self.handlers: dict[str, Handler] = {"job": JobTimers(topics)}
         self.handlers.update(handlers or {})
+        self.quotas = quotas or Buckets("fire")
+        self.rounds = rounds
+        self._turn = 0  # rotates which lanes get a batch's remainder
+        self._claimed_at = 0  # `now` of the last claim: upcoming() looks after it
+        self._wake: list[int] = []  # quota refills and unfinished backlogs to wake for
 
     def fire_due(
         self, conn: psycopg.Connection, leases: Leases, now: int, limit: int = 500
@@ -235,6 +274,7 @@ class Firing:
         report = FireReport()
         if not leases.owned:
             return report
+        partitions = list(leases.owned)
         with conn.transaction():
             # Deterministic run ids make a firing lost in a database crash safe to
             # repeat (the same runs, the same records), so the commit need not
@@ -242,11 +282,20 @@ class Firing:
             conn.execute(Q["relaxed_commit"])
             rows = conn.execute(
                 Q["claim_due"],
-                {"now": to_dt(now), "partitions": list(leases.owned), "limit": limit},
+                {"now": to_dt(now), "partitions": partitions, "limit": limit},
             ).fetchall()
+            self._claimed_at = now
+            self._wake = [w for w in self._wake if w > now]
             if not rows:
+                self._note_wake(report)
                 return report
-            timers = [Timer(r[0], r[1], r[2], r[3], to_ms(r[4]), r[5]) for r in rows]
+            if len(rows) < limit:
+                timers, _ = self._within_quota(conn, [_timer(r) for r in rows], now, report)
+            else:
+                timers = self._claim_fair(conn, partitions, now, limit, report)
+            if not timers:
+                self._note_wake(report)
+                return report
             mine = leases.verify_and_lock(conn, {t.partition_id for t in timers})
             report.fenced = sum(1 for t in timers if t.partition_id not in mine)
             timers = [t for t in timers if t.partition_id in mine]
@@ -261,12 +310,115 @@ class Firing:
                     raise RuntimeError(f"no handler for timer kind {kind!r}")
                 out.extend(handler(conn, group, now, report))
             outbox.append(conn, out)
+        self._note_wake(report)
         return report
+
+    def _claim_fair(
+        self, conn: psycopg.Connection, partitions: list[int], now: int, limit: int, report
+    ) -> list[Timer]:
+        """A backlog: claim by lanes in up to `rounds` rounds. Each round shares
+        the room left between the open lanes of the highest class with any
+        (fair_shares); a lane that returns less than its share is drained, one
+        whose tenant's bucket ran dry is closed, the others stay open for the
+        next round. What the (already locked) due-order claim took and the
+        lanes did not is simply not acted on."""
+        lanes = [
+            (r[0], r[1])
+            for r in conn.execute(
+                Q["due_lanes"], {"now": to_dt(now), "partitions": partitions}
+            ).fetchall()
+        ]
+        report.lanes = len(lanes)
+        metrics.FAIR_LANES.labels("timer").set(len(lanes))
+        self._turn += 1
+        claimed: list[Timer] = []
+        room = limit
+        for _ in range(self.rounds):
+            quota = fair_shares(lanes, room, self._turn)
+            if not quota:
+                break
+            rows = conn.execute(
+                Q["claim_lanes"],
+                {
+                    "now": to_dt(now),
+                    "partitions": partitions,
+                    "prio": [lane[0] for lane in quota],
+                    "tenant": [lane[1] for lane in quota],
+                    "quota": list(quota.values()),
+                    "taken": [t.timer_id for t in claimed],
+                },
+            ).fetchall()
+            got = [_timer(r) for r in rows]
+            room -= len(got)
+            counts: dict[tuple[int, str], int] = {}
+            for t in got:
+                counts[(t.priority, t.tenant_id)] = counts.get((t.priority, t.tenant_id), 0) + 1
+            kept, throttled = self._within_quota(conn, got, now, report)
+            claimed.extend(kept)
+            # Open for the next round: not drained, and not out of tokens.
+            lanes = [
+                lane
+                for lane in lanes
+                if (lane not in quota or counts.get(lane, 0) >= quota[lane])
+                and lane[1] not in throttled
+            ]
+            if room <= 0:
+                break
+        if lanes:
+            # More is due than this batch took: wake again at once.
+            self._wake.append(now)
+        return claimed
+
+    def _within_quota(
+        self, conn: psycopg.Connection, timers: list[Timer], now: int, report: FireReport
+    ) -> tuple[list[Timer], set[str]]:
+        """Drop job timers beyond what their tenants' fire buckets grant (higher
+        classes first); they stay due, and the refill instant is noted. Returns
+        the timers to act on and the tenants held back."""
+        limited = self.quotas.limited(conn, now)
+        if not limited:
+            return timers, set()
+        wants: dict[str, int] = {}
+        for t in timers:
+            if t.kind == "job" and t.tenant_id in limited:
+                wants[t.tenant_id] = wants.get(t.tenant_id, 0) + 1
+        if not wants:
+            return timers, set()
+        grants = self.quotas.take(conn, wants, now)
+        left = {tenant: g.granted for tenant, g in grants.items()}
+        kept = []
+        for t in sorted(timers, key=lambda t: (t.priority, t.due_ms)):
+            if t.kind == "job" and t.tenant_id in left:
+                if left[t.tenant_id] <= 0:
+                    report.held += 1
+                    continue
+                left[t.tenant_id] -= 1
+            kept.append(t)
+        held = set()
+        for tenant, g in grants.items():
+            if g.resume_ms is not None:
+                held.add(tenant)
+                self._wake.append(g.resume_ms)
+                metrics.QUOTA_THROTTLED.labels("fire").inc()
+        return kept, held
+
+    def _note_wake(self, report: FireReport) -> None:
+        metrics.QUOTA_HELD.labels("fire").set(report.held)
+        if self._wake:
+            report.next_due_ms.append(min(self._wake))
 
     def upcoming(
         self, conn: psycopg.Connection, partitions: list[int], horizon: int, limit: int = 256
     ) -> list[int]:
+        """Due times after the last claim up to `horizon`, and the instants the
+        last passes asked to be woken at (a quota refill, a backlog left)."""
         rows = conn.execute(
-            Q["upcoming"], {"partitions": partitions, "horizon": to_dt(horizon), "limit": limit}
+            Q["upcoming"],
+            {
+                "partitions": partitions,
+                "after": to_dt(self._claimed_at),
+                "horizon": to_dt(horizon),
+                "limit": limit,
+            },
         ).fetchall()
-        return sorted(to_ms(r[0]) for r in rows)
+        return sorted([to_ms(r[0]) for r in rows] + [w for w in self._wake if w <= horizon])

@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from cronwheel.core import events
-from cronwheel.core.clock import iso, to_dt, to_ms
+from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.firing import next_due
 from cronwheel.core.ids import new_id, partition_of, run_id_for_instant, run_id_for_trigger
@@ -26,7 +26,7 @@ from cronwheel.core.jobs import JobSpec, parse_job
 from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox
+from cronwheel.store import outbox, webhooks
 from cronwheel.store.firing import insert_runs, job_timer_id, run_spec
 from cronwheel.store.sql_loader import queries
 
@@ -163,6 +163,8 @@ class Jobs:
             partition = partition_of(job_id)
         except Exception as e:  # pragma: no cover - partition_of accepts any string
             raise NotFound("job") from e
+        if lock:
+            conn.execute(Q["lock_job_timer"], {"partition_id": partition, "job_id": job_id})
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
                 Q["lock_job" if lock else "get_job"],
@@ -172,8 +174,19 @@ class Jobs:
             raise NotFound("job")
         return row
 
-    def get(self, conn, tenant_id: str, job_id: str) -> dict:
-        return self.view(self._load(conn, tenant_id, job_id))
+    def get(self, conn, tenant_id: str, job_id: str, now: int | None = None) -> dict:
+        out = self.view(self._load(conn, tenant_id, job_id))
+        if out["target"]["type"] == "webhook":
+            out["signing_secret_ids"] = webhooks.secret_ids(conn, job_id, now or now_ms())
+        return out
+
+    def rotate_secret(self, conn, tenant: dict, job_id: str, now: int, overlap_ms: int) -> dict:
+        """A new signing secret for a webhook job (shown once); the old ones keep
+        signing for `overlap_ms`, so receivers can roll over without a gap."""
+        row = self._load(conn, tenant["tenant_id"], job_id)
+        if row["target"]["type"] != "webhook":
+            raise Conflict("NOT_A_WEBHOOK_JOB", "only webhook jobs have signing secrets")
+        return webhooks.rotate_secret(conn, tenant["tenant_id"], job_id, now, overlap_ms)
 
     def list(self, conn, tenant_id: str, cursor: str | None = None, limit: int = 50) -> dict:
         after_created, after_id = None, None
@@ -219,7 +232,13 @@ class Jobs:
                 },
             )
             _set_timer(conn, job_id, partition, nxt[1] if nxt else None, spec.priority)
-        return self.get(conn, tenant["tenant_id"], job_id)
+            secret = None
+            if spec.target["type"] == "webhook":
+                secret = webhooks.create_secret(conn, tenant["tenant_id"], job_id, now)
+        out = self.get(conn, tenant["tenant_id"], job_id, now=now)
+        if secret:
+            out["signing_secret"] = secret  # shown once
+        return out
 
     def update(self, conn, tenant: dict, job_id: str, patch: Any, now: int) -> dict:
         """Merge `patch` into the job as the API shows it, validate the whole, and
@@ -258,6 +277,9 @@ class Jobs:
                     Q["restart_schedule_from"],
                     {"now": to_dt(now), "partition_id": row["partition_id"], "job_id": job_id},
                 )
+            secret = None
+            if spec.target["type"] == "webhook":
+                secret = webhooks.ensure_secret(conn, tenant["tenant_id"], job_id, now)
             if not row["paused"]:
                 last = now if schedule_changed else to_ms(row["last_instant"])
                 nxt = next_due(
@@ -266,7 +288,10 @@ class Jobs:
                 _set_timer(
                     conn, job_id, row["partition_id"], nxt[1] if nxt else None, spec.priority
                 )
-        return self.get(conn, tenant["tenant_id"], job_id)
+        out = self.get(conn, tenant["tenant_id"], job_id, now=now)
+        if secret:
+            out["signing_secret"] = secret  # shown once
+        return out
 
     def pause(self, conn, tenant: dict, job_id: str, now: int) -> dict:
         with conn.transaction():

@@ -1,16 +1,53 @@
-"""Writing to and draining the transactional outbox."""
+"""Writing to and draining the transactional outbox.
+
+Every row carries its priority class (0 critical .. 3 low), and its topic is
+its lane: a tenant's run topic, or a shared one such as run-completed. The
+relay drains by class, then round-robin across lanes, oldest first within a
+lane (read_fair), so a flood in one tenant's lane delays no other tenant's, and
+critical rows never queue behind normal ones.
+
+Run topics are laid out by class (class_partitions): with n >= 4 partitions,
+each class has its own quarter of them, so the dispatcher can pause the lower
+classes' partitions while a higher class has records waiting.
+"""
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import psycopg
 
+from cronwheel.core.avro import default_registry
 from cronwheel.core.events import OutboxRow
+from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
+from cronwheel.store.quotas import fair_shares
 from cronwheel.store.sql_loader import queries
 
 Q = queries("outbox")
+NORMAL = PRIORITY_RANK["normal"]
+CLASSES = len(PRIORITIES)
+
+
+@dataclass(frozen=True)
+class RankedRow(OutboxRow):
+    """An outbox row that says its class, so append need not decode it."""
+
+    priority: int = NORMAL
+
+
+def rank_of(row: OutboxRow) -> int:
+    """The class of a row: given (RankedRow), or read from a RunReady value;
+    every other record (RunCompleted, ...) is normal."""
+    if isinstance(row, RankedRow):
+        return row.priority
+    registry = default_registry()
+    if bytes(row.value[:10]) != registry.latest("RunReady").header:
+        return NORMAL
+    _name, datum = registry.decode(row.value)
+    return PRIORITY_RANK.get(datum["priority"], NORMAL)
 
 
 def append(conn: psycopg.Connection, rows: Sequence[OutboxRow]) -> None:
@@ -25,15 +62,72 @@ def append(conn: psycopg.Connection, rows: Sequence[OutboxRow]) -> None:
             "keys": [r.key for r in rows],
             "values": [r.value for r in rows],
             "headers": [json.dumps(r.headers) if r.headers else None for r in rows],
+            "priorities": [rank_of(r) for r in rows],
         },
     )
     conn.execute(Q["notify"])
 
 
 def read_batch(conn: psycopg.Connection, partitions: Sequence[int], limit: int) -> list[tuple]:
+    """Oldest first, ignoring classes and lanes (tools and tests)."""
     return conn.execute(
         Q["read_batch"], {"partitions": list(partitions), "limit": limit}
     ).fetchall()
+
+
+@dataclass
+class FairBatch:
+    rows: list[tuple]  # (id, topic, key, value, headers, priority), in publishing order
+    lanes: int  # lanes that had rows
+    more: bool  # some lane may hold more than this batch took
+
+
+def read_fair(
+    conn: psycopg.Connection,
+    partitions: Sequence[int],
+    limit: int,
+    turn: int = 0,
+    rounds: int = 3,
+) -> FairBatch:
+    """Up to `limit` rows by class, then an equal share per lane (fair_shares),
+    in up to `rounds` rounds: a lane that holds less than its share leaves the
+    rest to the others in the next round. Rows come back interleaved (each
+    lane's first, then each lane's second, ...) within each class."""
+    parts = list(partitions)
+    lanes = [(r[0], r[1]) for r in conn.execute(Q["lanes"], {"partitions": parts}).fetchall()]
+    n_lanes = len(lanes)
+    after: dict[tuple[int, str], int] = {}
+    order: dict[tuple[int, str], int] = {}  # rows read per lane so far
+    keyed: list[tuple[tuple, tuple]] = []
+    room = limit
+    for _ in range(rounds):
+        quota = fair_shares(lanes, room, turn)
+        if not quota:
+            break
+        rows = conn.execute(
+            Q["read_lanes"],
+            {
+                "partitions": parts,
+                "prio": [lane[0] for lane in quota],
+                "topic": [lane[1] for lane in quota],
+                "quota": list(quota.values()),
+                "after": [after.get(lane, 0) for lane in quota],
+            },
+        ).fetchall()
+        got: dict[tuple[int, str], int] = {}
+        for row in rows:
+            lane = (row[5], row[1])
+            got[lane] = got.get(lane, 0) + 1
+            after[lane] = max(after.get(lane, 0), row[0])
+            position = order.get(lane, 0)
+            order[lane] = position + 1
+            keyed.append(((row[5], position, row[1]), row))
+        room -= len(rows)
+        lanes = [lane for lane in lanes if lane not in quota or got.get(lane, 0) >= quota[lane]]
+        if room <= 0:
+            break
+    keyed.sort(key=lambda kr: kr[0])
+    return FairBatch([row for _k, row in keyed], n_lanes, bool(lanes))
 
 
 def delete_delivered(conn: psycopg.Connection, ids: Sequence[int]) -> int:
@@ -44,3 +138,34 @@ def delete_delivered(conn: psycopg.Connection, ids: Sequence[int]) -> int:
 
 def backlog(conn: psycopg.Connection) -> int:
     return conn.execute(Q["backlog"]).fetchone()[0]
+
+
+# -- run topics laid out by class ---------------------------------------------
+
+
+def class_partitions(rank: int, n: int) -> range:
+    """The partitions of an n-partition topic that carry class `rank`: a quarter
+    each (low takes what a division leaves); all of them when n < 4."""
+    if n < CLASSES:
+        return range(n)
+    width = n // CLASSES
+    start = rank * width
+    return range(start, n if rank == CLASSES - 1 else start + width)
+
+
+def partition_for(rank: int, key: bytes | None, n: int) -> int | None:
+    """Where the relay puts a record of class `rank`: within its class's
+    partitions by the key's CRC-32, so one run's records share a partition.
+    None (the producer's partitioner decides) when n < 4."""
+    if n < CLASSES:
+        return None
+    span = class_partitions(rank, n)
+    return span.start + zlib.crc32(key or b"") % len(span)
+
+
+def class_of_partition(partition: int, n: int) -> int | None:
+    """The class a partition of an n-partition run topic carries, or None when
+    the topic is too small to be laid out by class."""
+    if n < CLASSES or not 0 <= partition < n:
+        return None
+    return min(partition // (n // CLASSES), CLASSES - 1)

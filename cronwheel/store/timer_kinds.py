@@ -9,6 +9,7 @@ from __future__ import annotations
 from cronwheel.kafka import Topics
 from cronwheel.store.firing import Handler
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.workflows import Workflows
 
 
 def timer_handlers(topics: Topics) -> dict[str, Handler]:
@@ -17,4 +18,5 @@ def timer_handlers(topics: Topics) -> dict[str, Handler]:
         "lease": lifecycle.on_expiry,
         "timeout": lifecycle.on_expiry,
         "retry": lifecycle.on_retry,
+        "workflow": Workflows(topics).on_timers,
     }

@@ -10,6 +10,21 @@ before the record is written forwards again; a duplicate on a queue topic is
 harmless because only one worker wins StartRun. Records that cannot be routed
 go to the dead-letter topic, acknowledged before their offset is committed, so
 a poison record neither crashes the service nor stalls its partition.
+
+Priority under a backlog (docs/priority.md): the relay puts each class in its
+own quarter of a run topic's partitions (cronwheel.store.outbox), so the
+dispatcher can tell a partition's class by its number. While any assigned
+partition of a class has records it has not read (the broker's high watermark,
+as the last fetch brought it, is past what it consumed), every partition of a
+lower class is paused: librdkafka drops what it prefetched from them, and the
+next records consumed are the higher class's. They resume when the higher
+classes are drained, or if a class shows records but none arrive for
+`stall_ms` (a watermark that is stale must not starve the rest).
+
+Per-tenant dispatch quotas (cronwheel.store.quotas, kind `dispatch`): records
+beyond what the tenant's bucket grants are held in memory, their partitions
+paused, and dispatched first once it refills; offsets are not committed past
+them, so a crash reads them again.
 """
 
 from __future__ import annotations
@@ -28,6 +43,8 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
 from cronwheel.store.dispatch import Processed, message_key
+from cronwheel.store.outbox import class_of_partition
+from cronwheel.store.quotas import Buckets
 
 log = logging.getLogger("cronwheel.dispatcher")
 
@@ -104,6 +121,9 @@ class Dispatcher:
         idle_ms: int = 200,
         lag_every_ms: int = 5_000,
         shutdown_grace_ms: int = 10_000,
+        class_pausing: bool = True,
+        stall_ms: int = 1_000,
+        quotas: Buckets | None = None,
     ):
         self.dsn = dsn
         self.bootstrap = bootstrap
@@ -123,6 +143,20 @@ class Dispatcher:
         self._consumer: Consumer | None = None
         self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         self._known_topics: set[str] = set()  # destinations known to exist
+        # Priority: partition counts of run topics, where each partition was
+        # consumed to (next offset; committed offsets until the first record),
+        # what is paused for a higher class, and since when a class waits.
+        self.class_pausing = class_pausing
+        self.stall_ms = stall_ms
+        self._counts: dict[str, int] = {}
+        self._next: dict[tuple[str, int], int] = {}
+        self._class_paused: set[tuple[str, int]] = set()
+        self._waiting_since: dict[int, float] = {}
+        self._progress: dict[int, float] = {}
+        # Dispatch quotas: records held per partition (paused) until `_held_until`.
+        self.quotas = quotas or Buckets("dispatch")
+        self._held: dict[tuple[str, int], list[Message]] = {}
+        self._held_until: dict[tuple[str, int], int] = {}
 
     # -- the loop -------------------------------------------------------------
 
@@ -134,15 +168,20 @@ class Dispatcher:
             **{"partition.assignment.strategy": "cooperative-sticky", "on_commit": _on_commit},
         )
         self._consumer = consumer
-        consumer.subscribe([self.topics.runs_pattern], on_revoke=self._on_revoke)
+        consumer.subscribe(
+            [self.topics.runs_pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
         next_lag = 0.0
         try:
             while not stop.is_set():
-                msgs = self._consume(consumer)
+                msgs = self._released(consumer) + self._consume(consumer)
+                if msgs:
+                    msgs = self._within_quota(consumer, msgs, stop)
                 if msgs:
                     if not self.dispatch(msgs, stop):
                         break  # stopping mid-batch: uncommitted, so consumed again later
                     self._commit(asynchronous=True)
+                self._prioritise(consumer)
                 if time.monotonic() >= next_lag:
                     self._report_lag(consumer)
                     next_lag = time.monotonic() + self.lag_every_ms / 1000
@@ -162,7 +201,10 @@ class Dispatcher:
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block until one record arrives, then take what else comes within
         `max_wait_ms`: batches under load, little added latency when quiet."""
-        msgs = consumer.consume(1, timeout=self.idle_ms / 1000)
+        wait_ms = self.idle_ms
+        if self._held_until:
+            wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
+        msgs = consumer.consume(1, timeout=wait_ms / 1000)
         if msgs and self.batch > 1:
             msgs += consumer.consume(self.batch - 1, timeout=self.max_wait_ms / 1000)
         good = []
@@ -170,6 +212,10 @@ class Dispatcher:
             err = m.error()
             if err is None:
                 good.append(m)
+                self._next[(m.topic(), m.partition())] = m.offset() + 1
+                rank = self._class_of(m.topic(), m.partition())
+                if rank is not None:
+                    self._progress[rank] = time.monotonic()
             elif err.fatal():
                 raise KafkaException(err)
             elif err.code() != KafkaError._PARTITION_EOF:
@@ -358,6 +404,153 @@ class Dispatcher:
                 log.warning("commit on revoke failed: %s", exc)
         for key in revoked:
             self._done.pop(key, None)
+            self._next.pop(key, None)
+            self._class_paused.discard(key)
+            self._held.pop(key, None)  # its new owner reads them again
+            self._held_until.pop(key, None)
+
+    # -- priority classes -----------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Learn new run topics' partition counts and where the group left off,
+        so a class's waiting records are seen before the first one is read."""
+        for topic in {tp.topic for tp in partitions} - set(self._counts):
+            try:
+                meta = consumer.list_topics(topic, timeout=5).topics.get(topic)
+            except KafkaException as exc:
+                log.warning("no metadata for %s: %s", topic, exc)
+                continue
+            if meta is not None and meta.error is None and meta.partitions:
+                self._counts[topic] = len(meta.partitions)
+        try:
+            committed = consumer.committed(partitions, timeout=5)
+        except KafkaException as exc:
+            log.warning("committed offsets unavailable: %s", exc)
+            committed = []
+        for tp in committed:
+            if tp.offset >= 0:
+                self._next.setdefault((tp.topic, tp.partition), tp.offset)
+
+    def _class_of(self, topic: str, partition: int) -> int | None:
+        n = self._counts.get(topic)
+        return None if n is None else class_of_partition(partition, n)
+
+    def _prioritise(self, consumer: Consumer) -> None:
+        """Pause every partition of a class lower than the highest class with
+        records waiting; resume them when it has none (or stalls)."""
+        if not self.class_pausing:
+            return
+        assigned = consumer.assignment()
+        waiting: set[int] = set()
+        classes: dict[tuple[str, int], int] = {}
+        for tp in assigned:
+            key = (tp.topic, tp.partition)
+            rank = self._class_of(*key)
+            if rank is None:
+                continue
+            classes[key] = rank
+            if key in self._class_paused or key in self._held:
+                continue  # not fetched: its watermark is stale
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high is None or high < 0:
+                continue
+            if high > self._next.get(key, max(low or 0, 0)):
+                waiting.add(rank)
+        now = time.monotonic()
+        for rank in list(self._waiting_since):
+            if rank not in waiting:
+                del self._waiting_since[rank]
+        top = None
+        for rank in sorted(waiting):
+            since = max(self._waiting_since.setdefault(rank, now), self._progress.get(rank, 0))
+            if now - since < self.stall_ms / 1000:
+                top = rank
+                break
+        want = {k for k, r in classes.items() if top is not None and r > top}
+        pause = want - self._class_paused
+        resume = self._class_paused - want
+        if pause:
+            consumer.pause([TopicPartition(t, p) for t, p in pause])
+            metrics.CLASS_PAUSES.inc()
+        if resume:
+            still_held = {k for k in resume if k in self._held}
+            back = [TopicPartition(t, p) for t, p in resume - still_held]
+            if back:
+                consumer.resume(back)
+        self._class_paused = want
+        metrics.CLASS_PAUSED.set(len(want))
+
+    # -- dispatch quotas ------------------------------------------------------
+
+    def _tenant_of(self, topic: str) -> str | None:
+        head = f"{self.topics.prefix}.runs."
+        return topic[len(head) :] if topic.startswith(head) else None
+
+    def _within_quota(
+        self, consumer: Consumer, msgs: list[Message], stop: threading.Event
+    ) -> list[Message]:
+        """The records the tenants' dispatch buckets allow now; the rest of each
+        partition from its first refused record is held and the partition paused."""
+        now = now_ms()
+        limited = self._with_db(lambda c: self.quotas.limited(c, now), stop)
+        if not limited:
+            return msgs
+        wants: dict[str, int] = {}
+        for m in msgs:
+            tenant = self._tenant_of(m.topic())
+            if tenant in limited:
+                wants[tenant] = wants.get(tenant, 0) + 1
+        if not wants:
+            return msgs
+        grants = self._with_db(lambda c: self.quotas.take(c, wants, now), stop)
+        if grants is None:
+            return msgs  # stopping: dispatch() will give up too
+        left = {t: g.granted for t, g in grants.items()}
+        holding: set[tuple[str, int]] = set()
+        held: set[int] = set()
+
+        def order(m: Message):
+            rank = self._class_of(m.topic(), m.partition())
+            return (_NORMAL if rank is None else rank, m.topic(), m.partition(), m.offset())
+
+        for m in sorted(msgs, key=order):
+            tenant = self._tenant_of(m.topic())
+            if tenant not in left:
+                continue
+            key = (m.topic(), m.partition())
+            if key in holding or left[tenant] <= 0:
+                holding.add(key)
+                held.add(id(m))
+            else:
+                left[tenant] -= 1
+        if not held:
+            return msgs
+        for m in msgs:
+            if id(m) in held:
+                key = (m.topic(), m.partition())
+                self._held.setdefault(key, []).append(m)
+                grant = grants[self._tenant_of(m.topic())]
+                self._held_until[key] = grant.resume_ms or now + 100
+        consumer.pause([TopicPartition(t, p) for t, p in holding])
+        metrics.QUOTA_THROTTLED.labels("dispatch").inc(sum(1 for g in grants.values() if g.held))
+        metrics.QUOTA_HELD.labels("dispatch").set(sum(len(v) for v in self._held.values()))
+        return [m for m in msgs if id(m) not in held]
+
+    def _released(self, consumer: Consumer) -> list[Message]:
+        """Held records whose bucket has refilled, their partitions resumed."""
+        if not self._held_until:
+            return []
+        now = now_ms()
+        due = [k for k, until in self._held_until.items() if until <= now]
+        out: list[Message] = []
+        for key in due:
+            del self._held_until[key]
+            out.extend(self._held.pop(key, []))
+            if key not in self._class_paused:
+                consumer.resume([TopicPartition(*key)])
+        if due:
+            metrics.QUOTA_HELD.labels("dispatch").set(sum(len(v) for v in self._held.values()))
+        return out
 
     def _report_lag(self, consumer: Consumer) -> int:
         """Records behind the end of the assigned partitions, from the watermarks

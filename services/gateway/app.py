@@ -19,7 +19,7 @@ from cronwheel.kafka import Topics
 from services.gateway import problems
 from services.gateway.http_metrics import HttpMetrics
 from services.gateway.ratelimit import RateLimiter
-from services.gateway.routes import health, jobs, runs, schedules, tenants
+from services.gateway.routes import health, jobs, quotas, runs, schedules, tenants, workflows
 from services.gateway.transactions import Gateway
 
 DESCRIPTION = """\
@@ -64,7 +64,7 @@ def create_app(
     )
     app.state.gateway = gateway
     problems.install(app)
-    for module in (tenants, jobs, runs, schedules, health):
+    for module in (tenants, quotas, jobs, runs, workflows, schedules, health):
         app.include_router(module.router)
     app.add_middleware(HttpMetrics)
     return app

@@ -27,6 +27,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, tenant_for_key
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import parse_blocks
+from cronwheel.store.workflows import Workflows
 from services.gateway import idempotency, problems
 from services.gateway.auth import Caller, unauthenticated
 from services.gateway.problems import Problem
@@ -96,6 +97,7 @@ class Gateway:
         self.webhook_allow = list(webhook_allow)
         self.jobs = Jobs(topics)
         self.lifecycle = Lifecycle(topics)
+        self.workflows = Workflows(topics)
         self.pool = ConnectionPool(
             dsn,
             min_size=pool_min,

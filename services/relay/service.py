@@ -1,6 +1,12 @@
 """The outbox relay: publishes outbox rows of its leased partitions to Kafka and
 deletes them only after the broker acknowledged them.
 
+Order (docs/priority.md): each pass reads by priority class, then an equal
+share per lane (a tenant's run topic) round-robin, oldest first within a lane,
+and publishes in that order, so a tenant's flood delays neither critical runs
+nor another tenant's. Each RunReady goes to its class's partitions of the run
+topic (outbox.partition_for), which lets the dispatcher pause lower classes.
+
 A crash between produce and delete publishes those rows again on restart, so a
 topic may hold duplicates; every consumer is idempotent by run_id (and attempt),
 and the database never holds two runs for one instant. The producer is
@@ -44,6 +50,9 @@ class Relay:
         self.batch = batch
         self.idle_ms = idle_ms
         self.published_total = 0
+        self.more = False  # the last pass left rows in some lane
+        self._turn = 0
+        self._partitions: dict[str, int] = {}  # topic -> partition count
 
     def run(self, stop: threading.Event) -> None:
         with (
@@ -59,7 +68,7 @@ class Relay:
                         metrics.OWNED_PARTITIONS.labels("relay").set(len(self.leases.owned))
                         next_lease = time.monotonic() + self.leases.ttl_ms / 3000
                     n = self.relay_once(conn)
-                    if n >= self.batch:
+                    if n >= self.batch or self.more:
                         continue
                     # Drain notifications; wait for one if nothing was pending.
                     for _ in listen.notifies(timeout=self.idle_ms / 1000, stop_after=1):
@@ -73,11 +82,17 @@ class Relay:
 
     def relay_once(self, conn: psycopg.Connection) -> int:
         """Publish one batch and delete what Kafka acknowledged; returns rows read."""
+        self.more = False
         if not self.leases.owned:
             return 0
-        rows = outbox.read_batch(conn, list(self.leases.owned), self.batch)
+        self._turn += 1
+        fair = outbox.read_fair(conn, list(self.leases.owned), self.batch, self._turn)
+        rows = fair.rows
         if not rows:
             return 0
+        self.more = fair.more
+        if fair.lanes > 1:
+            metrics.FAIR_LANES.labels("relay").set(fair.lanes)
         acked: list[int] = []
         failed = 0
 
@@ -88,7 +103,7 @@ class Relay:
             else:
                 failed += 1
 
-        for row_id, topic, key, value, headers in rows:
+        for row_id, topic, key, value, headers, rank in rows:
             hdrs = (
                 list(headers.items())
                 if isinstance(headers, dict)
@@ -102,6 +117,7 @@ class Relay:
                         key=bytes(key) if key is not None else None,
                         headers=hdrs,
                         on_delivery=lambda err, msg, rid=row_id: on_delivery(err, msg, rid),
+                        **self._placement(topic, rank, key),
                     )
                     break
                 except BufferError:
@@ -119,6 +135,22 @@ class Relay:
             metrics.OUTBOX_FAILED.inc(failed)
             log.warning("%d outbox rows failed to publish; retrying on the next pass", failed)
         return len(rows)
+
+    def _placement(self, topic: str, rank: int, key) -> dict:
+        """{"partition": p} inside the class's partitions of the topic, or {} (the
+        producer's partitioner) while its partition count is unknown."""
+        n = self._partitions.get(topic)
+        if n is None:
+            try:  # one small request per topic, once (the whole cluster's costs ~100x)
+                meta = self.producer.list_topics(topic, timeout=5).topics.get(topic)
+            except Exception as exc:  # KafkaException: metadata is retried next pass
+                log.warning("no metadata for %s: %s", topic, exc)
+                return {}
+            if meta is None or meta.error is not None or not meta.partitions:
+                return {}
+            n = self._partitions[topic] = len(meta.partitions)
+        p = outbox.partition_for(rank, bytes(key) if key is not None else None, n)
+        return {} if p is None else {"partition": p}
 
     def close(self) -> None:
         self.producer.flush(10)

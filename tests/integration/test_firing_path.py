@@ -90,3 +90,24 @@ def test_timer__database_session_killed__reconnects_and_keeps_firing(
             timeout=30,
             what="firing to resume after the sessions were killed",
         )
+
+
+def test_pause_resume_while_firing__no_deadlock(database_url, topic_prefix, conn):
+    """Job operations and the firing loop lock a job's timer and row in the same
+    order; pausing jobs that are firing used to raise DeadlockDetected."""
+    topics = Topics(topic_prefix)
+    jobs = Jobs(topics)
+    tenant = create_tenant(conn, "acme")
+    body = {"schedule": {"every_ms": 100}, "target": {"type": "queue", "queue": "q"}}
+    ids = [
+        jobs.create(conn, tenant, {**body, "name": f"j{i}"}, now_ms())["job_id"] for i in range(40)
+    ]
+    with running(TimerService(database_url, topics, lease_ttl_ms=5000)):
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 40, what="firing"
+        )
+        for _ in range(5):
+            for job_id in ids:
+                jobs.pause(conn, tenant, job_id, now_ms())
+                jobs.resume(conn, tenant, job_id, now_ms())
+    assert all(not jobs.get(conn, tenant["tenant_id"], j)["paused"] for j in ids)

@@ -62,7 +62,11 @@ def world(client):
         f"/v1/runs/{b_run}/start", json={"worker_id": "b-worker"}, headers=b
     ).json()
     b_key = client.post("/v1/keys", json={"label": "b-second"}, headers=b).json()["key_id"]
+    wf = {"name": "b-wf", "nodes": [{"name": "a", "target": {"type": "queue", "queue": "w"}}]}
+    b_wf = client.post("/v1/workflows", json=wf, headers=b).json()["workflow_id"]
+    b_wfr = client.post(f"/v1/workflows/{b_wf}/trigger", headers=b).json()["workflow_run_id"]
     return {
+        "wf": b_wf, "wfr": b_wfr,
         "a_id": a_id, "a": a, "b_id": b_id, "b": b, "job": b_job["job_id"], "run": b_run,
         "token": started["start_token"], "key": b_key, "job_view": b_job,
     }  # fmt: skip
@@ -77,6 +81,7 @@ def matrix(w: dict) -> list[tuple[str, str, dict | None]]:
         ("POST", f"/v1/jobs/{job}/pause", None),
         ("POST", f"/v1/jobs/{job}/resume", None),
         ("POST", f"/v1/jobs/{job}/trigger", None),
+        ("POST", f"/v1/jobs/{job}/rotate-secret", {"overlap_ms": 0}),
         ("POST", f"/v1/jobs/{job}/backfill",
          {"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T01:00:00Z"}),
         ("GET", f"/v1/runs/{run}", None),
@@ -85,6 +90,14 @@ def matrix(w: dict) -> list[tuple[str, str, dict | None]]:
         ("POST", f"/v1/runs/{run}/complete", {**fence, "outcome": "SUCCEEDED"}),
         ("POST", f"/v1/runs/{run}/cancel", None),
         ("DELETE", f"/v1/keys/{w['key']}", None),
+        ("GET", f"/v1/workflows/{w['wf']}", None),
+        ("DELETE", f"/v1/workflows/{w['wf']}", None),
+        ("POST", f"/v1/workflows/{w['wf']}/pause", None),
+        ("POST", f"/v1/workflows/{w['wf']}/resume", None),
+        ("POST", f"/v1/workflows/{w['wf']}/trigger", None),
+        ("GET", f"/v1/workflows/{w['wf']}/runs", None),
+        ("GET", f"/v1/workflow-runs/{w['wfr']}", None),
+        ("POST", f"/v1/workflow-runs/{w['wfr']}/cancel", None),
     ]  # fmt: skip
 
 
@@ -122,7 +135,11 @@ def test_isolation__b_unchanged_after_the_matrix(client, world):
     assert job["version"] == world["job_view"]["version"]
     run = client.get(f"/v1/runs/{world['run']}", headers=b).json()
     assert run["state"] == "RUNNING" and run["worker_id"] == "b-worker"
-    assert len(client.get("/v1/runs", headers=b).json()["items"]) == 1
+    # B's runs: the triggered job run and the workflow run's one node, no more.
+    assert len(client.get("/v1/runs", headers=b).json()["items"]) == 2
+    wfr = client.get(f"/v1/workflow-runs/{world['wfr']}", headers=b).json()
+    assert wfr["state"] == "RUNNING"
+    assert client.get(f"/v1/workflows/{world['wf']}", headers=b).status_code == 200
     keys = client.get("/v1/keys", headers=b).json()["items"]
     assert all(k["revoked_at"] is None for k in keys) and len(keys) == 2
 

@@ -5,11 +5,14 @@
 -- name: claim_due
 -- Due timers of the caller's partitions, by priority class then due time. The
 -- lateral scan per class stops as soon as LIMIT rows are found, so lower classes
--- are not even read (or locked) while higher ones fill the batch.
-SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt
+-- are not even read (or locked) while higher ones fill the batch. When fewer
+-- than LIMIT are due this is the whole story; a full batch means a backlog, and
+-- the firing loop then claims by lanes (due_lanes, claim_lanes) as well.
+SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.tenant_id,
+       t.priority
   FROM unnest('{0,1,2,3}'::smallint[]) AS c(prio)
  CROSS JOIN LATERAL (
-       SELECT partition_id, timer_id, kind, owner_id, due_at, attempt
+       SELECT partition_id, timer_id, kind, owner_id, due_at, attempt, tenant_id, priority
          FROM timers
         WHERE priority = c.prio AND due_at <= %(now)s
           AND partition_id = ANY(%(partitions)s)
@@ -18,13 +21,54 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt
           FOR UPDATE SKIP LOCKED) t
  LIMIT %(limit)s;
 
+-- name: due_lanes
+-- The lanes (class, tenant) with a due timer in the caller's partitions, by
+-- class. A loose index scan of timers_lane: one descent per lane that exists
+-- and one probe for a due row, however many timers each lane holds.
+WITH RECURSIVE lane(priority, tenant_id) AS (
+    (SELECT priority, tenant_id FROM timers ORDER BY priority, tenant_id LIMIT 1)
+    UNION ALL
+    SELECT n.priority, n.tenant_id
+      FROM lane l
+     CROSS JOIN LATERAL (
+           SELECT t.priority, t.tenant_id FROM timers t
+            WHERE (t.priority, t.tenant_id) > (l.priority, l.tenant_id)
+            ORDER BY t.priority, t.tenant_id
+            LIMIT 1) n
+)
+SELECT l.priority, l.tenant_id
+  FROM lane l
+ WHERE EXISTS (SELECT 1 FROM timers t
+                WHERE t.priority = l.priority AND t.tenant_id = l.tenant_id
+                  AND t.due_at <= %(now)s AND t.partition_id = ANY(%(partitions)b::smallint[]))
+ ORDER BY l.priority, l.tenant_id;
+
+-- name: claim_lanes
+-- Up to `quota` due timers of each lane, oldest first; `taken` are those an
+-- earlier round of the same transaction already holds.
+SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.tenant_id,
+       t.priority
+  FROM unnest(%(prio)b::smallint[], %(tenant)b::text[], %(quota)b::int[]) AS l(prio, tenant, quota)
+ CROSS JOIN LATERAL (
+       SELECT partition_id, timer_id, kind, owner_id, due_at, attempt, tenant_id, priority
+         FROM timers
+        WHERE priority = l.prio AND tenant_id = l.tenant AND due_at <= %(now)s
+          AND partition_id = ANY(%(partitions)b::smallint[])
+          AND timer_id <> ALL(%(taken)b::text[])
+        ORDER BY due_at
+        LIMIT l.quota
+          FOR UPDATE SKIP LOCKED) t;
+
 -- name: upcoming
--- The next due times of the caller's partitions, to load the timing wheel.
+-- The next due times of the caller's partitions after its last claim, to load
+-- the timing wheel. A timer due by that claim and still here is held by a
+-- quota or locked by another instance: the wheel does not wake for it (the
+-- firing reports when a quota refills).
 SELECT t.due_at
   FROM unnest('{0,1,2,3}'::smallint[]) AS c(prio)
  CROSS JOIN LATERAL (
        SELECT due_at FROM timers
-        WHERE priority = c.prio AND due_at <= %(horizon)s
+        WHERE priority = c.prio AND due_at > %(after)s AND due_at <= %(horizon)s
           AND partition_id = ANY(%(partitions)s)
         ORDER BY due_at
         LIMIT %(limit)s) t;
@@ -76,8 +120,17 @@ DELETE FROM timers t
  WHERE t.partition_id = v.p AND t.timer_id = v.id;
 
 -- name: upsert_timer
-INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt)
-VALUES (%(p)s, %(id)s, %(kind)s, %(owner)s, %(due)s, %(prio)s, %(attempt)s)
+-- The tenant comes from the timer's owner: it is the timer's lane in the claim.
+INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt, tenant_id)
+VALUES (%(p)s, %(id)s, %(kind)s, %(owner)s, %(due)s, %(prio)s, %(attempt)s,
+        COALESCE(CASE %(kind)s::text
+            WHEN 'job' THEN (SELECT j.tenant_id FROM jobs j
+                              WHERE j.partition_id = %(p)s AND j.job_id = %(owner)s)
+            WHEN 'workflow' THEN (SELECT w.tenant_id FROM workflows w
+                                   WHERE w.partition_id = %(p)s AND w.workflow_id = %(owner)s)
+            ELSE (SELECT r.tenant_id FROM runs r
+                   WHERE r.partition_id = %(p)s AND r.run_id = %(owner)s)
+        END, ''))
 ON CONFLICT (partition_id, timer_id)
 DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = EXCLUDED.attempt;
 

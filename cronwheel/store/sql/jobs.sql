@@ -31,6 +31,14 @@ SELECT j.*, t.due_at AS next_due_at
  WHERE j.partition_id = %(partition_id)s AND j.job_id = %(job_id)s
    AND j.tenant_id = %(tenant_id)s AND j.deleted_at IS NULL;
 
+-- name: lock_job_timer
+-- Job operations lock the job's timer before the job row: the firing loop takes
+-- them in that order (claim the timer, then advance the job), and the same order
+-- everywhere is what keeps a pause during a firing from deadlocking.
+SELECT 1 FROM timers
+ WHERE partition_id = %(partition_id)s AND timer_id = 'job:' || %(job_id)s
+   FOR UPDATE;
+
 -- name: lock_job
 SELECT * FROM jobs
  WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s

@@ -1,9 +1,9 @@
 -- The transactional outbox.
 
 -- name: append
-INSERT INTO outbox (partition_id, topic, key, value, headers)
+INSERT INTO outbox (partition_id, topic, key, value, headers, priority)
 SELECT * FROM unnest(%(partitions)s::smallint[], %(topics)s::text[], %(keys)s::bytea[],
-                     %(values)s::bytea[], %(headers)s::jsonb[]);
+                     %(values)s::bytea[], %(headers)s::jsonb[], %(priorities)s::smallint[]);
 
 -- name: notify
 SELECT pg_notify('cw_outbox', '');
@@ -16,6 +16,39 @@ SELECT id, topic, key, value, headers
  WHERE partition_id = ANY(%(partitions)s)
  ORDER BY id
  LIMIT %(limit)s;
+
+-- name: lanes
+-- The lanes (class, topic) with rows in the caller's partitions, by class: a
+-- loose index scan of outbox_lane, one descent per lane whatever its length.
+WITH RECURSIVE lane(priority, topic) AS (
+    (SELECT priority, topic FROM outbox
+      WHERE partition_id = ANY(%(partitions)b::smallint[])
+      ORDER BY priority, topic LIMIT 1)
+    UNION ALL
+    SELECT n.priority, n.topic
+      FROM lane l
+     CROSS JOIN LATERAL (
+           SELECT o.priority, o.topic FROM outbox o
+            WHERE (o.priority, o.topic) > (l.priority, l.topic)
+              AND o.partition_id = ANY(%(partitions)b::smallint[])
+            ORDER BY o.priority, o.topic
+            LIMIT 1) n
+)
+SELECT priority, topic FROM lane;
+
+-- name: read_lanes
+-- Up to `quota` rows of each lane, oldest first, after `after` (the last id an
+-- earlier round of the same pass read from it). Still no cursor across passes:
+-- a row that commits late is read by a later pass.
+SELECT o.id, o.topic, o.key, o.value, o.headers, o.priority
+  FROM unnest(%(prio)b::smallint[], %(topic)b::text[], %(quota)b::int[], %(after)b::bigint[])
+       AS l(prio, topic, quota, after)
+ CROSS JOIN LATERAL (
+       SELECT id, topic, key, value, headers, priority FROM outbox
+        WHERE priority = l.prio AND topic = l.topic AND id > l.after
+          AND partition_id = ANY(%(partitions)b::smallint[])
+        ORDER BY id
+        LIMIT l.quota) o;
 
 -- name: delete_delivered
 DELETE FROM outbox WHERE id = ANY(%(ids)s);

@@ -30,6 +30,15 @@ TRIGGERED = {
     "type": "object",
     "properties": {"run_id": {"type": "string"}, "created": {"type": "boolean"}},
 }
+ROTATED = {
+    "type": "object",
+    "properties": {
+        "secret_id": {"type": "string"},
+        "secret": {"type": "string"},
+        "created_at": {"type": "string"},
+        "previous": {"type": "array", "items": {"type": "object"}},
+    },
+}
 BACKFILLED = {
     "type": "object",
     "properties": {
@@ -138,6 +147,23 @@ def trigger_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
         return Reply(201 if out["created"] else 200, out)
 
     return gw.as_tenant(who, trigger)
+
+
+@router.post(
+    "/{job_id}/rotate-secret",
+    responses=oa.ok(ROTATED, 200, 404, 409),
+    summary="A new webhook signing secret (shown once); old ones sign on for overlap_ms",
+)
+def rotate_secret(gw: Gw, who: TenantCaller, job_id: str, body: OptionalObject):
+    jid = ident(job_id, "job")
+    body = body or {}
+    unknown = sorted(set(body) - {"overlap_ms"})
+    if unknown:
+        raise ValidationError(unknown[0], "unknown field")
+    overlap = body.get("overlap_ms", 86_400_000)
+    return gw.as_tenant(
+        who, lambda tx: gw.jobs.rotate_secret(tx.conn, tx.tenant, jid, tx.now, overlap)
+    )
 
 
 @router.post(

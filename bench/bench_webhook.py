@@ -1,0 +1,365 @@
+"""Webhook deliveries: `cronwheel serve webhook` as a process, delivering to a
+local receiver. Target: at least 2,000 deliveries/s; p99 delivery latency.
+
+Runs are created in the database as the timer creates them (insert_runs, one
+webhook job with a signing secret) and their RunReady records are produced to
+the tenant's webhook topic as the dispatcher forwards them (byte for byte), so
+the service does everything it does in production per delivery: look the run
+up, StartRun, sign, POST, classify, CompleteRun.
+
+- burst: N records produced at once; deliveries/s = N / (first record produced
+  -> last run SUCCEEDED in the database).
+- paced: records produced at a steady rate below the burst rate; delivery
+  latency = receiver got the request - record produced, and completion latency
+  = run's finished_at - record produced.
+
+Usage: bench_webhook.py [--burst N] [--paced N] [--rate R] [--instances K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from common import (
+    cpu_seconds,
+    delete_topics,
+    describe,
+    fresh_database,
+    header,
+    machine_load,
+    percentile,
+    say,
+)
+from standardwebhooks import Webhook
+
+from cronwheel import config, kafka
+from cronwheel.core.clock import now_ms, to_ms
+from cronwheel.core.ids import partition_of, run_id_for_trigger
+from cronwheel.kafka import Topics
+from cronwheel.store import webhooks
+from cronwheel.store.firing import insert_runs
+from cronwheel.store.jobs import Jobs, create_tenant
+
+TARGET = 2_000
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = ROOT / ".venv" / "bin" / "python"
+RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok"
+
+
+class Receiver:
+    """A minimal HTTP/1.1 keep-alive server on its own thread and loop: notes when
+    each run's request arrived (time.time) and keeps a few to verify."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, float] = {}
+        self.samples: list[tuple[dict, bytes]] = []
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _serve(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        receiver = self
+
+        class Proto(asyncio.Protocol):
+            def connection_made(self, transport):
+                self.t = transport
+                self.buf = b""
+
+            def data_received(self, data):
+                self.buf += data
+                while True:
+                    end = self.buf.find(b"\r\n\r\n")
+                    if end < 0:
+                        return
+                    head = self.buf[:end].decode("latin-1").split("\r\n")[1:]
+                    headers = {k.lower(): v for k, v in (h.split(": ", 1) for h in head)}
+                    size = int(headers.get("content-length", 0))
+                    if len(self.buf) < end + 4 + size:
+                        return
+                    body = self.buf[end + 4 : end + 4 + size]
+                    self.buf = self.buf[end + 4 + size :]
+                    receiver.arrived.setdefault(headers.get("cronwheel-run-id", ""), time.time())
+                    if len(receiver.samples) < 50:
+                        receiver.samples.append((headers, body))
+                    self.t.write(RESPONSE)
+
+        self._loop = asyncio.get_running_loop()
+        server = await self._loop.create_server(Proto, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._stop = asyncio.Event()
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+class Bench:
+    def __init__(self, url: str, prefix: str, receiver: Receiver):
+        self.url = url
+        self.topics = Topics(prefix)
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.tenant = create_tenant(self.conn, "bench")
+        self.topic = self.topics.webhook(self.tenant["tenant_id"])
+        kafka.ensure_topics([self.topic], partitions=8)
+        body = {
+            "name": "bench-hook",
+            "schedule": {"every_ms": 86_400_000},
+            "target": {"type": "webhook", "url": f"http://127.0.0.1:{receiver.port}/hook"},
+            "payload": {"bench": True, "pad": "x" * 200},
+        }
+        self.job = Jobs(self.topics).create(self.conn, self.tenant, body, now_ms())
+        made = webhooks.create_secret(
+            self.conn, self.tenant["tenant_id"], self.job["job_id"], now_ms()
+        )
+        self.secret = made["secret"]
+        row = self.conn.execute(
+            "SELECT target, payload, retry, timeout_ms, lease_ms FROM jobs WHERE job_id = %s",
+            [self.job["job_id"]],
+        ).fetchone()
+        self.spec = dict(
+            zip(("target", "payload", "retry", "timeout_ms", "lease_ms"), row, strict=True)
+        )
+        self.producer = kafka.producer()
+        self._at = now_ms() - 60_000  # distinct trigger instants, all due
+
+    def runs(self, n: int) -> list[tuple[str, bytes]]:
+        """n PENDING runs (as the timer inserts them); their RunReady records."""
+        job_id = self.job["job_id"]
+        out = []
+        for start in range(0, n, 5000):
+            batch = []
+            for _ in range(min(5000, n - start)):
+                self._at += 1
+                batch.append(
+                    {
+                        "partition_id": partition_of(job_id),
+                        "run_id": run_id_for_trigger(job_id, self._at),
+                        "tenant_id": self.tenant["tenant_id"],
+                        "job_id": job_id,
+                        "scheduled_ms": self._at,
+                        "covers": None,
+                        "priority": "normal",
+                        "spec": self.spec,
+                    }
+                )
+            with self.conn.transaction():
+                rows = insert_runs(self.conn, self.topics, batch, now_ms())
+            out += [(r.key.decode(), r.value) for r in rows]
+        return out
+
+    def produce(
+        self, records: list[tuple[str, bytes]], rate: float | None = None
+    ) -> dict[str, float]:
+        """Produce (as the dispatcher forwards), paced at `rate`/s if given;
+        returns when each record was handed to the producer (time.time)."""
+        sent: dict[str, float] = {}
+        t0 = time.monotonic()
+        for i, (run_id, value) in enumerate(records):
+            if rate:
+                due = t0 + i / rate
+                while (delay := due - time.monotonic()) > 0:
+                    time.sleep(min(delay, 0.005))  # pacing the producer, not waiting on a result
+            sent[run_id] = time.time()
+            while True:
+                try:
+                    self.producer.produce(self.topic, key=run_id.encode(), value=value,
+                                          headers=[("record", b"RunReady")])  # fmt: skip
+                    break
+                except BufferError:
+                    self.producer.poll(0.01)
+            self.producer.poll(0)
+        self.producer.flush(30)
+        return sent
+
+    def wait_done(self, run_ids: list[str], procs, timeout: float = 300) -> float:
+        """Poll until every run is SUCCEEDED; returns time.time() of the last finish."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.conn.execute(
+                "SELECT count(*), max(finished_at) FROM runs"
+                " WHERE run_id = ANY(%s) AND state = 'SUCCEEDED'",
+                [run_ids],
+            ).fetchone()
+            if done[0] == len(run_ids):
+                return to_ms(done[1]) / 1000
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"webhook service exited with {p.returncode}")
+            if time.monotonic() > deadline:
+                bad = self.conn.execute(
+                    "SELECT state, count(*) FROM runs WHERE run_id = ANY(%s) GROUP BY 1", [run_ids]
+                ).fetchall()
+                raise RuntimeError(f"not all runs succeeded after {timeout}s: {bad}")
+            time.sleep(0.05)  # polling the database with a deadline
+
+    def finished(self, run_ids: list[str]) -> dict[str, float]:
+        rows = self.conn.execute(
+            "SELECT run_id, finished_at FROM runs WHERE run_id = ANY(%s)", [run_ids]
+        ).fetchall()
+        return {r: to_ms(f) / 1000 for r, f in rows}
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads, grouped: the asyncio loop (the main
+    thread), librdkafka's own threads, and the rest (the database threads, the
+    consumer-call thread, DNS lookups)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {"loop": 0.0, "librdkafka": 0.0, "db and other threads": 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / hz
+        key = (
+            "loop"
+            if int(task.name) == pid
+            else "librdkafka"
+            if comm.startswith("rdk:")
+            else "db and other threads"
+        )
+        out[key] += cpu
+    return out
+
+
+def start_services(url: str, prefix: str, instances: int, logdir: Path) -> list[subprocess.Popen]:
+    env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
+    env.update(
+        DATABASE_URL=url,
+        KAFKA_BOOTSTRAP=config.kafka_bootstrap(),
+        CRONWHEEL_TOPIC_PREFIX=prefix,
+        CRONWHEEL_LOG_LEVEL="WARNING",
+        CRONWHEEL_WEBHOOK_ALLOW_CIDRS="127.0.0.0/8",
+        CRONWHEEL_WEBHOOK_PER_ENDPOINT=os.environ.get("CRONWHEEL_WEBHOOK_PER_ENDPOINT", "64"),
+    )
+    procs = []
+    for i in range(instances):
+        log = open(logdir / f"webhook-{i}.log", "wb")  # noqa: SIM115 - kept by the process
+        procs.append(
+            subprocess.Popen(
+                [str(PYTHON), "-m", "cronwheel.cli", "serve", "webhook"],
+                cwd=ROOT,
+                env={**env, "CRONWHEEL_WEBHOOK_INSTANCE": f"bench{i}"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    return procs
+
+
+def stop_services(procs: list[subprocess.Popen], logdir: Path) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for i, p in enumerate(procs):
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+        tail = (logdir / f"webhook-{i}.log").read_text(errors="replace").strip().splitlines()[-5:]
+        if p.returncode not in (0, -15) or any("Traceback" in line for line in tail):
+            say(f"webhook {i} exited {p.returncode}; log tail:\n" + "\n".join(tail))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--burst", type=int, default=10_000)
+    ap.add_argument("--paced", type=int, default=3_000)
+    ap.add_argument(
+        "--rate", type=float, default=0, help="paced records/s (default: half the burst rate)"
+    )
+    ap.add_argument("--instances", type=int, default=1)
+    args = ap.parse_args()
+    header("bench_webhook: deliveries to a local receiver")
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    receiver = Receiver()
+    logdir = Path(tempfile.mkdtemp(prefix="cw-bench-webhook-"))
+    with fresh_database() as url:
+        bench = Bench(url, prefix, receiver)
+        procs = start_services(url, prefix, args.instances, logdir)
+        say(
+            f"setup: fresh database, one webhook job, {args.instances} `cronwheel serve webhook`"
+            f" process(es) (per-endpoint limit {os.environ.get('CRONWHEEL_WEBHOOK_PER_ENDPOINT', '64')},"
+            " other settings default), the webhook topic with 8 partitions, the receiver and the"
+            " producer in this process"
+        )
+        try:
+            warm = bench.runs(200)
+            bench.produce(warm)
+            bench.wait_done([r for r, _ in warm], procs, timeout=120)
+
+            records = bench.runs(args.burst)
+            ids = [r for r, _ in records]
+            cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+            threads0 = [thread_cpu(p.pid) for p in procs]
+            t0 = time.time()
+            bench.produce(records)
+            last = bench.wait_done(ids, procs)
+            cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+            split = {k: 0.0 for k in threads0[0]}
+            for p, before in zip(procs, threads0, strict=True):
+                for k, v in thread_cpu(p.pid).items():
+                    split[k] += v - before[k]
+            rate = len(ids) / (last - t0)
+            arrivals = sorted(receiver.arrived[r] for r in ids)
+            say(
+                f"burst {len(ids):,}: {rate:,.0f} deliveries/s (first produced -> last SUCCEEDED"
+                f" {last - t0:.2f} s); receiver saw {len(ids) / (arrivals[-1] - arrivals[0]):,.0f}"
+                f" requests/s; webhook CPU {1000 * cpu / len(ids):.2f} ms per delivery ("
+                + ", ".join(f"{k} {1000 * v / len(ids):.2f}" for k, v in split.items())
+                + ")"
+            )
+            say(f"burst: machine after: {machine_load()}")
+
+            pace = args.rate or max(50.0, round(rate / 2, -1))
+            paced = bench.runs(args.paced)
+            ids = [r for r, _ in paced]
+            sent = bench.produce(paced, rate=pace)
+            bench.wait_done(ids, procs)
+            fin = bench.finished(ids)
+            delivery = [1000 * (receiver.arrived[r] - sent[r]) for r in ids]
+            completion = [1000 * (fin[r] - sent[r]) for r in ids]
+            say(f"paced {len(ids):,} at {pace:,.0f}/s: delivery latency {describe(delivery)}")
+            say(
+                f"paced: completion latency (record produced -> run finished) {describe(completion)}"
+            )
+            say(f"paced: machine after: {machine_load()}")
+
+            for headers, body in receiver.samples:
+                Webhook(bench.secret).verify(body, headers, json_parse=False)
+            say(f"check: {len(receiver.samples)} sampled requests verify with standardwebhooks")
+            say(
+                f"RESULT webhook: {rate:,.0f} deliveries/s (target >= {TARGET:,}:"
+                f" {'met' if rate >= TARGET else 'MISSED'}), p99 delivery latency"
+                f" {percentile(delivery, 99):.0f} ms at {pace:,.0f}/s"
+            )
+        finally:
+            stop_services(procs, logdir)
+            bench.conn.close()
+            receiver.close()
+            delete_topics([bench.topic])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Webhook targets in the store: signing secrets and what a delivery reads.
+
+Secrets belong to an owner: the job (or, for a workflow's webhook nodes, the
+workflow) whose runs they sign. The gateway calls `create_secret` in the
+transaction that creates a webhook job and `rotate_secret` for
+`POST /v1/jobs/{id}/rotate-secret`; both return the secret, which the API
+shows that once. `secret_ids` is what `GET /v1/jobs/{id}` shows instead.
+
+The webhook service calls `delivery_targets` once per batch of records, and
+`defer_retry` in the transaction of a CompleteRun whose response asked (with
+Retry-After) for a longer wait than the run's backoff.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from cronwheel.core.clock import iso, to_dt, to_ms
+from cronwheel.core.errors import Conflict, NotFound, ValidationError
+from cronwheel.core.ids import new_id, partition_of, partition_of_run
+from cronwheel.store.sql_loader import queries
+
+Q = queries("webhooks")
+SECRET_PREFIX = "whsec_"
+SECRET_BYTES = 32  # Standard Webhooks asks for 24 to 64
+DEFAULT_OVERLAP_MS = 24 * 3_600_000  # both signatures are sent for a day after a rotation
+MAX_OVERLAP_MS = 7 * 24 * 3_600_000
+
+
+def new_secret() -> str:
+    """`whsec_` + base64 of 32 random bytes, the Standard Webhooks secret format."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+@dataclass(frozen=True)
+class DeliveryTarget:
+    """What the webhook service needs to deliver one run, read in one query."""
+
+    run_id: str
+    tenant_id: str
+    state: str
+    attempt: int
+    target: dict  # {type: webhook, url, method, headers, timeout_ms?}
+    payload: str  # JSON text, as the job holds it
+    lease_ms: int
+    timeout_ms: int | None  # the run's own timeout (its timer ends the attempt)
+    owner_id: str | None
+    job_id: str | None
+    scheduled_ms: int
+    secrets: tuple[str, ...]  # newest first; empty when the owner has none
+
+
+def _check_owner(conn: psycopg.Connection, tenant_id: str, owner_id: str) -> int:
+    p = partition_of(owner_id)
+    found = conn.execute(
+        Q["owner_exists"], {"p": p, "owner_id": owner_id, "tenant_id": tenant_id}
+    ).fetchone()
+    if found is None:
+        raise NotFound("job")
+    return p
+
+
+def _issue(conn, p: int, tenant_id: str, owner_id: str, now: int) -> dict:
+    secret = new_secret()
+    row = conn.execute(
+        Q["insert_secret"],
+        {
+            "p": p,
+            "owner_id": owner_id,
+            "secret_id": new_id("whs"),
+            "tenant_id": tenant_id,
+            "secret": secret,
+            "now": to_dt(now),
+        },
+    ).fetchone()
+    return {"secret_id": row[0], "secret": secret, "created_at": iso(to_ms(row[1]))}
+
+
+def create_secret(conn: psycopg.Connection, tenant_id: str, owner_id: str, now: int) -> dict:
+    """The owner's first secret: `{secret_id, secret, created_at}`. Call it in the
+    transaction that creates the webhook job; Conflict SECRET_EXISTS if the owner
+    already has a current secret (rotate it instead)."""
+    with conn.transaction():
+        p = _check_owner(conn, tenant_id, owner_id)
+        try:
+            with conn.transaction():
+                return _issue(conn, p, tenant_id, owner_id, now)
+        except psycopg.errors.UniqueViolation as e:
+            raise Conflict("SECRET_EXISTS", "the job already has a signing secret") from e
+
+
+def ensure_secret(conn: psycopg.Connection, tenant_id: str, owner_id: str, now: int) -> dict | None:
+    """A new secret if the owner has none that signs (a job changed to a webhook
+    target); None if it has one. The gateway shows a returned secret once."""
+    with conn.transaction():
+        p = _check_owner(conn, tenant_id, owner_id)
+        if conn.execute(
+            Q["secrets_of"], {"p": p, "owner_id": owner_id, "now": to_dt(now)}
+        ).fetchone():
+            return None
+        return _issue(conn, p, tenant_id, owner_id, now)
+
+
+def rotate_secret(
+    conn: psycopg.Connection,
+    tenant_id: str,
+    owner_id: str,
+    now: int,
+    overlap_ms: int = DEFAULT_OVERLAP_MS,
+) -> dict:
+    """A new current secret; the old ones keep signing for `overlap_ms` at most,
+    so every delivery in the window carries both signatures (`overlap_ms=0`: the
+    old ones stop now, for a leaked secret). Returns the new secret (shown once)
+    and `previous`: each secret whose end moved, and when it stops signing."""
+    if isinstance(overlap_ms, bool) or not isinstance(overlap_ms, int):
+        raise ValidationError("overlap_ms", "must be an integer")
+    if not 0 <= overlap_ms <= MAX_OVERLAP_MS:
+        raise ValidationError("overlap_ms", f"must be between 0 and {MAX_OVERLAP_MS}")
+    with conn.transaction():
+        p = _check_owner(conn, tenant_id, owner_id)
+        retired = conn.execute(
+            Q["retire_current"],
+            {
+                "p": p,
+                "owner_id": owner_id,
+                "tenant_id": tenant_id,
+                "until": to_dt(now + overlap_ms),
+            },
+        ).fetchall()
+        issued = _issue(conn, p, tenant_id, owner_id, now)
+    issued["previous"] = [{"secret_id": r[0], "signs_until": iso(to_ms(r[2]))} for r in retired]
+    return issued
+
+
+def secret_ids(conn: psycopg.Connection, owner_id: str, now: int) -> list[dict]:
+    """The secrets that sign now, newest first, without the secrets themselves:
+    `[{secret_id, created_at, expires_at}]` (expires_at None for the current one)."""
+    rows = conn.execute(
+        Q["secrets_of"],
+        {"p": partition_of(owner_id), "owner_id": owner_id, "now": to_dt(now)},
+    ).fetchall()
+    return [
+        {
+            "secret_id": r[0],
+            "created_at": iso(to_ms(r[2])),
+            "expires_at": iso(to_ms(r[3])) if r[3] else None,
+        }
+        for r in rows
+    ]
+
+
+def active_secrets(conn: psycopg.Connection, owner_id: str, now: int) -> list[str]:
+    """The secrets a delivery is signed with now, newest first."""
+    rows = conn.execute(
+        Q["secrets_of"],
+        {"p": partition_of(owner_id), "owner_id": owner_id, "now": to_dt(now)},
+    ).fetchall()
+    return [r[1] for r in rows]
+
+
+def delivery_targets(
+    conn: psycopg.Connection, run_ids: Sequence[str], now: int
+) -> dict[str, DeliveryTarget]:
+    """The runs among `run_ids` that exist, by id, in one query. Ids that are not
+    run ids are left out (the caller treats them as unknown runs)."""
+    keys = []
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            keys.append((partition_of_run(run_id), run_id))
+        except ValueError:
+            continue
+    if not keys:
+        return {}
+    rows = conn.execute(
+        Q["delivery_targets"],
+        {"p": [k[0] for k in keys], "id": [k[1] for k in keys], "now": to_dt(now)},
+    ).fetchall()
+    out = {}
+    for run_id, tenant_id, state, attempt, spec, job_id, _wf, _node, sched, owner, secs in rows:
+        payload = spec.get("payload", "null")
+        out[run_id] = DeliveryTarget(
+            run_id=run_id,
+            tenant_id=tenant_id,
+            state=state,
+            attempt=attempt,
+            target=spec.get("target") or {},
+            payload=payload if isinstance(payload, str) else json.dumps(payload),
+            lease_ms=int(spec.get("lease_ms") or 30_000),
+            timeout_ms=spec.get("timeout_ms"),
+            owner_id=owner,
+            job_id=job_id,
+            scheduled_ms=to_ms(sched),
+            secrets=tuple(secs or ()),
+        )
+    return out
+
+
+def defer_retry(
+    conn: psycopg.Connection, run_id: str, attempt: int, not_before_ms: int
+) -> int | None:
+    """Move the run's retry timer for `attempt` to no earlier than `not_before_ms`;
+    the due time in ms, or None when there is no such timer (no retry was armed).
+    Call it in the transaction of the CompleteRun that armed the timer."""
+    row = conn.execute(
+        Q["defer_retry"],
+        {
+            "p": partition_of_run(run_id),
+            "run_id": run_id,
+            "attempt": attempt,
+            "not_before": to_dt(not_before_ms),
+        },
+    ).fetchone()
+    return to_ms(row[0]) if row else None

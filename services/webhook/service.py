@@ -1,0 +1,666 @@
+"""The webhook service: consumes every tenant's webhook topic and, as the run's
+worker (`webhook:<instance>`), makes the signed HTTP request and completes the
+run with fencing.
+
+One asyncio loop per process with one shared httpx.AsyncClient (its transport:
+services/webhook/guard.py). The Kafka consumer (confluent-kafka, as every other
+service; docs/webhooks.md says why not faust) and the database (psycopg, the
+same Lifecycle calls the gateway makes) run on their own threads.
+
+Per record, in order:
+1. Look the run up (batched per poll): skip it unless it is PENDING at the
+   record's attempt, so duplicates and stale attempts cost no request.
+2. Wait for the endpoint's admission (limits.py): a free slot and a breaker
+   that is not open. The run stays PENDING meanwhile: no lease, no attempt.
+3. StartRun. From here the platform tracks the run, so the record's offset may
+   be committed (in order per partition): a crash from now on ends in the
+   lease expiring and the run coming back as its next attempt.
+4. The request, heart-beating every lease/3 while it is out; a heartbeat that
+   finds the attempt gone (cancelled, timed out) abandons the request.
+5. Classify (delivery.py), tell the breaker, free the slot, CompleteRun with
+   the result and, when Retry-After asked for longer than the backoff, the
+   retry timer deferred in the same transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge, Histogram
+
+from cronwheel import kafka, metrics
+from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.core.clock import iso, now_ms
+from cronwheel.core.errors import Conflict, NotFound
+from cronwheel.core.ssrf import Network, allowed_networks
+from cronwheel.kafka import Topics
+from cronwheel.sdk.offsets import OffsetTracker
+from cronwheel.store import webhooks
+from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.webhooks import DeliveryTarget
+from services.webhook import delivery, signing
+from services.webhook.breaker import State
+from services.webhook.guard import GuardedTransport, webhook_client
+from services.webhook.limits import Endpoints, endpoint_of
+
+log = logging.getLogger("cronwheel.webhook")
+
+CONSUMER = "webhook"
+USER_AGENT = "cronwheel-webhook/1"
+# The job's headers may not replace these: the signature, the fencing headers,
+# and what framing the HTTP client owns.
+RESERVED = ("webhook-", "cronwheel-")
+FRAMING = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
+)
+
+DELIVERIES = PromCounter(
+    "cronwheel_webhook_deliveries_total",
+    "Webhook delivery attempts by outcome (succeeded, retry, failed, refused, abandoned)",
+    ["outcome"],
+)
+SKIPPED = PromCounter(
+    "cronwheel_webhook_skipped_total",
+    "Webhook records not delivered: run not PENDING at that attempt, or StartRun refused",
+    ["reason"],
+)
+DELIVERY_SECONDS = Histogram(
+    "cronwheel_webhook_request_seconds",
+    "From sending a webhook request to its response or error",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+BREAKER_CHANGES = PromCounter(
+    "cronwheel_webhook_breaker_transitions_total", "Circuit breaker state changes", ["to"]
+)
+WAITING = Gauge("cronwheel_webhook_waiting_runs", "Runs held back by an endpoint limit or breaker")
+OPEN_BREAKERS = Gauge("cronwheel_webhook_open_breakers", "Endpoints whose breaker is not closed")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tunables; `from_env` reads CRONWHEEL_WEBHOOK_<NAME> for each field."""
+
+    per_endpoint: int = 16  # concurrent deliveries to one scheme://host:port
+    max_in_flight: int = 512  # concurrent deliveries in all
+    breaker_failures: int = 5  # consecutive failures that open a breaker
+    breaker_cooldown_ms: int = 30_000  # open this long before a half-open probe
+    connect_timeout_ms: int = 5_000
+    default_timeout_ms: int = 30_000  # the whole request, unless the target says
+    max_response_bytes: int = 64 * 1024  # read at most this much of a response
+    retry_after_cap_ms: int = 3_600_000
+    db_workers: int = 16
+    batch: int = 500
+    max_waiting_per_partition: int = 1000  # then the partition is paused
+    shutdown_grace_ms: int = 10_000
+    keepalive_ms: int = 30_000
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        values = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"CRONWHEEL_WEBHOOK_{f.name.upper()}")
+            if raw:
+                values[f.name] = int(raw)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+    truncated: bool
+    duration_ms: int
+
+
+class Poison(Exception):
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+class Stopping(Exception):
+    """The service is stopping while the database is away."""
+
+
+class _Database:
+    """Blocking psycopg calls on a pool of threads, one connection each. An
+    OperationalError reconnects and calls again (the calls are safe to repeat:
+    a repeated StartRun or CompleteRun that already landed is refused)."""
+
+    def __init__(self, dsn: str, workers: int, stop: threading.Event):
+        self.dsn = dsn
+        self.stop = stop
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="webhook-db")
+        self._local = threading.local()
+        self._all: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+
+    async def call(self, fn: Callable[..., Any], *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._call, fn, args)
+
+    def _call(self, fn, args):
+        backoff = 0.1
+        while True:
+            conn = getattr(self._local, "conn", None)
+            try:
+                if conn is None or conn.closed:
+                    conn = self._local.conn = psycopg.connect(self.dsn, autocommit=True)
+                    with self._lock:
+                        self._all.append(conn)
+                # Pipeline mode: the statements of a Lifecycle call that need no
+                # answer go out together (a StartRun is 2 round trips, not 5).
+                with conn.pipeline():
+                    return fn(conn, *args)
+            except psycopg.OperationalError as exc:
+                log.warning("database unavailable (%s); retrying", exc)
+                if conn is not None:
+                    conn.close()
+                self._local.conn = None
+                if self.stop.wait(backoff):
+                    raise Stopping() from exc
+                backoff = min(backoff * 2, 5.0)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+
+
+class WebhookService:
+    def __init__(
+        self,
+        dsn: str,
+        bootstrap: str,
+        topics: Topics,
+        *,
+        instance: str | None = None,
+        allow: Sequence[Network] | None = None,
+        settings: Settings | None = None,
+        group_id: str | None = None,
+    ):
+        self.dsn = dsn
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.instance = instance or secrets.token_hex(4)
+        self.worker_id = f"webhook:{self.instance}"
+        self.allow = allowed_networks() if allow is None else list(allow)
+        self.settings = settings or Settings()
+        self.group_id = group_id or f"{topics.prefix}.webhook"
+        self.pattern = f"^{re.escape(topics.prefix)}\\.webhook\\..*"
+        self.lifecycle = Lifecycle(topics)
+        self.counts: Counter[str] = Counter()  # outcomes, for tests and the bench
+        self.endpoints: Endpoints | None = None
+
+    # -- the loop -------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        asyncio.run(self._main(stop))
+
+    async def _main(self, stop: threading.Event) -> None:
+        s = self.settings
+        self._loop = asyncio.get_running_loop()
+        self._kafka_thread = ThreadPoolExecutor(1, thread_name_prefix="webhook-kafka")
+        self._db = _Database(self.dsn, s.db_workers, stop)
+        self.endpoints = Endpoints(
+            s.per_endpoint,
+            s.breaker_failures,
+            s.breaker_cooldown_ms / 1000,
+            on_change=_breaker_moved,
+        )
+        self._slots = asyncio.Semaphore(s.max_in_flight)
+        self._offsets = OffsetTracker()
+        self._unfinished: Counter[tuple[str, int]] = Counter()
+        self._paused: set[tuple[str, int]] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._waiting: set[asyncio.Task] = set()
+        self._active: set[tuple[str, int]] = set()
+        self._producer = kafka.producer(self.bootstrap)
+        self._transport = GuardedTransport(self.allow, keepalive_s=s.keepalive_ms / 1000)
+        self._client = webhook_client(self._transport, user_agent=USER_AGENT)
+        try:
+            consumer = await self._kafka(self._subscribe)
+        except BaseException:
+            await self._close_clients()
+            raise
+        next_sweep = next_lag = time.monotonic()
+        try:
+            while not stop.is_set():
+                msgs = await self._kafka(self._consume, consumer)
+                if msgs:
+                    try:
+                        await self._accept(msgs)
+                    except Stopping:  # the database is away and we are asked to stop
+                        break
+                now = time.monotonic()
+                lag = now >= next_lag
+                await self._kafka(self._housekeeping, consumer, self._pause_plan(), lag)
+                if lag:
+                    next_lag = now + 5
+                if now >= next_sweep:
+                    await self._transport.sweep()
+                    next_sweep = now + 5
+                WAITING.set(self.endpoints.waiting())
+                OPEN_BREAKERS.set(self.endpoints.open_count())
+        finally:
+            await self._shutdown(consumer)
+
+    async def _kafka(self, fn, *args):
+        """Every consumer call on one thread: confluent-kafka blocks, the loop must not."""
+        return await self._loop.run_in_executor(self._kafka_thread, fn, *args)
+
+    def _subscribe(self) -> Consumer:
+        consumer = kafka.consumer(
+            self.group_id,
+            self.bootstrap,
+            **{"partition.assignment.strategy": "cooperative-sticky", "on_commit": _on_commit},
+        )
+        consumer.subscribe([self.pattern], on_revoke=self._on_revoke)
+        return consumer
+
+    def _consume(self, consumer: Consumer) -> list[Message]:
+        """Block briefly for one record, then take what else is there."""
+        msgs = consumer.consume(1, timeout=0.1)
+        if msgs:
+            msgs += consumer.consume(self.settings.batch - 1, timeout=0.002)
+        good = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                good.append(m)
+            elif err.fatal():
+                raise KafkaException(err)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consume: %s", err)
+        return good
+
+    # -- records in ------------------------------------------------------------
+
+    async def _accept(self, msgs: list[Message]) -> None:
+        wanted: list[tuple[tuple[str, int, int], dict]] = []
+        for m in msgs:
+            where = (m.topic(), m.partition(), m.offset())
+            self._offsets.begin(*where)
+            self._unfinished[where[:2]] += 1
+            try:
+                wanted.append((where, self._decode(m)))
+            except Poison as p:
+                self._dead_letter(m, where, p)
+        if not wanted:
+            return
+        targets = await self._db.call(
+            webhooks.delivery_targets, [rec["run_id"] for _w, rec in wanted], now_ms()
+        )
+        for where, rec in wanted:
+            target = targets.get(rec["run_id"])
+            reason = _skip_reason(rec, target)
+            key = (rec["run_id"], rec["attempt"])
+            if reason is None and key in self._active:
+                reason = "duplicate"
+            if reason is not None:
+                SKIPPED.labels(reason).inc()
+                self.counts[f"skipped:{reason}"] += 1
+                self._finish(where)
+                continue
+            self._active.add(key)
+            task = asyncio.create_task(self._deliver(where, target))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _t, key=key: self._active.discard(key))
+
+    def _decode(self, m: Message) -> dict:
+        try:
+            name, rec = default_registry().decode(m.value())
+        except UndecodableRecord as exc:
+            raise Poison("undecodable", exc.reason) from None
+        if name != "RunReady":
+            raise Poison("wrong_record", f"expected RunReady, got {name}")
+        try:
+            owner_topic = self.topics.webhook(rec["tenant_id"])
+        except ValueError:
+            owner_topic = None
+        if owner_topic != m.topic():
+            raise Poison("wrong_tenant", f"tenant_id {rec['tenant_id']!r} does not own {m.topic()}")
+        return rec
+
+    def _dead_letter(self, m: Message, where: tuple[str, int, int], p: Poison) -> None:
+        log.warning("dead-lettering %s[%d]@%d: %s", *where, p.reason)
+        metrics.DEAD_LETTERS.labels(CONSUMER, p.kind).inc()
+        value = default_registry().encode(
+            "DeadLetter",
+            {
+                "source_topic": where[0],
+                "source_partition": where[1],
+                "source_offset": where[2],
+                "key": m.key(),
+                "value": m.value(),
+                "reason": p.reason,
+                "consumer": CONSUMER,
+                "at": now_ms(),
+            },
+        )
+
+        def on_delivery(err, _msg):
+            if err is None:  # only then may its offset be committed
+                self._loop.call_soon_threadsafe(self._finish, where)
+            else:
+                log.error("dead letter for %s[%d]@%d not written: %s", *where, err)
+
+        self._producer.produce(
+            self.topics.dead_letter,
+            value=value,
+            key=m.key(),
+            headers=[("record", b"DeadLetter")],
+            on_delivery=on_delivery,
+        )
+
+    def _finish(self, where: tuple[str, int, int]) -> None:
+        self._offsets.finish(*where)
+        tp = where[:2]
+        if self._unfinished.get(tp, 0) > 0:
+            self._unfinished[tp] -= 1
+
+    # -- one delivery ------------------------------------------------------------
+
+    async def _deliver(self, where: tuple[str, int, int], t: DeliveryTarget) -> None:
+        task = asyncio.current_task()
+        self._waiting.add(task)
+        try:
+            permit = await self.endpoints.acquire(endpoint_of(t.target["url"]))
+        finally:
+            self._waiting.discard(task)
+        result: str | None = None
+        hold_s = 0.0
+        try:
+            async with self._slots:
+                started = await self._db.call(self._start, t)
+                self._finish(where)
+                if isinstance(started, str):  # refused: another worker has it, or stale
+                    SKIPPED.labels(started).inc()
+                    self.counts[f"skipped:{started}"] += 1
+                    return
+                attempt = await self._attempt(t, started)
+                if attempt is None:  # the attempt was taken from us mid-request
+                    return
+                outcome, run_result = attempt
+                result = outcome.breaker
+                if outcome.retry_after_ms:
+                    hold_s = outcome.retry_after_ms / 1000
+                permit.release(result, hold_s)
+                await self._db.call(self._complete, t, started, outcome, run_result)
+        except Stopping:
+            pass
+        except Exception:
+            log.exception("delivering run %s failed", t.run_id)
+        finally:
+            permit.release(result, hold_s)
+
+    def _start(self, conn, t: DeliveryTarget) -> dict | str:
+        """StartRun's answer, or the code it refused with (lower case)."""
+        try:
+            return self.lifecycle.start(
+                conn, t.tenant_id, t.run_id, self.worker_id, now_ms(), attempt=t.attempt
+            )
+        except (Conflict, NotFound) as exc:
+            return exc.code.lower()
+
+    async def _attempt(
+        self, t: DeliveryTarget, started: dict
+    ) -> tuple[delivery.Outcome, dict] | None:
+        """Sign and send, heart-beating while the request is out."""
+        if not t.secrets:
+            outcome = delivery.no_secret()
+            DELIVERIES.labels("refused").inc()
+            self.counts["refused"] += 1
+            return outcome, delivery.error_result(outcome, 0)
+        s = self.settings
+        target = t.target
+        method = target.get("method", "POST")
+        body = b"" if method == "GET" else t.payload.encode()
+        total_ms = target.get("timeout_ms") or s.default_timeout_ms
+        if t.timeout_ms:
+            total_ms = min(total_ms, t.timeout_ms)
+        headers = self._headers(t, started, body)
+        request = asyncio.create_task(self._request(method, target["url"], headers, body, total_ms))
+        every = max(0.2, started["lease_ms"] / 3000)
+        try:
+            while True:
+                done, _ = await asyncio.wait({request}, timeout=every)
+                if done:
+                    break
+                if not await self._db.call(self._heartbeat, t, started):
+                    request.cancel()
+                    DELIVERIES.labels("abandoned").inc()
+                    self.counts["abandoned"] += 1
+                    return None
+        finally:
+            if not request.done():
+                request.cancel()
+                await asyncio.gather(request, return_exceptions=True)
+        got = request.result()
+        if isinstance(got, Response):
+            DELIVERY_SECONDS.observe(got.duration_ms / 1000)
+            outcome = delivery.classify_status(
+                got.status, got.headers.get("retry-after"), now_ms(), s.retry_after_cap_ms
+            )
+            result = delivery.response_result(
+                got.status, got.headers, got.body, got.truncated, got.duration_ms,
+                outcome.retry_after_ms,
+            )  # fmt: skip
+        else:
+            exc, duration_ms = got
+            DELIVERY_SECONDS.observe(duration_ms / 1000)
+            outcome = delivery.classify_error(exc, total_ms)
+            result = delivery.error_result(outcome, duration_ms)
+        label = _label(outcome)
+        DELIVERIES.labels(label).inc()
+        self.counts[label] += 1
+        return outcome, result
+
+    def _headers(self, t: DeliveryTarget, started: dict, body: bytes) -> dict[str, str]:
+        headers = {"content-type": "application/json"} if body else {}
+        for name, value in (t.target.get("headers") or {}).items():
+            low = name.lower()
+            if low in FRAMING or low.startswith(RESERVED):
+                continue
+            headers[low] = value
+        headers.update(signing.headers(t.secrets, t.run_id, int(time.time()), body))
+        headers["cronwheel-run-id"] = t.run_id
+        headers["cronwheel-attempt"] = str(started["attempt"])
+        headers["cronwheel-fencing-token"] = started["start_token"]
+        headers["cronwheel-scheduled-at"] = iso(t.scheduled_ms)
+        if t.job_id:
+            headers["cronwheel-job-id"] = t.job_id
+        return headers
+
+    async def _request(
+        self, method: str, url: str, headers: dict, body: bytes, total_ms: int
+    ) -> Response | tuple[BaseException, int]:
+        """The HTTP exchange under the total timeout; reads at most
+        max_response_bytes of the body. An error comes back as (exc, ms)."""
+        cap = self.settings.max_response_bytes
+        total_s = total_ms / 1000
+        timeout = httpx.Timeout(
+            total_s, connect=min(self.settings.connect_timeout_ms / 1000, total_s)
+        )
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(total_s):
+                async with self._client.stream(
+                    method, url, content=body or None, headers=headers, timeout=timeout
+                ) as resp:
+                    chunks: list[bytes] = []
+                    size = 0
+                    truncated = False
+                    async for chunk in resp.aiter_raw():
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size > cap:
+                            truncated = True
+                            break
+            data = b"".join(chunks)
+            ms = int((time.monotonic() - t0) * 1000)
+            return Response(resp.status_code, resp.headers, data, truncated, ms)
+        except Exception as exc:  # classified by delivery.classify_error
+            return exc, int((time.monotonic() - t0) * 1000)
+
+    def _heartbeat(self, conn, t: DeliveryTarget, started: dict) -> bool:
+        try:
+            self.lifecycle.heartbeat(
+                conn, t.tenant_id, t.run_id, started["attempt"], started["start_token"], now_ms()
+            )
+            return True
+        except (Conflict, NotFound):
+            return False
+
+    def _complete(self, conn, t: DeliveryTarget, started, outcome: delivery.Outcome, result):
+        now = now_ms()
+        args = (conn, t.tenant_id, t.run_id, started["attempt"], started["start_token"])
+        kwargs = {"result": result, "error": outcome.error, "retryable": outcome.retryable}
+        try:
+            if not outcome.retry_after_ms:
+                return self.lifecycle.complete(*args, outcome.outcome, now, **kwargs)
+            with conn.transaction():
+                done = self.lifecycle.complete(*args, outcome.outcome, now, **kwargs)
+                if done["state"] == "RETRY_WAIT":
+                    webhooks.defer_retry(
+                        conn, t.run_id, started["attempt"], now + outcome.retry_after_ms
+                    )
+                return done
+        except (Conflict, NotFound) as exc:
+            # The attempt ended meanwhile (its lease or timeout timer, a cancel).
+            log.info("completing run %s attempt %s: %s", t.run_id, started["attempt"], exc)
+            return None
+
+    # -- offsets, pausing, shutdown ---------------------------------------------
+
+    def _pause_plan(self) -> tuple[set, set]:
+        """Partitions to pause (too many records waiting) and to resume (half way back)."""
+        cap = self.settings.max_waiting_per_partition
+        over = {tp for tp, n in self._unfinished.items() if n >= cap and tp not in self._paused}
+        under = {tp for tp in self._paused if self._unfinished.get(tp, 0) < cap // 2}
+        self._paused = (self._paused | over) - under
+        return over, under
+
+    def _housekeeping(self, consumer: Consumer, plan: tuple[set, set], lag: bool) -> None:
+        pause, resume = plan
+        if pause:
+            consumer.pause([TopicPartition(t, p) for t, p in pause])
+        if resume:
+            consumer.resume([TopicPartition(t, p) for t, p in resume])
+        self._producer.poll(0)
+        self._commit(consumer, asynchronous=True)
+        if lag:
+            _report_lag(consumer)
+
+    def _commit(self, consumer: Consumer, *, asynchronous: bool) -> None:
+        ready = self._offsets.committable()
+        if not ready:
+            return
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        offsets = [TopicPartition(t, p, o) for (t, p), o in ready.items() if (t, p) in assigned]
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=asynchronous)
+            except KafkaException as exc:
+                log.warning("commit failed (the records come again; they are skipped): %s", exc)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Commit what this instance finished of the revoked partitions, then forget
+        them; deliveries still waiting go on (StartRun lets only one instance win)."""
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        ready = self._offsets.committable()
+        offsets = [TopicPartition(t, p, o) for (t, p), o in ready.items() if (t, p) in revoked]
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        for t, p in revoked:
+            self._offsets.forget(t, p)
+
+    async def _shutdown(self, consumer: Consumer) -> None:
+        """Runs not yet started are dropped (their records come again); started
+        ones get `shutdown_grace_ms` to finish, then their leases bring them back."""
+        for task in list(self._waiting):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.settings.shutdown_grace_ms / 1000)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self._kafka(self._close_consumer, consumer)
+        finally:
+            await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        self._kafka_thread.shutdown(wait=True)
+        await self._client.aclose()
+        await self._transport.aclose()
+        await self._loop.run_in_executor(None, self._db.close)
+
+    def _close_consumer(self, consumer: Consumer) -> None:
+        self._producer.flush(self.settings.shutdown_grace_ms / 1000)
+        self._commit(consumer, asynchronous=False)
+        consumer.close()
+
+
+def _skip_reason(rec: dict, t: DeliveryTarget | None) -> str | None:
+    if t is None or t.tenant_id != rec["tenant_id"]:
+        return "unknown_run"
+    if t.state != "PENDING":
+        return "not_pending"
+    if t.attempt != rec["attempt"]:
+        return "stale_attempt"
+    if t.target.get("type") != "webhook" or not t.target.get("url"):
+        return "not_webhook"
+    return None
+
+
+def _label(outcome: delivery.Outcome) -> str:
+    if outcome.outcome == "SUCCEEDED":
+        return "succeeded"
+    if outcome.breaker is None and not outcome.retryable:
+        return "refused"
+    return "retry" if outcome.retryable else "failed"
+
+
+def _breaker_moved(endpoint: str, before: State, after: State) -> None:
+    BREAKER_CHANGES.labels(after.value).inc()
+    log.info("breaker of %s: %s -> %s", endpoint, before.value, after.value)
+
+
+def _report_lag(consumer: Consumer) -> None:
+    total = 0
+    assigned = consumer.assignment()
+    for tp in consumer.position(assigned) if assigned else []:
+        _low, high = consumer.get_watermark_offsets(tp, cached=True)
+        if tp.offset >= 0 and high >= 0:
+            total += max(high - tp.offset, 0)
+    metrics.CONSUMER_LAG.labels(CONSUMER).set(total)
+
+
+def _on_commit(err, partitions) -> None:
+    if err is not None and err.code() != KafkaError._NO_OFFSET:
+        log.warning("offset commit failed: %s", err)

@@ -1,0 +1,1 @@
+"""The workflow service: RunCompleted in, the next nodes' runs out."""

@@ -1,0 +1,340 @@
+"""Priority classes and fairness in the store, against the real database: the
+operator's entitlement and quota routes, the firing loop's claim by class and
+round-robin across tenants, fire quotas, and the relay's fair outbox read.
+The whole path through Kafka is in test_priority_pipeline.py."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import psycopg
+import pytest
+
+from cronwheel.core.clock import iso, now_ms, to_dt
+from cronwheel.core.jobs import parse_job
+from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
+from cronwheel.kafka import Topics
+from cronwheel.store import outbox
+from cronwheel.store.firing import Firing
+from cronwheel.store.jobs import _spec_columns, create_tenant
+from cronwheel.store.leases import Leases
+from cronwheel.store.quotas import fair_shares
+from services.gateway.app import create_app
+from services.gateway.routes import quotas as quota_routes
+from services.gateway.service import GatewayService
+from tests.support.running import running
+
+pytestmark = pytest.mark.integration
+
+OP_KEY = "cwop_test_operator_key"
+OPERATOR = {"Authorization": f"Bearer {OP_KEY}"}
+
+# Jobs and their timers in one statement, with the values Jobs.create writes
+# (bench/common.py does the same for the benchmarks); timers carry the tenant.
+BULK = """
+WITH src AS (
+    SELECT g, 'job_' || substr(md5(%(seed)s || g::text), 1, 20) AS job_id
+      FROM generate_series(1, %(n)s) AS g
+), ins AS (
+    INSERT INTO jobs (partition_id, job_id, tenant_id, name, schedule, target, payload,
+                      priority, retry, timeout_ms, lease_ms, overlap, catchup, jitter_ms,
+                      anchor_at, last_instant, created_at, updated_at)
+    SELECT ((get_byte(d, 6) << 8) | get_byte(d, 7)) & 1023, job_id, %(tenant)s,
+           %(name)s || '-' || g, %(schedule)s, %(target)s, %(payload)s, %(priority)s,
+           %(retry)s, %(timeout_ms)s, %(lease_ms)s, %(overlap)s, %(catchup)s, %(jitter_ms)s,
+           %(created)s, %(created)s, %(created)s, %(created)s
+      FROM src, LATERAL (SELECT sha256(convert_to(job_id, 'UTF8')) AS d) h
+    RETURNING partition_id, job_id
+)
+INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt, tenant_id)
+SELECT partition_id, 'job:' || job_id, 'job', job_id, %(due)s, %(prio)s, NULL, %(tenant)s
+  FROM ins
+"""
+
+
+def bulk_jobs(
+    conn, tenant_id: str, n: int, due_ms: int, priority: str = "normal", queue: str = "q"
+) -> None:
+    """`n` one-off queue jobs of one tenant, all due at `due_ms`."""
+    created = min(now_ms(), due_ms - 1)
+    body = {
+        "name": f"bulk-{priority}",
+        "schedule": {"at": iso(due_ms)},
+        "target": {"type": "queue", "queue": queue},
+        "priority": priority,
+    }
+    spec = parse_job(body, now_ms=created, allowed_priorities=PRIORITIES)
+    with conn.transaction():
+        conn.execute(
+            BULK,
+            {
+                **_spec_columns(spec),
+                "seed": uuid.uuid4().hex,
+                "n": n,
+                "tenant": tenant_id,
+                "created": to_dt(created),
+                "due": to_dt(due_ms),
+                "prio": PRIORITY_RANK[priority],
+            },
+        )
+        conn.execute("SELECT pg_notify('cw_timers', %s::text)", [due_ms])  # as Jobs.create does
+
+
+@pytest.fixture
+def conn(database_url):
+    with psycopg.connect(database_url, autocommit=True) as c:
+        yield c
+
+
+def all_leases(conn, service: str = "timer") -> Leases:
+    leases = Leases(service, ttl_ms=60_000)
+    leases.tick(conn, now_ms())
+    assert len(leases.owned) == 1024
+    return leases
+
+
+# -- entitlement and quotas over HTTP ---------------------------------------
+
+
+@pytest.fixture
+def client(database_url, kafka_bootstrap, topic_prefix):
+    app = create_app(database_url, Topics(topic_prefix), kafka_bootstrap, OP_KEY)
+    paths = {getattr(r, "path", None) for r in app.routes}
+    if "/v1/tenants/{tenant_id}/quotas" not in paths:  # until app.py includes it
+        app.include_router(quota_routes.router)
+    try:
+        with (
+            running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
+            httpx.Client(base_url=svc.url, timeout=10) as c,
+        ):
+            yield c
+    finally:
+        app.state.gateway.close()
+
+
+def job_body(priority: str) -> dict:
+    return {
+        "name": f"j-{priority}",
+        "schedule": {"every_ms": 60_000},
+        "target": {"type": "queue", "queue": "q"},
+        "priority": priority,
+    }
+
+
+def test_entitlement__critical_without_grant_403__granted_201__revoked_in_use_409(client):
+    r = client.post("/v1/tenants", json={"name": "acme"}, headers=OPERATOR)
+    tenant = r.json()
+    key = {"Authorization": f"Bearer {tenant['api_key']}"}
+    assert tenant["priority_classes"] == ["high", "normal", "low"]
+
+    denied = client.post("/v1/jobs", json=job_body("critical"), headers=key)
+    assert denied.status_code == 403, denied.text
+    assert denied.json()["code"] == "PRIORITY_NOT_ALLOWED"
+    assert denied.json()["field"] == "priority"
+
+    path = f"/v1/tenants/{tenant['tenant_id']}/priority-classes"
+    assert client.put(path, json={"priority_classes": ["critical"]}, headers=key).status_code == 403
+    granted = client.put(
+        path, json={"priority_classes": ["normal", "critical", "high", "low"]}, headers=OPERATOR
+    )
+    assert granted.status_code == 200, granted.text
+    assert granted.json()["priority_classes"] == ["critical", "high", "normal", "low"]
+
+    made = client.post("/v1/jobs", json=job_body("critical"), headers=key)
+    assert made.status_code == 201, made.text
+    assert made.json()["priority"] == "critical"
+
+    # Taking critical away while a live job uses it would strand the job.
+    revoke = client.put(path, json={"priority_classes": ["high", "normal"]}, headers=OPERATOR)
+    assert revoke.status_code == 409 and revoke.json()["code"] == "PRIORITY_IN_USE", revoke.text
+    assert client.delete(f"/v1/jobs/{made.json()['job_id']}", headers=key).status_code in (200, 204)
+    assert client.put(path, json={"priority_classes": ["high", "normal"]}, headers=OPERATOR).json()[
+        "priority_classes"
+    ] == ["high", "normal"]
+    bad = client.put(path, json={"priority_classes": ["urgent"]}, headers=OPERATOR)
+    assert bad.status_code == 422 or bad.status_code == 400, bad.text
+    missing = client.put(
+        "/v1/tenants/ten_nope/priority-classes",
+        json={"priority_classes": ["low"]},
+        headers=OPERATOR,
+    )
+    assert missing.status_code == 404
+
+
+def test_quotas__operator_sets_reads_and_removes__tenant_forbidden(client):
+    tenant = client.post("/v1/tenants", json={"name": "acme"}, headers=OPERATOR).json()
+    key = {"Authorization": f"Bearer {tenant['api_key']}"}
+    path = f"/v1/tenants/{tenant['tenant_id']}/quotas"
+    assert client.get(path, headers=OPERATOR).json() == {"fire": None, "dispatch": None}
+    r = client.put(path, json={"fire": {"rate_per_s": 5, "burst": 10}}, headers=OPERATOR)
+    assert r.status_code == 200, r.text
+    assert r.json()["fire"]["rate_per_s"] == 5 and r.json()["fire"]["tokens"] == 10
+    assert r.json()["dispatch"] is None
+    assert client.put(path, json={"fire": None}, headers=key).status_code == 403
+    bad = client.put(path, json={"fire": {"rate_per_s": 0}}, headers=OPERATOR)
+    assert bad.json()["field"] == "fire.rate_per_s", bad.text
+    assert client.put(path, json={"fire": None}, headers=OPERATOR).json()["fire"] is None
+
+
+# -- the firing loop ------------------------------------------------------------
+
+
+def test_fair_shares__classes_first__equal_shares__remainder_rotates():
+    lanes = [(0, "a"), (2, "a"), (2, "b"), (2, "c")]
+    assert fair_shares(lanes, 10) == {(0, "a"): 10}
+    normal = lanes[1:]
+    assert fair_shares(normal, 10, turn=0) == {(2, "a"): 4, (2, "b"): 3, (2, "c"): 3}
+    assert fair_shares(normal, 10, turn=1) == {(2, "b"): 4, (2, "c"): 3, (2, "a"): 3}
+    assert fair_shares(normal, 2, turn=2) == {(2, "c"): 1, (2, "a"): 1}
+    assert fair_shares(normal, 0) == {}
+
+
+def test_claim__flood_and_small_tenant_same_instant__small_in_first_batch(conn, topic_prefix):
+    flood = create_tenant(conn, "flood")
+    small = create_tenant(conn, "small")
+    due = now_ms() - 1000
+    bulk_jobs(conn, flood["tenant_id"], 3000, due)
+    bulk_jobs(conn, small["tenant_id"], 10, due)
+    firing = Firing(Topics(topic_prefix))
+    report = firing.fire_due(conn, all_leases(conn), now_ms(), limit=500)
+    assert report.timers == 500 and report.lanes == 2
+    per_tenant = dict(
+        conn.execute("SELECT tenant_id, count(*) FROM runs GROUP BY tenant_id").fetchall()
+    )
+    assert per_tenant == {flood["tenant_id"]: 490, small["tenant_id"]: 10}
+    # The batch was full: the report asks the wheel to wake again at once.
+    assert report.next_due_ms and min(report.next_due_ms) <= now_ms()
+
+
+def test_claim__critical_behind_normal_backlog__critical_first(conn, topic_prefix):
+    tenant = create_tenant(conn, "acme", priority_classes=list(PRIORITIES))
+    due = now_ms() - 1000
+    bulk_jobs(conn, tenant["tenant_id"], 2000, due - 500, "normal")  # older, still normal
+    bulk_jobs(conn, tenant["tenant_id"], 30, due, "critical")
+    bulk_jobs(conn, tenant["tenant_id"], 30, due, "low")
+    firing = Firing(Topics(topic_prefix))
+    firing.fire_due(conn, all_leases(conn), now_ms(), limit=100)
+    got = dict(conn.execute("SELECT priority, count(*) FROM runs GROUP BY 1").fetchall())
+    assert got == {"critical": 30, "normal": 70}
+    # Outbox rows say their class, so the relay can read by it.
+    ranks = dict(conn.execute("SELECT priority, count(*) FROM outbox GROUP BY 1").fetchall())
+    assert ranks == {0: 30, 2: 70}
+
+
+def test_fire_quota__bucket_limits_runs__rest_stay_due_and_fire_on_refill(conn, topic_prefix):
+    limited = create_tenant(conn, "limited")
+    free = create_tenant(conn, "free")
+    conn.execute(
+        "INSERT INTO tenant_quotas (tenant_id, kind, rate_per_s, burst, tokens, refilled_at)"
+        " VALUES (%s, 'fire', 10, 20, 5, %s)",
+        [limited["tenant_id"], to_dt(now_ms())],
+    )
+    due = now_ms() - 1000
+    bulk_jobs(conn, limited["tenant_id"], 40, due)
+    bulk_jobs(conn, free["tenant_id"], 40, due)
+    firing = Firing(Topics(topic_prefix))
+    leases = all_leases(conn)
+    t0 = now_ms()
+    report = firing.fire_due(conn, leases, t0, limit=500)
+    counts = dict(conn.execute("SELECT tenant_id, count(*) FROM runs GROUP BY 1").fetchall())
+    assert counts == {limited["tenant_id"]: 5, free["tenant_id"]: 40}
+    assert report.held == 35
+    # The wheel is told when the bucket has a token again (10/s: ~100 ms).
+    assert t0 < min(report.next_due_ms) <= t0 + 200
+    held = conn.execute(
+        "SELECT held_total FROM tenant_quotas WHERE tenant_id = %s", [limited["tenant_id"]]
+    ).fetchone()[0]
+    assert held == 35
+    # One second later the bucket has refilled 10 tokens: 10 more fire, no more.
+    firing.fire_due(conn, leases, t0 + 1000, limit=500)
+    n = conn.execute(
+        "SELECT count(*) FROM runs WHERE tenant_id = %s", [limited["tenant_id"]]
+    ).fetchone()[0]
+    assert n == 15
+    # Held timers are not in the wheel's upcoming times (no busy loop): only the refill is.
+    upcoming = firing.upcoming(conn, list(leases.owned), t0 + 1500)
+    assert upcoming and all(u > t0 + 1000 for u in upcoming)
+
+
+def test_upsert_timer__fills_tenant_from_owner(conn, topic_prefix):
+    from cronwheel.store.jobs import Jobs
+
+    tenant = create_tenant(conn, "acme")
+    Jobs(Topics(topic_prefix)).create(conn, tenant, job_body("normal"), now_ms())
+    assert conn.execute("SELECT tenant_id FROM timers").fetchall() == [(tenant["tenant_id"],)]
+
+
+# -- the relay's read ---------------------------------------------------------------
+
+
+def _rows(topic: str, n: int, rank: int, partition: int = 1) -> list[outbox.RankedRow]:
+    return [
+        outbox.RankedRow(partition, topic, f"{topic}-{rank}-{i}".encode(), b"v", priority=rank)
+        for i in range(n)
+    ]
+
+
+def test_read_fair__critical_first__small_lane_not_behind_flood__nothing_skipped(conn):
+    with conn.transaction():
+        outbox.append(conn, _rows("t.runs.flood", 3000, 2))
+    with conn.transaction():
+        outbox.append(conn, _rows("t.runs.small", 10, 2) + _rows("t.runs.flood", 5, 0))
+    parts = list(range(1024))
+    first = outbox.read_fair(conn, parts, 100)
+    topics_ranks = [(r[1], r[5]) for r in first.rows]
+    assert topics_ranks[:5] == [("t.runs.flood", 0)] * 5  # critical first
+    assert topics_ranks.count(("t.runs.small", 2)) == 10  # the small lane whole
+    assert len(first.rows) == 100 and first.more
+    # Within a lane, oldest first.
+    flood_ids = [r[0] for r in first.rows if r[1] == "t.runs.flood" and r[5] == 2]
+    assert flood_ids == sorted(flood_ids)
+    # No cursor: a pass reads what is there, so deleting and reading again
+    # drains everything, each row once.
+    seen = {r[0] for r in first.rows}
+    outbox.delete_delivered(conn, list(seen))
+    while True:
+        batch = outbox.read_fair(conn, parts, 1000)
+        if not batch.rows:
+            break
+        ids = {r[0] for r in batch.rows}
+        assert not ids & seen
+        seen |= ids
+        outbox.delete_delivered(conn, list(ids))
+    assert len(seen) == 3015
+
+
+def test_rank_of__run_ready_decoded__other_records_normal():
+    from cronwheel.core import events
+
+    value = events.run_ready(
+        run_id="r1",
+        tenant_id="t1",
+        partition_id=1,
+        attempt=1,
+        scheduled_ms=1,
+        created_ms=2,
+        priority="high",
+        target={"type": "queue", "queue": "q"},
+        payload="null",
+    )
+    assert outbox.rank_of(events.OutboxRow(1, "x", b"r1", value)) == PRIORITY_RANK["high"]
+    done = events.run_completed(
+        run_id="r1", tenant_id="t1", partition_id=1, attempt=1, state="SUCCEEDED", finished_ms=3
+    )
+    assert outbox.rank_of(events.OutboxRow(1, "x", b"r1", done)) == outbox.NORMAL
+
+
+def test_class_partitions__quarters_of_the_topic__small_topics_unlaid():
+    assert [list(outbox.class_partitions(r, 8)) for r in range(4)] == [
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6, 7],
+    ]
+    assert list(outbox.class_partitions(3, 10)) == [6, 7, 8, 9]
+    for n in (4, 8, 10, 16):
+        for rank in range(4):
+            p = outbox.partition_for(rank, b"some-run", n)
+            assert outbox.class_of_partition(p, n) == rank
+    assert outbox.partition_for(0, b"k", 2) is None and outbox.class_of_partition(0, 2) is None
