@@ -220,7 +220,7 @@ def storm(total: int) -> None:
                     services.check_alive()
                     time.sleep(0.05)
                 start = now_ms()
-                due = start + 15_000 + total // 2  # insert (~2-4k jobs/s here) + VACUUM + lead
+                due = start + 10_000 + total // 3  # insert (~6-20k jobs/s here) + VACUUM + lead
                 with psycopg.connect(url, autocommit=True) as conn:
                     for tid, n in zip(ids, counts, strict=True):
                         insert(conn, tid, n, due, start, "normal")

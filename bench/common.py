@@ -223,12 +223,12 @@ WITH src AS (
            %(retry)s, %(timeout_ms)s, %(lease_ms)s, %(overlap)s, %(catchup)s, %(jitter_ms)s,
            created, created, created, created
       FROM src, LATERAL (SELECT sha256(convert_to(job_id, 'UTF8')) AS d) h
-    RETURNING partition_id, job_id, anchor_at
+    RETURNING partition_id, job_id, anchor_at, tenant_id
 )
-INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt)
+INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt, tenant_id)
 SELECT partition_id, 'job:' || job_id, 'job', job_id,
        COALESCE(%(at)s::timestamptz, anchor_at + interval '1 millisecond' * %(every_ms)s),
-       %(prio)s, NULL
+       %(prio)s, NULL, tenant_id
   FROM ins
 """
 
