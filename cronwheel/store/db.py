@@ -20,3 +20,33 @@ def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Conne
             [f"{int(idle_tx_timeout_ms)}ms"],
         )
     return conn
+
+
+class Reconnecting:
+    """One connection for a consumer loop that outlives database restarts: `call`
+    runs `fn(conn)`, reconnecting with backoff while the database is away."""
+
+    def __init__(self, dsn: str, log) -> None:
+        self.dsn = dsn
+        self.log = log
+        self.conn: psycopg.Connection | None = None
+
+    def call(self, fn, stop, stopped=None):
+        """`fn(conn)`; `stopped` when `stop` is set while waiting to reconnect."""
+        backoff = 0.1
+        while True:
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = psycopg.connect(self.dsn, autocommit=True)
+                return fn(self.conn)
+            except psycopg.OperationalError as exc:
+                self.log.warning("database unavailable (%s); retrying", exc)
+                self.close()
+                if stop.wait(backoff):
+                    return stopped
+                backoff = min(backoff * 2, 5.0)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None

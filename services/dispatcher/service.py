@@ -34,7 +34,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from cronwheel import kafka, metrics
@@ -42,6 +41,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
+from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, message_key
 from cronwheel.store.outbox import class_of_partition
 from cronwheel.store.quotas import Buckets
@@ -139,7 +139,7 @@ class Dispatcher:
         self.forwarded_total = 0
         self.duplicates_total = 0
         self.dead_lettered_total = 0
-        self._conn: psycopg.Connection | None = None
+        self._db = Reconnecting(self.dsn, log)
         self._consumer: Consumer | None = None
         self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         self._known_topics: set[str] = set()  # destinations known to exist
@@ -194,9 +194,7 @@ class Dispatcher:
     def close(self) -> None:
         """Flush the producer and close the database connection (run() does this)."""
         self.producer.flush(self.shutdown_grace_ms / 1000)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._db.close()
 
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block until one record arrives, then take what else comes within
@@ -358,21 +356,7 @@ class Dispatcher:
         return True
 
     def _with_db(self, fn, stop: threading.Event):
-        """`fn(conn)`, reconnecting while the database is away; None if stopped."""
-        backoff = 0.1
-        while True:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(self.dsn, autocommit=True)
-                return fn(self._conn)
-            except psycopg.OperationalError as exc:
-                log.warning("database unavailable (%s); retrying", exc)
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
-                if stop.wait(backoff):
-                    return None
-                backoff = min(backoff * 2, 5.0)
+        return self._db.call(fn, stop)
 
     # -- offsets and lag ------------------------------------------------------
 

@@ -46,6 +46,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.ids import partition_of_run
 from cronwheel.kafka import Topics
+from cronwheel.store.db import Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
 from services.executor.sandbox import (
     PAYLOAD_FILE,
@@ -136,7 +137,7 @@ class Executor:
         self.lifecycle = Lifecycle(topics)
         self.producer = kafka.producer(bootstrap)
         self.started_total = 0
-        self._conn: psycopg.Connection | None = None
+        self._db = Reconnecting(self.dsn, log)
         self._consumer: Consumer | None = None
         self._done: dict[tuple[str, int], int] = {}
         # A partition parked at a cap: its next record, held here, and paused
@@ -180,8 +181,7 @@ class Executor:
             consumer.close()
             self._consumer = None
             self.producer.flush(10)
-            if self._conn is not None:
-                self._conn.close()
+            self._db.close()
             for db in self._dbs:
                 db.close()
             self.sandbox.close()
@@ -453,21 +453,7 @@ class Executor:
             self._held.pop(key, None)  # its new owner reads it again
 
     def _with_db(self, fn, stop: threading.Event):
-        """`fn(conn)`, reconnecting while the database is away; _STOPPED if stopped."""
-        backoff = 0.1
-        while True:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(self.dsn, autocommit=True)
-                return fn(self._conn)
-            except psycopg.OperationalError as e:
-                log.warning("database unavailable (%s); retrying", e)
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
-                if stop.wait(backoff):
-                    return _STOPPED
-                backoff = min(backoff * 2, 5.0)
+        return self._db.call(fn, stop, _STOPPED)
 
     def _dead_letter(self, msg: Message, p: _Poison) -> None:
         log.warning(

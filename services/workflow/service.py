@@ -35,6 +35,7 @@ from cronwheel import kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
+from cronwheel.store.db import Reconnecting
 from cronwheel.store.workflows import CONSUMER, NodeStep, Workflows
 
 log = logging.getLogger("cronwheel.workflow")
@@ -106,7 +107,7 @@ class WorkflowService:
         self.producer = kafka.producer(bootstrap)
         self.counts: dict[str, int] = {}
         self.dead_lettered_total = 0
-        self._conn: psycopg.Connection | None = None
+        self._db = Reconnecting(self.dsn, log)
         self._consumer: Consumer | None = None
         self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         self._next_commit = 0.0
@@ -145,9 +146,7 @@ class WorkflowService:
 
     def close(self) -> None:
         """Release the database connection (`process` used outside `run` opens one)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._db.close()
 
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block until one record arrives, then take what else the client already
@@ -249,21 +248,7 @@ class WorkflowService:
         return step
 
     def _with_db(self, fn, stop: threading.Event):
-        """`fn(conn)`, reconnecting while the database is away; None if stopped."""
-        backoff = 0.1
-        while True:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(self.dsn, autocommit=True)
-                return fn(self._conn)
-            except psycopg.OperationalError as exc:
-                log.warning("database unavailable (%s); retrying", exc)
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
-                if stop.wait(backoff):
-                    return None
-                backoff = min(backoff * 2, 5.0)
+        return self._db.call(fn, stop)
 
     # -- dead letters ---------------------------------------------------------------
     def _dead_letter(self, dead: list[tuple[Message, Poison]], stop: threading.Event) -> bool:
