@@ -55,6 +55,14 @@ class FireReport:
     lanes: int = 0  # lanes served round-robin; 0: no backlog, claimed in due order
 
 
+@dataclass(frozen=True)
+class Upcoming:
+    """What the timing wheel may rely on: every due time up to `complete_until`."""
+
+    due_ms: list[int]
+    complete_until: int
+
+
 Handler = Callable[[psycopg.Connection, list[Timer], int, FireReport], list[OutboxRow]]
 
 
@@ -408,10 +416,15 @@ class Firing:
             report.next_due_ms.append(min(self._wake))
 
     def upcoming(
-        self, conn: psycopg.Connection, partitions: list[int], horizon: int, limit: int = 256
-    ) -> list[int]:
+        self, conn: psycopg.Connection, partitions: list[int], horizon: int, limit: int = 2048
+    ) -> Upcoming:
         """Due times after the last claim up to `horizon`, and the instants the
-        last passes asked to be woken at (a quota refill, a backlog left)."""
+        last passes asked to be woken at (a quota refill, a backlog left).
+
+        At most `limit` per class: when a class fills its limit, the answer is
+        complete only up to that class's last due time, and `complete_until`
+        says so; the wheel must look again by then rather than sleep past
+        timers it was never told of."""
         rows = conn.execute(
             Q["upcoming"],
             {
@@ -421,4 +434,13 @@ class Firing:
                 "limit": limit,
             },
         ).fetchall()
-        return sorted([to_ms(r[0]) for r in rows] + [w for w in self._wake if w <= horizon])
+        per_class: dict[int, list[int]] = {}
+        for prio, due_at in rows:
+            per_class.setdefault(prio, []).append(to_ms(due_at))
+        complete_until = horizon
+        for dues in per_class.values():
+            if len(dues) >= limit:
+                complete_until = min(complete_until, max(dues))
+        due = sorted(d for dues in per_class.values() for d in dues if d <= complete_until)
+        wake = [w for w in self._wake if w <= complete_until]
+        return Upcoming(sorted(due + wake), complete_until)

@@ -82,6 +82,18 @@ class FairBatch:
     more: bool  # some lane may hold more than this batch took
 
 
+def read_small(conn: psycopg.Connection, partitions: Sequence[int], limit: int) -> FairBatch | None:
+    """Every pending row by class then age, when there are at most `limit`;
+    None when there are more (a backlog: read_fair decides who goes first)."""
+    rows = conn.execute(
+        Q["read_small"], {"partitions": list(partitions), "limit": limit + 1}
+    ).fetchall()
+    if len(rows) > limit:
+        return None
+    rows.sort(key=lambda r: (r[5], r[0]))
+    return FairBatch(rows, len({(r[5], r[1]) for r in rows}), False)
+
+
 def read_fair(
     conn: psycopg.Connection,
     partitions: Sequence[int],

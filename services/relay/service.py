@@ -52,6 +52,7 @@ class Relay:
         self.published_total = 0
         self.more = False  # the last pass left rows in some lane
         self._turn = 0
+        self._backlog = False  # the last pass left rows behind: read by lanes
         self._partitions: dict[str, int] = {}  # topic -> partition count
 
     def run(self, stop: threading.Event) -> None:
@@ -86,7 +87,13 @@ class Relay:
         if not self.leases.owned:
             return 0
         self._turn += 1
-        fair = outbox.read_fair(conn, list(self.leases.owned), self.batch, self._turn)
+        owned = list(self.leases.owned)
+        fair = None
+        if not self._backlog:  # the common case: all that is pending fits a batch
+            fair = outbox.read_small(conn, owned, self.batch)
+        if fair is None:
+            fair = outbox.read_fair(conn, owned, self.batch, self._turn)
+        self._backlog = fair.more or len(fair.rows) >= self.batch
         rows = fair.rows
         if not rows:
             return 0

@@ -39,11 +39,13 @@ class TimingWheel:
     def __init__(self) -> None:
         self._due: list[int] = []
         self.loaded_at: int | None = None
+        self.complete_until: int | None = None  # the load knew every due time up to here
 
-    def load(self, due_times: list[int], now: int) -> None:
+    def load(self, due_times: list[int], now: int, complete_until: int) -> None:
         self._due = list(due_times)
         heapq.heapify(self._due)
         self.loaded_at = now
+        self.complete_until = complete_until
 
     def add(self, due: int) -> None:
         heapq.heappush(self._due, due)
@@ -54,10 +56,20 @@ class TimingWheel:
             heapq.heappop(self._due)
 
     def stale(self, now: int, lookahead_ms: int) -> bool:
-        return not self._due or self.loaded_at is None or now - self.loaded_at >= lookahead_ms // 2
+        return (
+            not self._due
+            or self.loaded_at is None
+            or now - self.loaded_at >= lookahead_ms // 2
+            or now >= self.complete_until
+        )
 
-    def next_due(self) -> int | None:
-        return self._due[0] if self._due else None
+    def next_wake(self) -> int | None:
+        """The earliest known due time, or the end of what the last load knew
+        (past it the wheel must look again: a load is capped per class)."""
+        candidates = [self._due[0]] if self._due else []
+        if self.complete_until is not None:
+            candidates.append(self.complete_until)
+        return min(candidates) if candidates else None
 
 
 class TimerService:
@@ -70,6 +82,7 @@ class TimerService:
         lease_ttl_ms: int = 10_000,
         lookahead_ms: int = 2_000,
         idle_ms: int = 1_000,
+        wheel_limit: int = 2048,
         handlers: dict[str, Handler] | None = None,
         clock: Callable[[], int] = now_ms,
         instance: str | None = None,
@@ -83,6 +96,7 @@ class TimerService:
         self.batch = batch
         self.lookahead_ms = lookahead_ms
         self.idle_ms = idle_ms
+        self.wheel_limit = wheel_limit  # due times per class one wheel load reads
         self.clock = clock
         self.wheel = TimingWheel()
         self.fired_total = 0
@@ -137,8 +151,9 @@ class TimerService:
         now = self.clock()
         if self.wheel.stale(now, self.lookahead_ms):
             horizon = now + self.lookahead_ms
-            self.wheel.load(self.firing.upcoming(conn, list(self.leases.owned), horizon), now)
-        wake = min(self.wheel.next_due() or now + self.idle_ms, next_lease, now + self.idle_ms)
+            ahead = self.firing.upcoming(conn, list(self.leases.owned), horizon, self.wheel_limit)
+            self.wheel.load(ahead.due_ms, now, ahead.complete_until)
+        wake = min(self.wheel.next_wake() or now + self.idle_ms, next_lease, now + self.idle_ms)
         while not stop.is_set():
             remaining = wake - self.clock()
             if remaining <= 0:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from cronwheel.core.clock import now_ms, to_ms
-from cronwheel.core.ids import run_id_for_instant
+from cronwheel.core.clock import iso, now_ms, to_ms
+from cronwheel.core.ids import PARTITIONS, run_id_for_instant
 from cronwheel.kafka import Topics
+from cronwheel.store.firing import Firing
 from cronwheel.store.jobs import Jobs, create_tenant
 from services.relay.service import Relay
 from services.timer.service import TimerService
@@ -111,3 +112,57 @@ def test_pause_resume_while_firing__no_deadlock(database_url, topic_prefix, conn
                 jobs.pause(conn, tenant, job_id, now_ms())
                 jobs.resume(conn, tenant, job_id, now_ms())
     assert all(not jobs.get(conn, tenant["tenant_id"], j)["paused"] for j in ids)
+
+
+def test_more_due_than_one_wheel_load__each_fires_on_time__not_at_the_idle_tick(
+    database_url, topic_prefix, conn
+):
+    """The wheel loads at most `wheel_limit` due times per class; past the last
+    of them it must look again, not sleep until the idle tick (5 s here) or
+    the next instant it learnt from a firing (each job's next, 4 s later)."""
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    base = now_ms() - 2_500  # anchors in the past: first instants 1.5 s from now
+    instants = [base + 100 * i + 4_000 for i in range(12)]
+    for i in range(12):
+        body = {
+            "name": f"tick-{i}",
+            "schedule": {"every_ms": 4_000},
+            "target": {"type": "queue", "queue": "q"},
+        }
+        Jobs(topics).create(conn, tenant, body, base + 100 * i)
+    timer = TimerService(database_url, topics, lease_ttl_ms=30_000, idle_ms=5_000, wheel_limit=3)
+    with running(timer):
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 12,
+            timeout=20,
+            what="12 runs",
+        )
+    rows = conn.execute("SELECT scheduled_at, created_at FROM runs ORDER BY 1 LIMIT 12").fetchall()
+    late = [to_ms(created) - to_ms(scheduled) for scheduled, created in rows]
+    assert [to_ms(r[0]) for r in rows] == instants
+    # A wheel that slept past what it was never told of fires these up to 5 s late.
+    assert max(late) < 1_000, late
+
+
+def test_upcoming__a_class_fills_its_limit__complete_only_up_to_its_last(
+    database_url, topic_prefix, conn
+):
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    t0 = now_ms() + 60_000
+    for i in range(5):
+        body = {
+            "name": f"once-{i}",
+            "schedule": {"at": iso(t0 + 1000 * i)},
+            "target": {"type": "queue", "queue": "q"},
+        }
+        Jobs(topics).create(conn, tenant, body, now_ms())
+    firing = Firing(topics)
+    everything = list(range(PARTITIONS))
+    capped = firing.upcoming(conn, everything, t0 + 10_000, limit=3)
+    assert capped.due_ms == [t0, t0 + 1000, t0 + 2000]
+    assert capped.complete_until == t0 + 2000
+    whole = firing.upcoming(conn, everything, t0 + 10_000, limit=10)
+    assert whole.due_ms == [t0 + 1000 * i for i in range(5)]
+    assert whole.complete_until == t0 + 10_000

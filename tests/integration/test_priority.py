@@ -225,17 +225,19 @@ def test_claim__critical_behind_normal_backlog__critical_first(conn, topic_prefi
 def test_fire_quota__bucket_limits_runs__rest_stay_due_and_fire_on_refill(conn, topic_prefix):
     limited = create_tenant(conn, "limited")
     free = create_tenant(conn, "free")
+    # One instant for the bucket's last refill and the firing: the grant must
+    # not depend on how long the setup took.
+    t0 = now_ms()
     conn.execute(
         "INSERT INTO tenant_quotas (tenant_id, kind, rate_per_s, burst, tokens, refilled_at)"
         " VALUES (%s, 'fire', 10, 20, 5, %s)",
-        [limited["tenant_id"], to_dt(now_ms())],
+        [limited["tenant_id"], to_dt(t0)],
     )
-    due = now_ms() - 1000
+    due = t0 - 1000
     bulk_jobs(conn, limited["tenant_id"], 40, due)
     bulk_jobs(conn, free["tenant_id"], 40, due)
     firing = Firing(Topics(topic_prefix))
     leases = all_leases(conn)
-    t0 = now_ms()
     report = firing.fire_due(conn, leases, t0, limit=500)
     counts = dict(conn.execute("SELECT tenant_id, count(*) FROM runs GROUP BY 1").fetchall())
     assert counts == {limited["tenant_id"]: 5, free["tenant_id"]: 40}
@@ -253,7 +255,7 @@ def test_fire_quota__bucket_limits_runs__rest_stay_due_and_fire_on_refill(conn, 
     ).fetchone()[0]
     assert n == 15
     # Held timers are not in the wheel's upcoming times (no busy loop): only the refill is.
-    upcoming = firing.upcoming(conn, list(leases.owned), t0 + 1500)
+    upcoming = firing.upcoming(conn, list(leases.owned), t0 + 1500).due_ms
     assert upcoming and all(u > t0 + 1000 for u in upcoming)
 
 
@@ -302,6 +304,23 @@ def test_read_fair__critical_first__small_lane_not_behind_flood__nothing_skipped
         seen |= ids
         outbox.delete_delivered(conn, list(ids))
     assert len(seen) == 3015
+
+
+def test_read_small__fits_a_batch__all_by_class_then_age__else_none(conn):
+    with conn.transaction():
+        outbox.append(conn, _rows("t.runs.a", 3, 2) + _rows("t.runs.b", 2, 3))
+    with conn.transaction():
+        outbox.append(conn, _rows("t.runs.b", 2, 0) + _rows("t.runs.a", 1, 2, partition=7))
+    parts = list(range(1024))
+    small = outbox.read_small(conn, parts, 8)
+    assert small is not None and not small.more
+    assert [r[5] for r in small.rows] == [0, 0, 2, 2, 2, 2, 3, 3]
+    assert [r[0] for r in small.rows if r[5] == 2] == sorted(r[0] for r in small.rows if r[5] == 2)
+    assert small.lanes == 3
+    # Only the caller's partitions.
+    assert len(outbox.read_small(conn, [1], 8).rows) == 7
+    # More than a batch: a backlog, which read_fair orders.
+    assert outbox.read_small(conn, parts, 7) is None
 
 
 def test_rank_of__run_ready_decoded__other_records_normal():

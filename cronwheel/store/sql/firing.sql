@@ -61,10 +61,11 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
 
 -- name: upcoming
 -- The next due times of the caller's partitions after its last claim, to load
--- the timing wheel. A timer due by that claim and still here is held by a
--- quota or locked by another instance: the wheel does not wake for it (the
--- firing reports when a quota refills).
-SELECT t.due_at
+-- the timing wheel, up to LIMIT per class (with the class, so the caller knows
+-- how far each class's answer is complete). A timer due by that claim and
+-- still here is held by a quota or locked by another instance: the wheel does
+-- not wake for it (the firing reports when a quota refills).
+SELECT c.prio, t.due_at
   FROM unnest('{0,1,2,3}'::smallint[]) AS c(prio)
  CROSS JOIN LATERAL (
        SELECT due_at FROM timers

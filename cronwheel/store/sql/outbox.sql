@@ -17,6 +17,16 @@ SELECT id, topic, key, value, headers
  ORDER BY id
  LIMIT %(limit)s;
 
+-- name: read_small
+-- The relay's first try when the last pass found no backlog: everything
+-- pending (LIMIT is one more than a batch, to tell a backlog apart). With
+-- fewer rows than a batch, fairness has nothing to decide, so the lane walk
+-- (two more queries) is skipped.
+SELECT id, topic, key, value, headers, priority
+  FROM outbox
+ WHERE partition_id = ANY(%(partitions)b::smallint[])
+ LIMIT %(limit)s;
+
 -- name: lanes
 -- The lanes (class, topic) with rows in the caller's partitions, by class: a
 -- loose index scan of outbox_lane, one descent per lane whatever its length.
