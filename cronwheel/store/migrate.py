@@ -2,7 +2,7 @@
 
 Files are `migrations/NNNN_name.sql`. Each runs in its own transaction and is
 recorded in `schema_migrations`; a session advisory lock makes two concurrent
-`migrate` calls safe (the second waits, then finds nothing to do). A file whose
+`migrate` calls safe (the second waits, polling, then finds nothing to do). A file whose
 first line is `-- cronwheel: no-transaction` runs outside a transaction (for
 `CREATE INDEX CONCURRENTLY` in contract/expand steps on big tables).
 See docs/migrations.md for the expand / migrate / contract rule.
@@ -11,6 +11,7 @@ See docs/migrations.md for the expand / migrate / contract rule.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +54,23 @@ def applied_versions(conn: psycopg.Connection) -> set[int]:
     return {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
 
 
+def _lock(conn: psycopg.Connection, timeout_s: float = 600.0) -> None:
+    """Take the migration lock, waiting *between* statements: a session blocked
+    inside pg_advisory_lock holds a snapshot, and CREATE INDEX CONCURRENTLY in
+    the holder's migration waits for every such snapshot to end, a deadlock."""
+    deadline = time.monotonic() + timeout_s
+    while not conn.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY]).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"another migrate held the lock for over {timeout_s:.0f} s")
+        time.sleep(0.1)  # poll pacing while another migrate works
+
+
 def migrate(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     """Apply pending migrations in order; returns those applied by this call."""
     pending_all = discover(directory)
     applied: list[Migration] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+        _lock(conn)
         try:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
