@@ -82,11 +82,18 @@ class FairBatch:
     more: bool  # some lane may hold more than this batch took
 
 
-def read_small(conn: psycopg.Connection, partitions: Sequence[int], limit: int) -> FairBatch | None:
-    """Every pending row by class then age, when there are at most `limit`;
-    None when there are more (a backlog: read_fair decides who goes first)."""
+def read_small(
+    conn: psycopg.Connection,
+    partitions: Sequence[int],
+    limit: int,
+    exclude: Sequence[int] = (),
+) -> FairBatch | None:
+    """Every pending row by class then age, except `exclude` (in flight), when
+    there are at most `limit`; None when there are more (a backlog: read_fair
+    decides who goes first)."""
     rows = conn.execute(
-        Q["read_small"], {"partitions": list(partitions), "limit": limit + 1}
+        Q["read_small"],
+        {"partitions": list(partitions), "limit": limit + 1, "exclude": list(exclude)},
     ).fetchall()
     if len(rows) > limit:
         return None

@@ -53,6 +53,10 @@ class Relay:
         self.more = False  # the last pass left rows in some lane
         self._turn = 0
         self._backlog = False  # the last pass left rows behind: read by lanes
+        self._inflight: set[int] = set()  # produced, not yet acknowledged
+        self._acked: list[int] = []  # acknowledged, not yet deleted
+        self._failed = 0
+        self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
         self._partitions: dict[str, int] = {}  # topic -> partition count
 
     def run(self, stop: threading.Event) -> None:
@@ -71,27 +75,46 @@ class Relay:
                     n = self.relay_once(conn)
                     if n >= self.batch or self.more:
                         continue
+                    if self._inflight:
+                        # Wait briefly for acknowledgements, then look for new rows
+                        # (a notification, if one came, is drained without waiting).
+                        self.producer.poll(self.ack_wait_ms / 1000)
+                        for _ in listen.notifies(timeout=0.0001, stop_after=1):
+                            pass
+                        continue
                     # Drain notifications; wait for one if nothing was pending.
                     for _ in listen.notifies(timeout=self.idle_ms / 1000, stop_after=1):
                         pass
             finally:
                 self.producer.flush(10)
                 try:
+                    self._settle(conn)
                     self.leases.release_all(conn)
                 except psycopg.Error:
-                    log.warning("could not release leases on the way out")
+                    log.warning("could not delete acknowledged rows or release leases")
 
     def relay_once(self, conn: psycopg.Connection) -> int:
-        """Publish one batch and delete what Kafka acknowledged; returns rows read."""
+        """Publish pending rows not already in flight, and delete the rows Kafka
+        has acknowledged since the last call; returns rows read.
+
+        Without a backlog this pipelines: a pass produces and goes on, the
+        acknowledgements arrive while the next pass reads, so a row waits for
+        one read and its own acknowledgement rather than a whole pass before
+        it. Rows in flight are excluded from the read (`read_small`), never
+        deleted before their acknowledgement. Under a backlog the fair read
+        (`read_fair`) needs nothing in flight: the pass waits for the
+        acknowledgements first, as a batch of thousands amortises that wait."""
         self.more = False
+        self._settle(conn)
         if not self.leases.owned:
             return 0
         self._turn += 1
         owned = list(self.leases.owned)
         fair = None
-        if not self._backlog:  # the common case: all that is pending fits a batch
-            fair = outbox.read_small(conn, owned, self.batch)
+        if not self._backlog and len(self._inflight) < self.batch:
+            fair = outbox.read_small(conn, owned, self.batch, exclude=list(self._inflight))
         if fair is None:
+            self._drain(conn)
             fair = outbox.read_fair(conn, owned, self.batch, self._turn)
         self._backlog = fair.more or len(fair.rows) >= self.batch
         rows = fair.rows
@@ -100,22 +123,13 @@ class Relay:
         self.more = fair.more
         if fair.lanes > 1:
             metrics.FAIR_LANES.labels("relay").set(fair.lanes)
-        acked: list[int] = []
-        failed = 0
-
-        def on_delivery(err, _msg, row_id):
-            nonlocal failed
-            if err is None:
-                acked.append(row_id)
-            else:
-                failed += 1
-
         for row_id, topic, key, value, headers, rank in rows:
             hdrs = (
                 list(headers.items())
                 if isinstance(headers, dict)
                 else (list(json.loads(headers).items()) if headers else None)
             )
+            self._inflight.add(row_id)
             while True:
                 try:
                     self.producer.produce(
@@ -123,25 +137,53 @@ class Relay:
                         value=bytes(value),
                         key=bytes(key) if key is not None else None,
                         headers=hdrs,
-                        on_delivery=lambda err, msg, rid=row_id: on_delivery(err, msg, rid),
+                        on_delivery=lambda err, _msg, rid=row_id: self._delivered(err, rid),
                         **self._placement(topic, rank, key),
                     )
                     break
                 except BufferError:
                     self.producer.poll(0.05)  # local queue full: let deliveries drain
-        remaining = self.producer.flush(30)
-        if remaining:
-            log.warning(
-                "%d records not acknowledged within 30 s; they stay in the outbox", remaining
-            )
-        with conn.transaction():
-            outbox.delete_delivered(conn, acked)
-        self.published_total += len(acked)
-        metrics.OUTBOX_PUBLISHED.inc(len(acked))
-        if failed:
-            metrics.OUTBOX_FAILED.inc(failed)
-            log.warning("%d outbox rows failed to publish; retrying on the next pass", failed)
+        if self._backlog:
+            self._drain(conn)
+        else:
+            self.producer.poll(0)
+            self._settle(conn)
         return len(rows)
+
+    def _delivered(self, err, row_id: int) -> None:
+        """Delivery callback (inside producer.poll/flush, on this thread)."""
+        if err is None:
+            self._acked.append(row_id)
+        else:
+            self._inflight.discard(row_id)  # read and produced again by a later pass
+            self._failed += 1
+
+    def _drain(self, conn: psycopg.Connection) -> None:
+        """Wait until nothing is in flight, then delete what was acknowledged."""
+        if self._inflight:
+            remaining = self.producer.flush(30)
+            if remaining:
+                log.warning(
+                    "%d records not acknowledged within 30 s; they stay in the outbox", remaining
+                )
+        self._settle(conn)
+
+    def _settle(self, conn: psycopg.Connection) -> None:
+        """Delete the acknowledged rows (one statement) and count the outcome."""
+        acked, self._acked = self._acked, []
+        if acked:
+            outbox.delete_delivered(conn, acked)
+            self._inflight.difference_update(acked)
+            self.published_total += len(acked)
+            metrics.OUTBOX_PUBLISHED.inc(len(acked))
+        if self._failed:
+            metrics.OUTBOX_FAILED.inc(self._failed)
+            log.warning("%d outbox rows failed to publish; retrying on a later pass", self._failed)
+            self._failed = 0
+        if len(self.producer) == 0:
+            # Nothing queued or awaiting an answer: a row still marked in flight
+            # was lost without a callback (it cannot be), so read it again.
+            self._inflight.clear()
 
     def _placement(self, topic: str, rank: int, key) -> dict:
         """{"partition": p} inside the class's partitions of the topic, or {} (the

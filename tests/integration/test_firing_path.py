@@ -5,9 +5,13 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from cronwheel import kafka
+from cronwheel.core import events
 from cronwheel.core.clock import iso, now_ms, to_ms
+from cronwheel.core.events import OutboxRow
 from cronwheel.core.ids import PARTITIONS, run_id_for_instant
 from cronwheel.kafka import Topics
+from cronwheel.store import outbox
 from cronwheel.store.firing import Firing
 from cronwheel.store.jobs import Jobs, create_tenant
 from services.relay.service import Relay
@@ -166,3 +170,36 @@ def test_upcoming__a_class_fills_its_limit__complete_only_up_to_its_last(
     whole = firing.upcoming(conn, everything, t0 + 10_000, limit=10)
     assert whole.due_ms == [t0 + 1000 * i for i in range(5)]
     assert whole.complete_until == t0 + 10_000
+
+
+def test_relay__rows_trickling_in__each_published_once__none_reread_while_in_flight(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    """The relay produces a pass and reads the next before the first is
+    acknowledged: rows in flight must not be read (and published) again."""
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    topic = topics.runs(tenant["tenant_id"])
+    kafka.ensure_topics([topic], bootstrap=kafka_bootstrap)
+    VALUE = events.run_ready(
+        run_id="r", tenant_id=tenant["tenant_id"], partition_id=0, attempt=1,
+        scheduled_ms=1, created_ms=1, priority="normal",
+        target={"type": "queue", "queue": "q"}, payload="{}",
+    )  # fmt: skip
+    relay = Relay(database_url, kafka_bootstrap)
+    with running(relay):
+        for i in range(40):
+            with conn.transaction():
+                outbox.append(
+                    conn,
+                    [OutboxRow(i % 7, topic, f"k{i}-{j}".encode(), VALUE) for j in range(5)],
+                )
+        wait_for(lambda: relay.published_total >= 200, timeout=30, what="200 acknowledged")
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0,
+            what="outbox drained",
+        )
+    assert relay.published_total == 200
+    records = drain(kafka_bootstrap, topic, want=201, timeout=5)
+    keys = [key for _t, key, *_ in records]
+    assert len(keys) == 200 and len(set(keys)) == 200

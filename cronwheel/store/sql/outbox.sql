@@ -22,9 +22,12 @@ SELECT id, topic, key, value, headers
 -- pending (LIMIT is one more than a batch, to tell a backlog apart). With
 -- fewer rows than a batch, fairness has nothing to decide, so the lane walk
 -- (two more queries) is skipped.
+-- `exclude`: rows produced and awaiting their acknowledgement (a hashed
+-- NOT IN, however many there are).
 SELECT id, topic, key, value, headers, priority
   FROM outbox
  WHERE partition_id = ANY(%(partitions)b::smallint[])
+   AND id NOT IN (SELECT unnest(%(exclude)b::bigint[]))
  LIMIT %(limit)s;
 
 -- name: lanes
