@@ -274,6 +274,7 @@ class Firing:
         self._turn = 0  # rotates which lanes get a batch's remainder
         self._claimed_at = 0  # `now` of the last claim: upcoming() looks after it
         self._wake: list[int] = []  # quota refills and unfinished backlogs to wake for
+        self._backlog = False  # the last pass left lanes open: claim by lanes first
 
     def fire_due(
         self, conn: psycopg.Connection, leases: Leases, now: int, limit: int = 500
@@ -288,19 +289,24 @@ class Firing:
             # repeat (the same runs, the same records), so the commit need not
             # wait for the WAL flush: it is the firing path's largest fixed cost.
             conn.execute(Q["relaxed_commit"])
-            rows = conn.execute(
-                Q["claim_due"],
-                {"now": to_dt(now), "partitions": partitions, "limit": limit},
-            ).fetchall()
             self._claimed_at = now
             self._wake = [w for w in self._wake if w > now]
-            if not rows:
-                self._note_wake(report)
-                return report
-            if len(rows) < limit:
-                timers, _ = self._within_quota(conn, [_timer(r) for r in rows], now, report)
+            if self._backlog:
+                # The last pass left a backlog: claim by lanes straight away
+                # rather than lock a due-order batch first and leave it unused.
+                timers, self._backlog = self._claim_fair(conn, partitions, now, limit, report)
             else:
-                timers = self._claim_fair(conn, partitions, now, limit, report)
+                rows = conn.execute(
+                    Q["claim_due"],
+                    {"now": to_dt(now), "partitions": partitions, "limit": limit},
+                ).fetchall()
+                if not rows:
+                    self._note_wake(report)
+                    return report
+                if len(rows) < limit:
+                    timers, _ = self._within_quota(conn, [_timer(r) for r in rows], now, report)
+                else:
+                    timers, self._backlog = self._claim_fair(conn, partitions, now, limit, report)
             if not timers:
                 self._note_wake(report)
                 return report
@@ -323,13 +329,14 @@ class Firing:
 
     def _claim_fair(
         self, conn: psycopg.Connection, partitions: list[int], now: int, limit: int, report
-    ) -> list[Timer]:
+    ) -> tuple[list[Timer], bool]:
         """A backlog: claim by lanes in up to `rounds` rounds. Each round shares
         the room left between the open lanes of the highest class with any
         (fair_shares); a lane that returns less than its share is drained, one
         whose tenant's bucket ran dry is closed, the others stay open for the
         next round. What the (already locked) due-order claim took and the
-        lanes did not is simply not acted on."""
+        lanes did not is simply not acted on. Returns the timers and whether
+        lanes are left open (more is due than this batch took)."""
         lanes = [
             (r[0], r[1])
             for r in conn.execute(
@@ -375,7 +382,7 @@ class Firing:
         if lanes:
             # More is due than this batch took: wake again at once.
             self._wake.append(now)
-        return claimed
+        return claimed, bool(lanes)
 
     def _within_quota(
         self, conn: psycopg.Connection, timers: list[Timer], now: int, report: FireReport
