@@ -36,6 +36,8 @@ from common import (
     describe,
     fresh_database,
     header,
+    kafka_broker_pid,
+    local_ports,
     machine_load,
     percentile,
     say,
@@ -46,7 +48,6 @@ from cronwheel import config, kafka
 from cronwheel.core.clock import now_ms, to_ms
 from cronwheel.core.ids import partition_of, run_id_for_trigger
 from cronwheel.kafka import Topics
-from cronwheel.store import webhooks
 from cronwheel.store.firing import insert_runs
 from cronwheel.store.jobs import Jobs, create_tenant
 
@@ -126,10 +127,8 @@ class Bench:
             "payload": {"bench": True, "pad": "x" * 200},
         }
         self.job = Jobs(self.topics).create(self.conn, self.tenant, body, now_ms())
-        made = webhooks.create_secret(
-            self.conn, self.tenant["tenant_id"], self.job["job_id"], now_ms()
-        )
-        self.secret = made["secret"]
+        # Jobs.create issues a webhook job's secret in its own transaction.
+        self.secret = self.job["signing_secret"]["secret"]
         row = self.conn.execute(
             "SELECT target, payload, retry, timeout_ms, lease_ms FROM jobs WHERE job_id = %s",
             [self.job["job_id"]],
@@ -242,6 +241,48 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def backend_pids(conn: psycopg.Connection, pids: list[int]) -> list[int]:
+    """The PostgreSQL backends serving these processes (found by client port)."""
+    ports: set[int] = set()
+    for pid in pids:
+        ports |= local_ports(pid)
+    rows = conn.execute(
+        "SELECT client_port, pid FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchall()
+    return [bpid for port, bpid in rows if port in ports]
+
+
+class CpuMeter:
+    """CPU seconds of the webhook processes, their PostgreSQL backends, this
+    process (receiver and producer) and the shared Kafka broker, from `start`."""
+
+    def __init__(self, conn: psycopg.Connection, procs: list[subprocess.Popen]):
+        self.conn = conn
+        self.procs = procs
+        self.broker = kafka_broker_pid()
+
+    def sample(self) -> dict[str, float]:
+        webhook = [p.pid for p in self.procs]
+        out = {
+            "webhook": sum(cpu_seconds(p) for p in webhook),
+            "its postgres backends": sum(cpu_seconds(b) for b in backend_pids(self.conn, webhook)),
+            "bench (receiver, producer)": cpu_seconds(os.getpid()),
+        }
+        if self.broker:
+            out["kafka broker (shared)"] = cpu_seconds(self.broker)
+        return out
+
+    def start(self) -> None:
+        self.before = self.sample()
+
+    def per_op(self, n: int) -> str:
+        after = self.sample()
+        return ", ".join(
+            f"{k} {1000 * (v - self.before.get(k, 0.0)) / n:.2f}" for k, v in after.items()
+        )
+
+
 def start_services(url: str, prefix: str, instances: int, logdir: Path) -> list[subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
     env.update(
@@ -312,10 +353,13 @@ def main() -> None:
             records = bench.runs(args.burst)
             ids = [r for r, _ in records]
             cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+            meter = CpuMeter(bench.conn, procs)
+            meter.start()
             threads0 = [thread_cpu(p.pid) for p in procs]
             t0 = time.time()
             bench.produce(records)
             last = bench.wait_done(ids, procs)
+            per_op = meter.per_op(len(ids))
             cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
             split = {k: 0.0 for k in threads0[0]}
             for p, before in zip(procs, threads0, strict=True):
@@ -330,6 +374,7 @@ def main() -> None:
                 + ", ".join(f"{k} {1000 * v / len(ids):.2f}" for k, v in split.items())
                 + ")"
             )
+            say(f"burst: CPU ms per delivery by process: {per_op}")
             say(f"burst: machine after: {machine_load()}")
 
             pace = args.rate or max(50.0, round(rate / 2, -1))

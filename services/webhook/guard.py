@@ -41,6 +41,7 @@ if importlib.util.find_spec("sniffio") is None:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
 READ_LIMIT = 64 * 1024
+CORK_BYTES = 64 * 1024  # written bytes held back at most until the next read
 
 
 class DestinationRefused(Exception):
@@ -48,13 +49,22 @@ class DestinationRefused(Exception):
 
 
 class AsyncioStream(httpcore.AsyncNetworkStream):
-    """An asyncio stream as httpcore wants it, raising httpcore's exceptions."""
+    """An asyncio stream as httpcore wants it, raising httpcore's exceptions.
+
+    Writes are held back until the next read (or until CORK_BYTES are held):
+    httpcore writes a request's head and its body separately, and one send
+    instead of two is a measurable share of the client's CPU per request."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._reader = reader
         self._writer = writer
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._poller: select.poll | None = None
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:
+            await self._flush(timeout)
         try:
             async with asyncio.timeout(timeout):
                 return await self._reader.read(max_bytes)
@@ -66,8 +76,19 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
             return
+        self._held.append(buffer)
+        self._held_bytes += len(buffer)
+        if self._held_bytes >= CORK_BYTES:
+            await self._flush(timeout)
+
+    async def _flush(self, timeout: float | None) -> None:
+        data = b"".join(self._held) if len(self._held) > 1 else self._held[0]
+        self._held.clear()
+        self._held_bytes = 0
         try:
-            self._writer.write(buffer)
+            self._writer.write(data)
+            if self._writer.transport.get_write_buffer_size() == 0:
+                return  # all of it went at once: nothing to wait for
             async with asyncio.timeout(timeout):
                 await self._writer.drain()
         except TimeoutError as e:
@@ -101,12 +122,13 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             # (or sent something unasked): EOF, a closing transport, or bytes.
             if self._reader.at_eof() or self._writer.is_closing():
                 return True
-            sock = self._writer.get_extra_info("socket")
-            if sock is None or sock.fileno() < 0:
-                return True
-            poller = select.poll()
-            poller.register(sock.fileno(), select.POLLIN)
-            return bool(poller.poll(0))
+            if self._poller is None:
+                sock = self._writer.get_extra_info("socket")
+                if sock is None or sock.fileno() < 0:
+                    return True
+                self._poller = select.poll()
+                self._poller.register(sock.fileno(), select.POLLIN)
+            return bool(self._poller.poll(0))
         if info in ("ssl_object", "socket"):
             return self._writer.get_extra_info(info)
         if info == "server_addr":
