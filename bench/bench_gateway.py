@@ -25,7 +25,9 @@ latency measures the queue that built up (the achieved rate is its capacity).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import shutil
 import tempfile
 import threading
@@ -57,7 +59,7 @@ from common import (
     vacuum_analyze,
 )
 
-from cronwheel import kafka
+from cronwheel import config, kafka
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs
@@ -220,6 +222,63 @@ def make_runs(conn, tenants: list[dict], topics: Topics, per_tenant: int) -> lis
     return [pair for group in zip(*lists, strict=True) for pair in group]
 
 
+def round_trips(url: str, topics: Topics, runs: list[tuple[str, str]]) -> dict[str, float]:
+    """Database round trips per StartRun / Heartbeat / CompleteRun, counted on the
+    wire: the gateway's code in this process over a pool of one connection, whose
+    libpq trace is read (each run of client messages followed by server messages
+    is one round trip). Uses the runs it is given."""
+    from services.gateway.app import create_app
+    from services.gateway.service import GatewayService
+
+    app = create_app(url, topics, config.kafka_bootstrap(), "cwop_rt", pool_max=1)
+    counts: dict[str, list[int]] = {"start": [], "heartbeat": [], "complete": []}
+    stop = threading.Event()
+    svc = GatewayService(app, "127.0.0.1", 0, "warning")
+    thread = threading.Thread(target=svc.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=svc.url, timeout=10) as client:
+            for _ in range(50):  # until the server answers
+                with contextlib.suppress(httpx.HTTPError):
+                    client.get("/healthz")
+                    break
+                time.sleep(0.05)
+            for run_id, key in runs:
+                headers = {"Authorization": f"Bearer {key}"}
+                got = {}
+                for kind in ("start", "heartbeat", "complete"):
+                    fd, path = tempfile.mkstemp(suffix=".trace")
+                    with app.state.gateway.pool.connection() as conn:
+                        conn.pgconn.trace(fd)  # libpq owns fd; untrace closes it
+                        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+                    if kind == "start":
+                        body = {"worker_id": "rt"}
+                    else:
+                        body = {"attempt": 1, "start_token": got["start_token"]}
+                        if kind == "complete":
+                            body["outcome"] = "SUCCEEDED"
+                    r = client.post(f"/v1/runs/{run_id}/{kind}", json=body, headers=headers)
+                    assert r.status_code == 200, r.text
+                    got.update(r.json())
+                    with app.state.gateway.pool.connection() as conn:
+                        conn.pgconn.untrace()
+                    with open(path) as f:
+                        sides = [line.split("\t", 1)[0] for line in f if line.strip()]
+                    os.unlink(path)
+                    counts[kind].append(
+                        sum(
+                            1
+                            for a, b in zip(sides, sides[1:], strict=False)
+                            if (a, b) == ("F", "B")
+                        )
+                    )
+    finally:
+        stop.set()
+        thread.join(10)
+        app.state.gateway.close()
+    return {k: sum(v) / len(v) for k, v in counts.items() if v}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--profile", action="store_true", help="cProfile the gateway process")
@@ -236,14 +295,22 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)
             t0 = time.monotonic()
-            runs = make_runs(conn, tenants, topics, needed // TENANTS + 1)
+            runs = make_runs(conn, tenants, topics, needed // TENANTS + 6)
             say(
                 f"setup: fresh database, {TENANTS} tenants, {len(runs):,} PENDING runs copied by"
                 f" SQL from a triggered run in {time.monotonic() - t0:.1f} s, then VACUUM"
                 f" ({vacuum_analyze(url):.1f} s); `cronwheel serve gateway` as a process with"
-                f" default settings (pool 10, uvicorn with"
+                f" default settings (pool 10 per process,"
+                f" {os.environ.get('CRONWHEEL_GATEWAY_WORKERS') or 'default'} worker processes,"
+                f" uvicorn with"
                 f" {', '.join(servers) or 'h11 and asyncio: httptools and uvloop not installed'})"
                 f"{', under cProfile' if args.profile else ''}; {THREADS} client threads"
+            )
+            trips = round_trips(url, topics, runs[:10])
+            runs = runs[10:]
+            say(
+                "database round trips per request (the gateway's pool connection, libpq trace):"
+                + ", ".join(f" {k} {v:.1f}" for k, v in trips.items())
             )
         try:
             with (

@@ -136,9 +136,11 @@ class Platform:
         try:
             for name in self.services:
                 argv = [sys.executable, "-m", "cronwheel.cli", "serve", name]
+                env = {}
                 if name == "gateway" and self.profile_to is not None:
                     argv = [sys.executable, __file__, "--profiled-gateway", str(self.profile_to)]
-                self._spawn(name, argv)
+                    env["CRONWHEEL_GATEWAY_WORKERS"] = "1"  # cProfile sees one process
+                self._spawn(name, argv, **env)
             self._wait_ready()
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -198,6 +200,9 @@ class Platform:
         """Each process, the PostgreSQL backends serving it (`<name>-pg`, found by
         client port), this process and the shared Kafka broker."""
         pids = {n: p.pid for n, p in self.procs.items() if p.poll() is None}
+        for name, pid in list(pids.items()):  # a supervisor's workers (gateway)
+            for i, child in enumerate(child_pids(pid)):
+                pids[f"{name}-w{i}"] = child
         with psycopg.connect(self.url, autocommit=True) as conn:
             backends = conn.execute(
                 "SELECT client_port, pid FROM pg_stat_activity"
@@ -218,7 +223,7 @@ class Platform:
         whole machine's busy CPU seconds as `machine`."""
         out: dict[str, float] = {"machine": machine_busy_seconds()}
         for name, pid in self.pids().items():
-            key = re.sub(r"-pg\d+$", "-pg", name)
+            key = re.sub(r"-pg\d+$", "-pg", re.sub(r"-w\d+", "", name))
             out[key] = out.get(key, 0.0) + cpu_seconds(pid)
         return out
 
@@ -244,6 +249,15 @@ class Platform:
             shutil.rmtree(self.logdir, ignore_errors=True)
         else:
             say(f"process logs kept in {self.logdir}")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (the gateway's worker processes)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
 
 
 def machine_busy_seconds() -> float:

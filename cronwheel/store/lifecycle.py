@@ -5,15 +5,23 @@ Fencing: Heartbeat and CompleteRun hold only for the (attempt, start_token) that
 StartRun handed out, while the run is RUNNING. A duplicate, late or stale call
 changes nothing and gets STALE_ATTEMPT. Every terminal transition writes a
 RunCompleted record through the outbox in the same transaction.
+
+StartRun and CompleteRun are one statement each (data-modifying CTEs in
+lifecycle.sql), plus one for what needs the statement's answer first (the
+retry timer, the RunCompleted record). Called inside an open transaction (the
+gateway's request) they add no savepoint: nothing changes before the one
+statement that decides, so a refusal has nothing to undo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import secrets
 from typing import Any
 
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from cronwheel.core import events
@@ -46,6 +54,17 @@ def _partition(run_id: str) -> int:
         return partition_of_run(run_id)
     except ValueError as e:
         raise NotFound("run") from e
+
+
+def _atomic(conn):
+    """A transaction when none is open; none nested in the caller's (psycopg would
+    add a SAVEPOINT and a RELEASE: two round trips that protect nothing here).
+    In pipeline mode libpq learns of a BEGIN only at the next sync: a caller
+    that sends its own BEGIN in a pipeline syncs before calling in (the gateway's
+    pipelined_transaction does)."""
+    if conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        return conn.transaction()
+    return contextlib.nullcontext()
 
 
 def _timer(p: int, kind: str, run_id: str, due_ms: int, priority: str, attempt: int) -> dict:
@@ -82,19 +101,12 @@ class Lifecycle:
             "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
             "token": token, "now": to_dt(now), "attempt": attempt,
         }  # fmt: skip
-        with conn.transaction():
-            row = conn.execute(Q["start_run"], args).fetchone()
-            if row is None:
-                raise self._why_not_started(conn, p, run_id, tenant_id, attempt, now)
-            att, lease_expires, spec = row[0], row[1], row[2]
-            conn.execute(Q["record_attempt_start"], {**args, "attempt": att})
-            prio = row[6]
-            conn.execute(
-                QF["upsert_timer"], _timer(p, "lease", run_id, to_ms(lease_expires), prio, att)
-            )
-            if spec.get("timeout_ms"):
-                due = now + spec["timeout_ms"]
-                conn.execute(QF["upsert_timer"], _timer(p, "timeout", run_id, due, prio, att))
+        row = conn.execute(Q["start_attempt"], args).fetchone()
+        if row is None:
+            raise NotFound("run")
+        if row[0] is None:
+            raise self._refusal(conn, p, run_id, tenant_id, attempt, now, row[6:9])
+        att, lease_expires, spec = row[0], row[1], row[2]
         return {
             "run_id": run_id,
             "attempt": att,
@@ -106,6 +118,15 @@ class Lifecycle:
             "workflow_run_id": row[4],
             "node": row[5],
         }
+
+    def _refusal(self, conn, p, run_id, tenant_id, attempt, now, seen) -> Exception:
+        """Why StartRun did not start the run, from the state it found (`seen`).
+        A run that looked startable lost a race for its row: ask again."""
+        state, cur_attempt, scheduled = RunState(seen[0]), seen[1], to_ms(seen[2])
+        startable = state == RunState.PENDING and scheduled <= now + 1000
+        if startable and (attempt is None or attempt == cur_attempt):
+            return self._why_not_started(conn, p, run_id, tenant_id, attempt, now)
+        return _refused(state, cur_attempt, scheduled, attempt, now)
 
     def spec(self, conn, tenant_id: str, run_id: str) -> dict | None:
         """The run's snapshot (target, payload, retry, timeout_ms, lease_ms), for the
@@ -121,14 +142,7 @@ class Lifecycle:
         ).fetchone()
         if cur is None:
             return NotFound("run")
-        state, cur_attempt, scheduled = RunState(cur[0]), cur[1], to_ms(cur[2])
-        if attempt is not None and attempt != cur_attempt:
-            return Conflict("STALE_ATTEMPT", f"the run is at attempt {cur_attempt}, not {attempt}")
-        if state == RunState.RUNNING:
-            return Conflict("ALREADY_STARTED", "another worker holds this attempt")
-        if state == RunState.PENDING and scheduled > now:
-            return Conflict("NOT_RUNNABLE", "the run is not due yet")
-        return Conflict("NOT_RUNNABLE", f"the run is {state.value}")
+        return _refused(RunState(cur[0]), cur[1], to_ms(cur[2]), attempt, now)
 
     def heartbeat(
         self, conn, tenant_id: str, run_id: str, attempt: Any, start_token: Any, now: int
@@ -169,26 +183,27 @@ class Lifecycle:
                 "result", "is larger than 64 KiB", code="PAYLOAD_TOO_LARGE", status=413
             )
         p = _partition(run_id)
-        with conn.transaction():
+        with _atomic(conn):
             row = conn.execute(
-                Q["complete_attempt"],
+                Q["finish_attempt"],
                 {
                     "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
                     "token": start_token, "outcome": outcome, "retryable": retryable,
                     "now": to_dt(now), "result": None if result is None else Jsonb(result),
                     "error": error[:MAX_ERROR_CHARS] if error else None,
+                    "attempt_error": error,
                 },
             ).fetchone()  # fmt: skip
             if row is None:
                 raise self._stale_or_missing(conn, p, run_id, tenant_id)
-            self._after_attempt(conn, p, run_id, row, outcome, error, now)
+            self._after_finish(conn, p, run_id, row, error, now)
         return {"state": row[0], "attempt": row[1]}
 
     def cancel(
         self, conn, tenant_id: str, run_id: str, now: int, reason: str = "cancelled"
     ) -> dict:
         p = _partition(run_id)
-        with conn.transaction():
+        with _atomic(conn):
             row = conn.execute(
                 Q["cancel_run"],
                 {
@@ -218,6 +233,42 @@ class Lifecycle:
         return Conflict("STALE_ATTEMPT", "this attempt is no longer running")
 
     # -- what follows the end of an attempt ----------------------------------
+    def _after_finish(self, conn, p: int, run_id: str, row, error, now: int) -> None:
+        """After finish_attempt (history, timers and buffered instant done): arm
+        the retry, or announce the terminal state (and run the buffered instant)."""
+        state, attempt, spec, tenant_id, job_id, wf_run, node = row[:7]
+        priority, buffered = row[8], row[9:]
+        if state == RunState.RETRY_WAIT:
+            due = now + backoff_ms(spec["retry"], attempt)
+            timer = _timer(p, "retry", run_id, due, priority, attempt)
+            conn.execute(Q["arm_retry"], {**timer, "tenant_id": tenant_id, "due_ms": due})
+            return
+        done = self._completed(p, run_id, row, error, now)
+        if buffered[0] is None:
+            conn.execute(
+                Q["announce"],
+                {"p": p, "topic": done.topic, "key": done.key, "value": done.value,
+                 "priority": outbox.rank_of(done)},
+            )  # fmt: skip
+            return
+        outbox.append(conn, [done, *self._buffered_run(conn, p, job_id, buffered, now)])
+
+    def _completed(self, p: int, run_id: str, row, error, now: int) -> OutboxRow:
+        """The RunCompleted record of a terminal transition (`row` as the
+        finishing statement returns it: state, attempt, spec, tenant, job,
+        workflow run, node, ...)."""
+        state, attempt, _spec, tenant_id, job_id, wf_run, node = row[:7]
+        return OutboxRow(
+            p,
+            self.topics.run_completed,
+            run_id.encode(),
+            events.run_completed(
+                run_id=run_id, tenant_id=tenant_id, partition_id=p, attempt=attempt,
+                state=state, finished_ms=now, job_id=job_id, workflow_run_id=wf_run,
+                node=node, error=error,
+            ),
+        )  # fmt: skip
+
     def _after_attempt(self, conn, p: int, run_id: str, row, outcome: str, error, now: int) -> None:
         """Record the attempt, drop its timers, then either schedule the retry or
         announce the terminal state (and release a buffered instant)."""
@@ -235,18 +286,7 @@ class Lifecycle:
             conn.execute(QF["upsert_timer"], _timer(p, "retry", run_id, due, priority, attempt))
             conn.execute(QF["notify_timer"], {"due_ms": due})
             return
-        rows = [
-            OutboxRow(
-                p,
-                self.topics.run_completed,
-                run_id.encode(),
-                events.run_completed(
-                    run_id=run_id, tenant_id=tenant_id, partition_id=p, attempt=attempt,
-                    state=state, finished_ms=now, job_id=job_id, workflow_run_id=wf_run,
-                    node=node, error=error,
-                ),
-            )
-        ]  # fmt: skip
+        rows = [self._completed(p, run_id, row, error, now)]
         if job_id:
             rows += self._release_buffered(conn, p, job_id, now)
         outbox.append(conn, rows)
@@ -255,6 +295,10 @@ class Lifecycle:
         got = conn.execute(Q["take_buffered_instant"], {"p": p, "job_id": job_id}).fetchone()
         if got is None:
             return []
+        return self._buffered_run(conn, p, job_id, got, now)
+
+    def _buffered_run(self, conn, p: int, job_id: str, got, now: int) -> list[OutboxRow]:
+        """Create the run of a taken buffered instant (take_buffered_instant's row)."""
         at = to_ms(got[0])
         spec = {
             "target": got[2],
@@ -327,6 +371,16 @@ class Lifecycle:
             )
             report.runs_created += 1
         return rows
+
+
+def _refused(state: RunState, cur_attempt: int, scheduled: int, attempt, now: int) -> Conflict:
+    if attempt is not None and attempt != cur_attempt:
+        return Conflict("STALE_ATTEMPT", f"the run is at attempt {cur_attempt}, not {attempt}")
+    if state == RunState.RUNNING:
+        return Conflict("ALREADY_STARTED", "another worker holds this attempt")
+    if state == RunState.PENDING and scheduled > now:
+        return Conflict("NOT_RUNNABLE", "the run is not due yet")
+    return Conflict("NOT_RUNNABLE", f"the run is {state.value}")
 
 
 def _check_fence(attempt: Any, start_token: Any) -> None:

@@ -21,6 +21,7 @@ from services.gateway.http_metrics import HttpMetrics
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.routes import health, jobs, quotas, runs, schedules, tenants, workflows
 from services.gateway.transactions import Gateway
+from services.gateway.worker_fastpath import WorkerFastPath
 
 DESCRIPTION = """\
 cronwheel's admin and worker API. Authenticate with `Authorization: Bearer <key>`:
@@ -41,8 +42,11 @@ def create_app(
     cell: str | None = None,
     webhook_allow: Sequence[Network] | None = None,
     pool_max: int = 10,
+    worker_fastpath: bool = True,
 ) -> FastAPI:
-    """The ASGI app. Its pool opens now; call `app.state.gateway.close()` when done."""
+    """The ASGI app. Its pool opens now; call `app.state.gateway.close()` when done.
+    `worker_fastpath`: serve start, heartbeat and complete past FastAPI's routing
+    and dependencies (worker_fastpath.py); the same answers either way."""
     gateway = Gateway(
         dsn,
         topics,
@@ -66,5 +70,7 @@ def create_app(
     problems.install(app)
     for module in (tenants, quotas, jobs, runs, workflows, schedules, health):
         app.include_router(module.router)
+    if worker_fastpath:
+        app.add_middleware(WorkerFastPath)  # added first: inside HttpMetrics
     app.add_middleware(HttpMetrics)
     return app

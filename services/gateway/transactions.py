@@ -4,27 +4,33 @@ A handler hands `Gateway.as_tenant` (or `as_operator`) one function that calls
 into cronwheel/store. Around it, in a single transaction on a pooled
 connection: the key is looked up (a revoked key fails at once), the
 transaction's scope is set for row-level security (docs/tenancy.md), the
-Idempotency-Key is claimed or replayed, and the answer is rendered. Store
-functions that open their own `conn.transaction()` get a savepoint inside it.
+Idempotency-Key is claimed or replayed, and the answer is rendered. The key
+check and the scope are one statement (cronwheel_authenticate, migration 0007).
+The worker protocol's routes also run in psycopg's pipeline mode, so BEGIN goes
+out with the key check and the statements nobody reads (an outbox row, a
+notify) with the COMMIT: a StartRun or CompleteRun is three round trips.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 from starlette.responses import Response
 
 from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Topics
-from cronwheel.store.jobs import Jobs, tenant_for_key
+from cronwheel.store.jobs import Jobs, hash_key, tenant_for_key
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import parse_blocks
 from cronwheel.store.workflows import Workflows
@@ -38,7 +44,11 @@ OPERATOR_SCOPE = "operator"  # the idempotency scope of operator requests
 
 @functools.cache
 def _q() -> dict[str, str]:
-    return parse_blocks(Path(__file__).with_name("transactions.sql").read_text())
+    here = Path(__file__)
+    return {
+        **parse_blocks(here.with_name("transactions.sql").read_text()),
+        **parse_blocks(here.with_name("auth.sql").read_text()),
+    }
 
 
 @dataclass(frozen=True)
@@ -121,15 +131,32 @@ class Gateway:
             self._admin = None  # librdkafka handles close when collected
 
     # -- requests ------------------------------------------------------------
-    def as_tenant(self, who: Caller, fn: Callable[[Tx], Any], status: int = 200) -> Response:
-        with self.pool.connection() as conn, conn.transaction():
-            self._scope(conn, "")
-            tenant = tenant_for_key(conn, who.token)
+    def as_tenant(
+        self, who: Caller, fn: Callable[[Tx], Any], status: int = 200, *, pipeline: bool = False
+    ) -> Response:
+        """`pipeline`: for handlers whose store calls read every answer they need
+        (the worker protocol); cursors of a pipeline know no rowcount until read."""
+        with (
+            self.pool.connection() as conn,
+            pipelined_transaction(conn) if pipeline else conn.transaction() as tx_or_pipeline,
+        ):
+            tenant = self.authenticate(conn, who.token, tx_or_pipeline if pipeline else None)
             if tenant is None:
                 raise unauthenticated("unknown or revoked key")
-            self._scope(conn, tenant["tenant_id"])
             tx = Tx(conn, tenant, self.clock())
             return self._execute(tx, who, tenant["tenant_id"], fn, status)
+
+    @staticmethod
+    def authenticate(conn, token: str, pipeline=None) -> dict | None:
+        """The key's tenant, with the transaction scoped to it; None (and a scope
+        that matches no tenant) for an unknown or revoked key."""
+        cur = conn.execute(_q()["authenticate"], {"hash": hash_key(token)})
+        if pipeline is not None:
+            pipeline.sync()
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return {"tenant_id": row[0], "name": row[1], "cell": row[2], "priority_classes": row[3]}
 
     def as_operator(self, who: Caller, fn: Callable[[Tx], Any], status: int = 200) -> Response:
         with self.pool.connection() as conn, conn.transaction():
@@ -145,8 +172,7 @@ class Gateway:
         """For reads that touch no tenant data (schedule preview): any valid key."""
         if not who.operator:
             with self.pool.connection() as conn, conn.transaction():
-                self._scope(conn, "")
-                if tenant_for_key(conn, who.token) is None:
+                if self.authenticate(conn, who.token) is None:
                     raise unauthenticated("unknown or revoked key")
         return respond(200, dumps(fn()))
 
@@ -190,6 +216,28 @@ class Gateway:
             md = self._admin.list_topics(timeout=2.0)
         if not md.brokers:
             raise RuntimeError("no Kafka broker answered")
+
+
+@contextlib.contextmanager
+def pipelined_transaction(conn) -> Iterator[psycopg.Pipeline]:
+    """BEGIN ... COMMIT in psycopg's pipeline mode. Not `conn.transaction()`: in a
+    pipeline it syncs after BEGIN and again after COMMIT, two more round trips.
+    BEGIN goes out with the caller's first statement, which it should end with
+    the pipeline's `sync()` (libpq learns it is in a transaction only then);
+    COMMIT with what nobody reads (outbox row, notify) in the final sync."""
+    try:
+        with conn.pipeline() as pipeline:
+            conn.execute(_BEGIN)
+            yield pipeline
+            conn.execute(_COMMIT)
+    except BaseException:
+        if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(_ROLLBACK)
+        raise
+
+
+_BEGIN, _COMMIT, _ROLLBACK = b"BEGIN", b"COMMIT", b"ROLLBACK"
 
 
 def _unwrap(status: int, result: Any) -> tuple[int, Any]:

@@ -92,6 +92,7 @@ def start_run(gw: Gw, who: TenantCaller, run_id: str, body: JsonObject):
         lambda tx: gw.lifecycle.start(
             tx.conn, tx.tenant["tenant_id"], run_id, body.get("worker_id"), tx.now, attempt
         ),
+        pipeline=True,
     )
 
 
@@ -108,6 +109,7 @@ def heartbeat(gw: Gw, who: TenantCaller, run_id: str, body: JsonObject):
         lambda tx: gw.lifecycle.heartbeat(
             tx.conn, tx.tenant["tenant_id"], run_id, attempt, body.get("start_token"), tx.now
         ),
+        pipeline=True,
     )
 
 
@@ -133,6 +135,7 @@ def complete_run(gw: Gw, who: TenantCaller, run_id: str, body: JsonObject):
             error=body.get("error"),
             retryable=body.get("retryable", True),
         ),
+        pipeline=True,
     )
 
 
