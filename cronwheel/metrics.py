@@ -30,6 +30,11 @@ OUTBOX_FAILED = Counter("cronwheel_outbox_failed_total", "Outbox rows Kafka refu
 DEAD_LETTERS = Counter(
     "cronwheel_dead_letters_total", "Records set aside as undecodable", ["consumer", "reason"]
 )
+PROCESSED_PRUNED = Counter(
+    "cronwheel_processed_pruned_total",
+    "Idempotency rows deleted after the redelivery window",
+    ["consumer"],
+)
 CONSUMER_LAG = Gauge("cronwheel_consumer_lag", "Records behind the end of the topic", ["consumer"])
 QUOTA_HELD = Gauge(
     "cronwheel_quota_held",

@@ -8,13 +8,24 @@ in between forwards again; it never loses a record.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import psycopg
 
+from cronwheel import metrics
+from cronwheel.core.clock import to_dt
 from cronwheel.store.sql_loader import queries
 
 Q = queries("dispatch")
+DAY_MS = 86_400_000
+
+
+def retention_ms() -> int:
+    """How long `processed` rows are kept: longer than any topic keeps a message
+    (the local broker keeps 24 h), so a redelivery always finds its row.
+    `CRONWHEEL_PROCESSED_RETENTION_MS`, default 7 days."""
+    return int(os.environ.get("CRONWHEEL_PROCESSED_RETENTION_MS", str(7 * DAY_MS)))
 
 
 def message_key(run_id: str, attempt: int) -> str:
@@ -42,3 +53,36 @@ class Processed:
         return conn.execute(
             Q["mark_processed"], {"consumer": self.consumer, "keys": list(keys)}
         ).rowcount
+
+    def prune(self, conn: psycopg.Connection, before_ms: int, limit: int = 5_000) -> int:
+        """Delete up to `limit` rows recorded before `before_ms`; returns how many."""
+        return conn.execute(
+            Q["prune"], {"consumer": self.consumer, "before": to_dt(before_ms), "limit": limit}
+        ).rowcount
+
+
+class Pruner:
+    """Prunes one consumer's `processed` rows now and then from its service loop:
+    a bite per `every_ms`, more bites at once while a bite comes back full."""
+
+    def __init__(self, processed: Processed, retention: int, every_ms: int = 60_000):
+        self.processed = processed
+        self.retention_ms = retention
+        self.every_ms = every_ms
+        self.pruned_total = 0
+        self._next = 0
+
+    def due(self, now: int) -> bool:
+        return now >= self._next
+
+    def run(self, conn: psycopg.Connection, now: int, limit: int = 5_000, bites: int = 10) -> int:
+        self._next = now + self.every_ms
+        n = 0
+        for _ in range(bites):
+            got = self.processed.prune(conn, now - self.retention_ms, limit)
+            n += got
+            if got < limit:
+                break
+        self.pruned_total += n
+        metrics.PROCESSED_PRUNED.labels(self.processed.consumer).inc(n)
+        return n

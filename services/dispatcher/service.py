@@ -42,7 +42,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
-from cronwheel.store.dispatch import Processed, message_key
+from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
 from cronwheel.store.outbox import class_of_partition
 from cronwheel.store.quotas import Buckets
 
@@ -124,6 +124,7 @@ class Dispatcher:
         class_pausing: bool = True,
         stall_ms: int = 1_000,
         quotas: Buckets | None = None,
+        processed_retention_ms: int | None = None,
     ):
         self.dsn = dsn
         self.bootstrap = bootstrap
@@ -135,6 +136,7 @@ class Dispatcher:
         self.lag_every_ms = lag_every_ms
         self.shutdown_grace_ms = shutdown_grace_ms
         self.processed = Processed(CONSUMER)
+        self.pruner = Pruner(self.processed, processed_retention_ms or retention_ms())
         self.producer = kafka.producer(bootstrap)
         self.forwarded_total = 0
         self.duplicates_total = 0
@@ -182,6 +184,8 @@ class Dispatcher:
                         break  # stopping mid-batch: uncommitted, so consumed again later
                     self._commit(asynchronous=True)
                 self._prioritise(consumer)
+                if self.pruner.due(now_ms()):
+                    self._with_db(lambda c: self.pruner.run(c, now_ms()), stop)
                 if time.monotonic() >= next_lag:
                     self._report_lag(consumer)
                     next_lag = time.monotonic() + self.lag_every_ms / 1000

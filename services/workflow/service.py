@@ -36,6 +36,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
+from cronwheel.store.dispatch import Processed, Pruner, retention_ms
 from cronwheel.store.workflows import CONSUMER, NodeStep, Workflows
 
 log = logging.getLogger("cronwheel.workflow")
@@ -87,6 +88,7 @@ class WorkflowService:
         lag_every_ms: int = 5_000,
         shutdown_grace_ms: int = 10_000,
         clock: Callable[[], int] = now_ms,
+        processed_retention_ms: int | None = None,
     ):
         self.dsn = dsn
         self.bootstrap = bootstrap
@@ -104,6 +106,7 @@ class WorkflowService:
         self.shutdown_grace_ms = shutdown_grace_ms
         self.clock = clock
         self.store = Workflows(topics)
+        self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms or retention_ms())
         self.producer = kafka.producer(bootstrap)
         self.counts: dict[str, int] = {}
         self.dead_lettered_total = 0
@@ -134,6 +137,8 @@ class WorkflowService:
                     if time.monotonic() >= self._next_commit:
                         self._commit(asynchronous=True)
                         self._next_commit = time.monotonic() + self.commit_interval_ms / 1000
+                if self.pruner.due(self.clock()):
+                    self._with_db(lambda c: self.pruner.run(c, self.clock()), stop)
                 if time.monotonic() >= next_lag:
                     self._report_lag(consumer)
                     next_lag = time.monotonic() + self.lag_every_ms / 1000

@@ -220,3 +220,32 @@ def test_priority__within_a_batch__higher_classes_forwarded_first(
         "surprise",
         "low",
     ]
+
+
+def test_processed__rows_past_retention__pruned_by_the_running_dispatcher__recent_kept(
+    database_url, kafka_bootstrap, topics
+):
+    """`processed` would grow forever; rows older than the redelivery window go,
+    in bites (here 3 bites of 5000 for 12k old rows), consumer by consumer."""
+    day = 86_400_000
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO processed (consumer, message_key, processed_at)"
+            " SELECT 'dispatcher', 'old-' || i, now() - interval '8 days' - i * interval '1 s'"
+            "   FROM generate_series(1, 12000) i"
+        )
+        conn.execute(
+            "INSERT INTO processed (consumer, message_key, processed_at) VALUES"
+            " ('dispatcher', 'recent', now() - interval '6 days'),"
+            " ('workflow', 'old-other-consumer', now() - interval '8 days')"
+        )
+    dispatcher = Dispatcher(database_url, kafka_bootstrap, topics, processed_retention_ms=7 * day)
+    with running(dispatcher), psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM processed").fetchone()[0] == 2,
+            timeout=30,
+            what="old dispatcher rows pruned",
+        )
+        rows = conn.execute("SELECT consumer, message_key FROM processed ORDER BY 1").fetchall()
+    assert rows == [("dispatcher", "recent"), ("workflow", "old-other-consumer")]
+    assert dispatcher.pruner.pruned_total == 12000

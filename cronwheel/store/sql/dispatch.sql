@@ -12,3 +12,14 @@ SELECT message_key
 INSERT INTO processed (consumer, message_key)
 SELECT %(consumer)s, k FROM unnest(%(keys)s::text[]) AS k
 ON CONFLICT DO NOTHING;
+
+-- name: prune
+-- One bounded bite of a consumer's rows older than the redelivery window,
+-- oldest first (processed_age), so a large backlog of old rows never holds
+-- locks or bloats one transaction.
+DELETE FROM processed p
+ USING (SELECT consumer, message_key FROM processed
+         WHERE consumer = %(consumer)s AND processed_at < %(before)s
+         ORDER BY processed_at
+         LIMIT %(limit)s) old
+ WHERE p.consumer = old.consumer AND p.message_key = old.message_key;
