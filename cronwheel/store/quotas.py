@@ -35,6 +35,7 @@ from cronwheel.store.sql_loader import queries
 Q = queries("quotas")
 KINDS = ("fire", "dispatch")
 MAX_RATE = 1_000_000.0
+MIN_RATE = 0.001  # a token per 1000 s; below, refill arithmetic underflows
 
 
 def fair_shares(lanes: list[tuple[int, str]], room: int, turn: int = 0) -> dict:
@@ -120,8 +121,14 @@ def _bucket(raw, field: str) -> tuple[float, float] | None:
     if unknown:
         raise ValidationError(f"{field}.{unknown[0]}", "unknown field")
     rate = raw.get("rate_per_s")
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= MAX_RATE:
-        raise ValidationError(f"{field}.rate_per_s", f"must be a number in (0, {MAX_RATE:.0f}]")
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not MIN_RATE <= rate <= MAX_RATE
+    ):
+        raise ValidationError(
+            f"{field}.rate_per_s", f"must be a number in [{MIN_RATE}, {MAX_RATE:.0f}]"
+        )
     burst = raw.get("burst", max(1.0, float(rate)))
     if isinstance(burst, bool) or not isinstance(burst, int | float) or not 1 <= burst <= MAX_RATE:
         raise ValidationError(f"{field}.burst", f"must be a number in [1, {MAX_RATE:.0f}]")
