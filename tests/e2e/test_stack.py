@@ -17,7 +17,22 @@ from cronwheel.stack.process import pid_alive, port_open
 
 pytestmark = pytest.mark.e2e
 
-PG_PORT, KAFKA_PORT, CONTROLLER_PORT = 55442, 39102, 39103
+
+def _free_ports(n: int) -> list[int]:
+    """Ports free right now, chosen by the kernel. Fixed ones (this test used
+    55442) sit in the ephemeral range, where the suite's own client
+    connections can hold them as local ports: the cluster then failed to bind."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+PG_PORT, KAFKA_PORT, CONTROLLER_PORT = _free_ports(3)
 
 
 def _cli(home, *args, env_extra=None, timeout=180):
