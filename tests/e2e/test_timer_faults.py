@@ -218,11 +218,27 @@ def _pause_between_claim_and_verify(conn, timer: ServiceProc, app: str, seconds:
             5,
             what="the paused timer's last query to finish",
         )
-        if _claiming(conn, app, ("idle in transaction",)):
+        # Landed only if the claim took something: a claim that found nothing
+        # commits on resume with nothing to fence.
+        mine = list(_epochs(conn, timer.owner()))
+        if _claiming(conn, app, ("idle in transaction",)) and _locked_timers(conn, mine) > 0:
             return True
         timer.resume()
     timer.pause()
     return False
+
+
+def _locked_timers(conn, partitions: list[int]) -> int:
+    """Timers of these partitions that a transaction holds a row lock on (a
+    claim in progress)."""
+    where = " WHERE partition_id = ANY(%s)"
+    with conn.transaction(force_rollback=True):
+        total = conn.execute("SELECT count(*) FROM timers" + where, [partitions]).fetchone()[0]
+        free = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM timers" + where + " FOR UPDATE SKIP LOCKED) t",
+            [partitions],
+        ).fetchone()[0]
+    return total - free
 
 
 def _unlocked_leases_of(conn, owner: str) -> int:
