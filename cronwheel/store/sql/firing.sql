@@ -57,7 +57,7 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
        SELECT partition_id, timer_id, kind, owner_id, due_at, attempt, tenant_id, priority
          FROM timers
         WHERE priority = l.prio AND tenant_id = l.tenant AND due_at <= %(now)s
-          AND partition_id = ANY(%(partitions)b::smallint[])
+          AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
           AND timer_id <> ALL(%(taken)b::text[])
         ORDER BY due_at
         LIMIT l.quota
