@@ -66,25 +66,30 @@ class Relay:
         ):
             listen.execute("LISTEN cw_outbox")
             next_lease = 0.0
+            read = True  # look for new rows this turn (else only settle acks)
             try:
                 while not stop.is_set():
                     if time.monotonic() >= next_lease:
                         self.leases.tick(conn)
                         metrics.OWNED_PARTITIONS.labels("relay").set(len(self.leases.owned))
                         next_lease = time.monotonic() + self.leases.ttl_ms / 3000
-                    n = self.relay_once(conn)
-                    if n >= self.batch or self.more:
-                        continue
+                        read = True
+                    if read:
+                        n = self.relay_once(conn)
+                        if n >= self.batch or self.more:
+                            continue
+                    else:
+                        self._settle(conn)
                     if self._inflight:
-                        # Wait briefly for acknowledgements, then look for new rows
-                        # (a notification, if one came, is drained without waiting).
+                        # Wait briefly for acknowledgements; read again only when a
+                        # commit announced new rows (no query per turn otherwise).
                         self.producer.poll(self.ack_wait_ms / 1000)
-                        for _ in listen.notifies(timeout=0.0001, stop_after=1):
-                            pass
+                        read = any(True for _ in listen.notifies(timeout=0.0001, stop_after=1))
                         continue
-                    # Drain notifications; wait for one if nothing was pending.
+                    # Wait for a notification; read anyway after idle_ms.
                     for _ in listen.notifies(timeout=self.idle_ms / 1000, stop_after=1):
                         pass
+                    read = True
             finally:
                 self.producer.flush(10)
                 try:
