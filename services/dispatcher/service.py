@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from cronwheel import kafka, metrics
+from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import PRIORITY_RANK
@@ -167,7 +167,10 @@ class Dispatcher:
             self.group_id,
             self.bootstrap,
             # New tenant topics join without revoking every other partition.
-            **{"partition.assignment.strategy": "cooperative-sticky", "on_commit": _on_commit},
+            **{
+                "partition.assignment.strategy": "cooperative-sticky",
+                "on_commit": consuming.on_commit,
+            },
         )
         self._consumer = consumer
         consumer.subscribe(
@@ -367,31 +370,12 @@ class Dispatcher:
     def _commit(self, *, asynchronous: bool) -> None:
         """Commit the offsets of finished batches on partitions still assigned
         (a revoked partition's new owner commits its own)."""
-        consumer = self._consumer
-        if consumer is None or not self._done:
-            return
-        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        offsets = [
-            TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in assigned
-        ]
-        if not offsets:
-            return
-        try:
-            consumer.commit(offsets=offsets, asynchronous=asynchronous)
-        except KafkaException as exc:
-            log.warning("commit failed (the records are skipped as processed): %s", exc)
+        if self._consumer is not None:
+            consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Hand over cleanly: commit what this instance finished before losing it."""
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in revoked]
-        if offsets:
-            try:
-                consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as exc:
-                log.warning("commit on revoke failed: %s", exc)
-        for key in revoked:
-            self._done.pop(key, None)
+        for key in consuming.commit_revoked(consumer, self._done, partitions):
             self._next.pop(key, None)
             self._class_paused.discard(key)
             self._held.pop(key, None)  # its new owner reads them again
@@ -541,25 +525,10 @@ class Dispatcher:
         return out
 
     def _report_lag(self, consumer: Consumer) -> int:
-        """Records behind the end of the assigned partitions, from the watermarks
-        the last fetches brought (no extra requests). Partitions this instance
-        has not read from yet are not counted."""
-        total = 0
-        assigned = consumer.assignment()
-        for tp in consumer.position(assigned) if assigned else []:
-            _low, high = consumer.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high >= 0:
-                total += max(high - tp.offset, 0)
-        metrics.CONSUMER_LAG.labels(CONSUMER).set(total)
-        return total
+        return consuming.report_lag(consumer, CONSUMER)
 
 
 def _headers(m: Message, record: str) -> list[tuple[str, bytes]]:
     """The source headers, with the record name set."""
     kept = [(k, v) for k, v in (m.headers() or []) if k != RECORD_HEADER]
     return [*kept, (RECORD_HEADER, record.encode())]
-
-
-def _on_commit(err, partitions) -> None:
-    if err is not None and err.code() != KafkaError._NO_OFFSET:
-        log.warning("offset commit failed (the records are skipped as processed): %s", err)

@@ -40,7 +40,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from cronwheel import kafka, metrics
+from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
@@ -160,7 +160,7 @@ class Executor:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": self.session_timeout_ms,
                 "heartbeat.interval.ms": max(500, self.session_timeout_ms // 5),
-                "on_commit": _on_commit,
+                "on_commit": consuming.on_commit,
             },
         )
         self._consumer = consumer
@@ -426,30 +426,12 @@ class Executor:
                 consumer.resume([TopicPartition(*where)])
 
     def _commit(self, *, asynchronous: bool) -> None:
-        consumer = self._consumer
-        if consumer is None or not self._done:
-            return
-        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        offsets = [
-            TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in assigned
-        ]
-        self._done.clear()
-        if offsets:
-            try:
-                consumer.commit(offsets=offsets, asynchronous=asynchronous)
-            except KafkaException as e:
-                log.warning("commit failed (the records are started already): %s", e)
+        if self._consumer is not None:
+            consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
+            self._done.clear()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in revoked]
-        if offsets:
-            try:
-                consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as e:
-                log.warning("commit on revoke failed: %s", e)
-        for key in revoked:
-            self._done.pop(key, None)
+        for key in consuming.commit_revoked(consumer, self._done, partitions):
             self._held.pop(key, None)  # its new owner reads it again
 
     def _with_db(self, fn, stop: threading.Event):
@@ -519,8 +501,3 @@ class _Db:
 
 
 _STOPPED = object()
-
-
-def _on_commit(err, partitions) -> None:
-    if err is not None and err.code() != KafkaError._NO_OFFSET:
-        log.warning("offset commit failed: %s", err)

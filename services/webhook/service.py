@@ -41,11 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge, Histogram
 
-from cronwheel import kafka, metrics
+from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
@@ -226,7 +226,10 @@ class WebhookService:
         consumer = kafka.consumer(
             self.group_id,
             self.bootstrap,
-            **{"partition.assignment.strategy": "cooperative-sticky", "on_commit": _on_commit},
+            **{
+                "partition.assignment.strategy": "cooperative-sticky",
+                "on_commit": consuming.on_commit,
+            },
         )
         consumer.subscribe([self.pattern], on_revoke=self._on_revoke)
         return consumer
@@ -236,16 +239,7 @@ class WebhookService:
         msgs = consumer.consume(1, timeout=0.1)
         if msgs:
             msgs += consumer.consume(self.settings.batch - 1, timeout=0.002)
-        good = []
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                good.append(m)
-            elif err.fatal():
-                raise KafkaException(err)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume: %s", err)
-        return good
+        return consuming.records(msgs)
 
     # -- records in ------------------------------------------------------------
 
@@ -524,32 +518,15 @@ class WebhookService:
         self._producer.poll(0)
         self._commit(consumer, asynchronous=True)
         if lag:
-            _report_lag(consumer)
+            consuming.report_lag(consumer, CONSUMER)
 
     def _commit(self, consumer: Consumer, *, asynchronous: bool) -> None:
-        ready = self._offsets.committable()
-        if not ready:
-            return
-        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        offsets = [TopicPartition(t, p, o) for (t, p), o in ready.items() if (t, p) in assigned]
-        if offsets:
-            try:
-                consumer.commit(offsets=offsets, asynchronous=asynchronous)
-            except KafkaException as exc:
-                log.warning("commit failed (the records come again; they are skipped): %s", exc)
+        consuming.commit_assigned(consumer, self._offsets.committable(), asynchronous=asynchronous)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Commit what this instance finished of the revoked partitions, then forget
         them; deliveries still waiting go on (StartRun lets only one instance win)."""
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        ready = self._offsets.committable()
-        offsets = [TopicPartition(t, p, o) for (t, p), o in ready.items() if (t, p) in revoked]
-        if offsets:
-            try:
-                consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as exc:
-                log.warning("commit on revoke failed: %s", exc)
-        for t, p in revoked:
+        for t, p in consuming.commit_revoked(consumer, self._offsets.committable(), partitions):
             self._offsets.forget(t, p)
 
     async def _shutdown(self, consumer: Consumer) -> None:
@@ -616,18 +593,3 @@ def _label(outcome: delivery.Outcome) -> str:
 def _breaker_moved(endpoint: str, before: State, after: State) -> None:
     BREAKER_CHANGES.labels(after.value).inc()
     log.info("breaker of %s: %s -> %s", endpoint, before.value, after.value)
-
-
-def _report_lag(consumer: Consumer) -> None:
-    total = 0
-    assigned = consumer.assignment()
-    for tp in consumer.position(assigned) if assigned else []:
-        _low, high = consumer.get_watermark_offsets(tp, cached=True)
-        if tp.offset >= 0 and high >= 0:
-            total += max(high - tp.offset, 0)
-    metrics.CONSUMER_LAG.labels(CONSUMER).set(total)
-
-
-def _on_commit(err, partitions) -> None:
-    if err is not None and err.code() != KafkaError._NO_OFFSET:
-        log.warning("offset commit failed: %s", err)

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter
 
-from cronwheel import kafka, metrics
+from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
@@ -120,7 +120,7 @@ class WorkflowService:
         kafka.ensure_topics(
             [self.topics.run_completed, self.topics.dead_letter], bootstrap=self.bootstrap
         )
-        conf = {"session.timeout.ms": self.session_timeout_ms, "on_commit": _on_commit}
+        conf = {"session.timeout.ms": self.session_timeout_ms, "on_commit": consuming.on_commit}
         if self.group_instance_id:
             conf["group.instance.id"] = self.group_instance_id
         consumer = kafka.consumer(self.group_id, self.bootstrap, **conf)
@@ -160,16 +160,7 @@ class WorkflowService:
         msgs = consumer.consume(1, timeout=self.idle_ms / 1000)
         if msgs and self.batch > 1:
             msgs += consumer.consume(self.batch - 1, timeout=self.max_wait_ms / 1000)
-        good = []
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                good.append(m)
-            elif err.fatal():
-                raise KafkaException(err)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume: %s", err)
-        return good
+        return consuming.records(msgs)
 
     # -- one batch ----------------------------------------------------------------
     def handle(self, msgs: list[Message], stop: threading.Event) -> bool:
@@ -329,42 +320,11 @@ class WorkflowService:
     # -- offsets and lag ------------------------------------------------------------
     def _commit(self, *, asynchronous: bool) -> None:
         """Commit the offsets of finished batches on partitions still assigned."""
-        consumer = self._consumer
-        if consumer is None or not self._done:
-            return
-        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        offsets = [
-            TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in assigned
-        ]
-        if not offsets:
-            return
-        try:
-            consumer.commit(offsets=offsets, asynchronous=asynchronous)
-        except KafkaException as exc:
-            log.warning("commit failed (the records come again and are skipped): %s", exc)
+        if self._consumer is not None:
+            consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self._done.items() if (t, p) in revoked]
-        if offsets:
-            try:
-                consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as exc:
-                log.warning("commit on revoke failed: %s", exc)
-        for key in revoked:
-            self._done.pop(key, None)
+        consuming.commit_revoked(consumer, self._done, partitions)
 
     def _report_lag(self, consumer: Consumer) -> int:
-        total = 0
-        assigned = consumer.assignment()
-        for tp in consumer.position(assigned) if assigned else []:
-            _low, high = consumer.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high >= 0:
-                total += max(high - tp.offset, 0)
-        metrics.CONSUMER_LAG.labels(CONSUMER).set(total)
-        return total
-
-
-def _on_commit(err, partitions) -> None:
-    if err is not None and err.code() != KafkaError._NO_OFFSET:
-        log.warning("offset commit failed (the records come again and are skipped): %s", err)
+        return consuming.report_lag(consumer, CONSUMER)
