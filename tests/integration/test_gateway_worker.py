@@ -10,9 +10,8 @@ import pytest
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from services.gateway.app import create_app
-from services.gateway.service import GatewayService
 from services.timer.service import TimerService
-from tests.support.running import running
+from tests.support.gateway import tenant_client
 
 pytestmark = pytest.mark.integration
 
@@ -39,20 +38,8 @@ def clock():
 @pytest.fixture
 def client(database_url, kafka_bootstrap, topic_prefix, clock):
     app = create_app(database_url, Topics(topic_prefix), kafka_bootstrap, OPERATOR_KEY, clock=clock)
-    try:
-        with (
-            running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
-            httpx.Client(base_url=svc.url, timeout=10) as c,
-        ):
-            r = c.post(
-                "/v1/tenants",
-                json={"name": "acme"},
-                headers={"Authorization": f"Bearer {OPERATOR_KEY}"},
-            )
-            c.headers["Authorization"] = f"Bearer {r.json()['api_key']}"
-            yield c
-    finally:
-        app.state.gateway.close()
+    with tenant_client(app, OPERATOR_KEY) as c:
+        yield c
 
 
 def new_run(client, retry: dict | None = None) -> str:

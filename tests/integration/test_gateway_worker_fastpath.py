@@ -20,6 +20,7 @@ from cronwheel.core.ids import partition_of_run
 from cronwheel.kafka import Topics
 from services.gateway.app import create_app
 from services.gateway.service import GatewayService
+from tests.support.gateway import tenant_client
 from tests.support.running import running
 
 pytestmark = pytest.mark.integration
@@ -31,20 +32,8 @@ OPERATOR_KEY = "cwop_fastpath_operator"
 def gateway(database_url, kafka_bootstrap, topic_prefix):
     """(client, app) over a pool of one connection, so its wire can be traced."""
     app = create_app(database_url, Topics(topic_prefix), kafka_bootstrap, OPERATOR_KEY, pool_max=1)
-    try:
-        with (
-            running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
-            httpx.Client(base_url=svc.url, timeout=10) as c,
-        ):
-            r = c.post(
-                "/v1/tenants",
-                json={"name": "acme"},
-                headers={"Authorization": f"Bearer {OPERATOR_KEY}"},
-            )
-            c.headers["Authorization"] = f"Bearer {r.json()['api_key']}"
-            yield c, app
-    finally:
-        app.state.gateway.close()
+    with tenant_client(app, OPERATOR_KEY) as c:
+        yield c, app
 
 
 def new_run(client, **job) -> str:
