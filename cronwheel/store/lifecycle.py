@@ -19,10 +19,9 @@ import contextlib
 import json
 import random
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import pq
-from psycopg.types.json import Jsonb
 
 from cronwheel.core import events
 from cronwheel.core.clock import iso, to_dt, to_ms
@@ -79,6 +78,39 @@ def _timer(p: int, kind: str, run_id: str, due_ms: int, priority: str, attempt: 
     }
 
 
+class StartCall(NamedTuple):
+    tenant_id: str
+    run_id: str
+    worker_id: str
+    attempt: int | None = None
+
+
+class CompleteCall(NamedTuple):
+    tenant_id: str
+    run_id: str
+    attempt: Any
+    start_token: Any
+    outcome: Any
+    result: Any = None
+    error: Any = None
+    retryable: Any = True
+
+
+def _rounds(keys: list[tuple[int, str]]) -> list[list[int]]:
+    """Indexes of the calls in statement rounds: each round sorted by (partition,
+    run) so concurrent batches lock runs in one order, and a run that comes
+    again goes in the next round, to see what the first call did."""
+    rounds: list[list[int]] = []
+    seen: dict[tuple[int, str], int] = {}
+    for i, key in sorted(enumerate(keys), key=lambda x: x[1]):
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(i)
+    return rounds
+
+
 class Lifecycle:
     def __init__(self, topics: Topics):
         self.topics = topics
@@ -93,31 +125,49 @@ class Lifecycle:
         now: int,
         attempt: int | None = None,
     ) -> dict:
-        if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
-            raise ValidationError("worker_id", "must be a string of 1-200 characters")
-        p = _partition(run_id)
-        token = secrets.token_urlsafe(18)
-        args = {
-            "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
-            "token": token, "now": to_dt(now), "attempt": attempt,
-        }  # fmt: skip
-        row = conn.execute(Q["start_attempt"], args).fetchone()
-        if row is None:
-            raise NotFound("run")
-        if row[0] is None:
-            raise self._refusal(conn, p, run_id, tenant_id, attempt, now, row[6:9])
-        att, lease_expires, spec = row[0], row[1], row[2]
-        return {
-            "run_id": run_id,
-            "attempt": att,
-            "start_token": token,
-            "lease_expires_at": iso(to_ms(lease_expires)),
-            "lease_ms": spec["lease_ms"],
-            "payload": json.loads(spec["payload"]),
-            "job_id": row[3],
-            "workflow_run_id": row[4],
-            "node": row[5],
-        }
+        return _one(self.start_many(conn, [StartCall(tenant_id, run_id, worker_id, attempt)], now))
+
+    def start_many(self, conn, calls: list[StartCall], now: int) -> list[dict | Exception]:
+        """StartRun for many runs (of any tenants): a statement per round (see
+        _rounds), in one transaction when there is more than one round. One
+        answer per call, in order: what `start` returns, or the exception it
+        would raise, as a value."""
+        answers: list[dict | Exception | None] = [None] * len(calls)
+        todo: list[tuple[int, int, str]] = []  # (call, partition, token)
+        for i, c in enumerate(calls):
+            try:
+                if not isinstance(c.worker_id, str) or not 1 <= len(c.worker_id) <= 200:
+                    raise ValidationError("worker_id", "must be a string of 1-200 characters")
+                todo.append((i, _partition(c.run_id), secrets.token_urlsafe(18)))
+            except (ValidationError, NotFound) as e:
+                answers[i] = e
+        rounds = _rounds([(p, calls[i].run_id) for i, p, _t in todo])
+        with _atomic(conn) if len(rounds) > 1 else contextlib.nullcontext():
+            for rnd in rounds:
+                batch = [todo[k] for k in rnd]
+                cs = [calls[i] for i, _p, _t in batch]
+                rows = conn.execute(
+                    Q["start_many"],
+                    {
+                        "p": [p for _i, p, _t in batch],
+                        "run_id": [c.run_id for c in cs],
+                        "tenant_id": [c.tenant_id for c in cs],
+                        "worker_id": [c.worker_id for c in cs],
+                        "token": [t for _i, _p, t in batch],
+                        "attempt": [c.attempt for c in cs],
+                        "now": to_dt(now),
+                    },
+                ).fetchall()
+                for (i, p, token), c, row in zip(batch, cs, rows, strict=True):
+                    if row[1] is not None:
+                        answers[i] = _started(c.run_id, token, row[1:])
+                    elif row[7] is None:
+                        answers[i] = NotFound("run")
+                    else:
+                        answers[i] = self._refusal(
+                            conn, p, c.run_id, c.tenant_id, c.attempt, now, row[7:10]
+                        )
+        return answers  # type: ignore[return-value]
 
     def _refusal(self, conn, p, run_id, tenant_id, attempt, now, seen) -> Exception:
         """Why StartRun did not start the run, from the state it found (`seen`).
@@ -171,33 +221,92 @@ class Lifecycle:
         error: Any = None,
         retryable: Any = True,
     ) -> dict:
-        _check_fence(attempt, start_token)
-        if outcome not in ("SUCCEEDED", "FAILED"):
-            raise ValidationError("outcome", "must be SUCCEEDED or FAILED")
-        if not isinstance(retryable, bool):
-            raise ValidationError("retryable", "must be true or false")
-        if error is not None and not isinstance(error, str):
-            raise ValidationError("error", "must be a string")
-        if result is not None and len(json.dumps(result)) > MAX_RESULT_BYTES:
-            raise ValidationError(
-                "result", "is larger than 64 KiB", code="PAYLOAD_TOO_LARGE", status=413
-            )
+        _check_completion(attempt, start_token, outcome, result, error, retryable)
         p = _partition(run_id)
+        call = CompleteCall(
+            tenant_id, run_id, attempt, start_token, outcome, result, error, retryable
+        )
+        js = None if result is None else json.dumps(result)
         with _atomic(conn):
-            row = conn.execute(
-                Q["finish_attempt"],
-                {
-                    "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
-                    "token": start_token, "outcome": outcome, "retryable": retryable,
-                    "now": to_dt(now), "result": None if result is None else Jsonb(result),
-                    "error": error[:MAX_ERROR_CHARS] if error else None,
-                    "attempt_error": error,
-                },
-            ).fetchone()  # fmt: skip
-            if row is None:
+            row = conn.execute(Q["finish_many"], self._finish_args([call], [(0, p, js)], now))
+            row = row.fetchone()[1:]
+            if row[0] is None:
                 raise self._stale_or_missing(conn, p, run_id, tenant_id)
             self._after_finish(conn, p, run_id, row, error, now)
         return {"state": row[0], "attempt": row[1]}
+
+    def complete_many(self, conn, calls: list[CompleteCall], now: int) -> list[dict | Exception]:
+        """CompleteRun for many runs (of any tenants) in one transaction: a
+        statement per round (see _rounds), then one for the retry timers and one
+        for the outbox. One answer per call, in order, as `start_many`."""
+        answers: list[dict | Exception | None] = [None] * len(calls)
+        todo: list[tuple[int, int, str | None]] = []  # (call, partition, result as JSON)
+        for i, c in enumerate(calls):
+            try:
+                _check_completion(
+                    c.attempt, c.start_token, c.outcome, c.result, c.error, c.retryable
+                )
+                result = None if c.result is None else json.dumps(c.result)
+                todo.append((i, _partition(c.run_id), result))
+            except (ValidationError, NotFound) as e:
+                answers[i] = e
+        retries: list[dict] = []
+        records: list[OutboxRow] = []
+        with _atomic(conn):
+            for rnd in _rounds([(p, calls[i].run_id) for i, p, _r in todo]):
+                batch = [todo[k] for k in rnd]
+                rows = conn.execute(Q["finish_many"], self._finish_args(calls, batch, now))
+                buffered_taken: set[tuple[int, str]] = set()
+                for (i, p, _r), row in zip(batch, rows.fetchall(), strict=True):
+                    c, row = calls[i], row[1:]
+                    if row[0] is None:
+                        answers[i] = self._stale_or_missing(conn, p, c.run_id, c.tenant_id)
+                        continue
+                    answers[i] = {"state": row[0], "attempt": row[1]}
+                    if row[0] == RunState.RETRY_WAIT:
+                        due = now + backoff_ms(row[2]["retry"], row[1])
+                        retries.append(
+                            {
+                                **_timer(p, "retry", c.run_id, due, row[8], row[1]),
+                                "t": row[3],
+                                "due_ms": due,
+                            }
+                        )
+                        continue
+                    records.append(self._completed(p, c.run_id, row, c.error, now))
+                    job = (p, row[4])
+                    if row[9] is not None and job not in buffered_taken:
+                        buffered_taken.add(job)
+                        records += self._buffered_run(conn, p, row[4], row[9:], now)
+            if retries:
+                conn.execute(
+                    Q["arm_retries"],
+                    {
+                        **{k: [r[k] for r in retries] for k in ("p", "owner", "due", "prio")},
+                        "attempt": [r["attempt"] for r in retries],
+                        "tenant_id": [r["t"] for r in retries],
+                        "due_ms": min(r["due_ms"] for r in retries),
+                    },
+                )
+            outbox.append(conn, records)
+        return answers  # type: ignore[return-value]
+
+    @staticmethod
+    def _finish_args(calls: list[CompleteCall], batch, now: int) -> dict:
+        cs = [calls[i] for i, _p, _r in batch]
+        return {
+            "p": [p for _i, p, _r in batch],
+            "run_id": [c.run_id for c in cs],
+            "tenant_id": [c.tenant_id for c in cs],
+            "attempt": [c.attempt for c in cs],
+            "token": [c.start_token for c in cs],
+            "outcome": [c.outcome for c in cs],
+            "retryable": [c.retryable for c in cs],
+            "result": [r for _i, _p, r in batch],
+            "error": [c.error[:MAX_ERROR_CHARS] if c.error else None for c in cs],
+            "attempt_error": [c.error for c in cs],
+            "now": to_dt(now),
+        }
 
     def cancel(
         self, conn, tenant_id: str, run_id: str, now: int, reason: str = "cancelled"
@@ -234,7 +343,7 @@ class Lifecycle:
 
     # -- what follows the end of an attempt ----------------------------------
     def _after_finish(self, conn, p: int, run_id: str, row, error, now: int) -> None:
-        """After finish_attempt (history, timers and buffered instant done): arm
+        """After finish_many (history, timers and buffered instant done): arm
         the retry, or announce the terminal state (and run the buffered instant)."""
         state, attempt, spec, tenant_id, job_id, wf_run, node = row[:7]
         priority, buffered = row[8], row[9:]
@@ -371,6 +480,43 @@ class Lifecycle:
             )
             report.runs_created += 1
         return rows
+
+
+def _one(answers: list[dict | Exception]) -> dict:
+    if isinstance(answers[0], Exception):
+        raise answers[0]
+    return answers[0]
+
+
+def _started(run_id: str, token: str, row) -> dict:
+    """StartRun's answer from a started row (attempt, lease expiry, spec, job,
+    workflow run, node)."""
+    spec = row[2]
+    return {
+        "run_id": run_id,
+        "attempt": row[0],
+        "start_token": token,
+        "lease_expires_at": iso(to_ms(row[1])),
+        "lease_ms": spec["lease_ms"],
+        "payload": json.loads(spec["payload"]),
+        "job_id": row[3],
+        "workflow_run_id": row[4],
+        "node": row[5],
+    }
+
+
+def _check_completion(attempt, start_token, outcome, result, error, retryable) -> None:
+    _check_fence(attempt, start_token)
+    if outcome not in ("SUCCEEDED", "FAILED"):
+        raise ValidationError("outcome", "must be SUCCEEDED or FAILED")
+    if not isinstance(retryable, bool):
+        raise ValidationError("retryable", "must be true or false")
+    if error is not None and not isinstance(error, str):
+        raise ValidationError("error", "must be a string")
+    if result is not None and len(json.dumps(result)) > MAX_RESULT_BYTES:
+        raise ValidationError(
+            "result", "is larger than 64 KiB", code="PAYLOAD_TOO_LARGE", status=413
+        )
 
 
 def _refused(state: RunState, cur_attempt: int, scheduled: int, attempt, now: int) -> Conflict:
