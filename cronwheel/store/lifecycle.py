@@ -22,6 +22,7 @@ import secrets
 from typing import Any, NamedTuple
 
 from psycopg import pq
+from psycopg.types.json import Jsonb
 
 from cronwheel.core import events
 from cronwheel.core.clock import iso, to_dt, to_ms
@@ -125,13 +126,27 @@ class Lifecycle:
         now: int,
         attempt: int | None = None,
     ) -> dict:
-        return _one(self.start_many(conn, [StartCall(tenant_id, run_id, worker_id, attempt)], now))
+        if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
+            raise ValidationError("worker_id", "must be a string of 1-200 characters")
+        p = _partition(run_id)
+        token = secrets.token_urlsafe(18)
+        args = {
+            "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
+            "token": token, "now": to_dt(now), "attempt": attempt,
+        }  # fmt: skip
+        row = conn.execute(Q["start_attempt"], args).fetchone()
+        if row is None:
+            raise NotFound("run")
+        if row[0] is None:
+            raise self._refusal(conn, p, run_id, tenant_id, attempt, now, row[6:9])
+        return _started(run_id, token, row)
 
     def start_many(self, conn, calls: list[StartCall], now: int) -> list[dict | Exception]:
         """StartRun for many runs (of any tenants): a statement per round (see
         _rounds), in one transaction when there is more than one round. One
         answer per call, in order: what `start` returns, or the exception it
-        would raise, as a value."""
+        would raise, as a value. (`start` has a statement of its own: see
+        lifecycle.sql on why.)"""
         answers: list[dict | Exception | None] = [None] * len(calls)
         todo: list[tuple[int, int, str]] = []  # (call, partition, token)
         for i, c in enumerate(calls):
@@ -223,14 +238,18 @@ class Lifecycle:
     ) -> dict:
         _check_completion(attempt, start_token, outcome, result, error, retryable)
         p = _partition(run_id)
-        call = CompleteCall(
-            tenant_id, run_id, attempt, start_token, outcome, result, error, retryable
-        )
-        js = None if result is None else json.dumps(result)
         with _atomic(conn):
-            row = conn.execute(Q["finish_many"], self._finish_args([call], [(0, p, js)], now))
-            row = row.fetchone()[1:]
-            if row[0] is None:
+            row = conn.execute(
+                Q["finish_attempt"],
+                {
+                    "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
+                    "token": start_token, "outcome": outcome, "retryable": retryable,
+                    "now": to_dt(now), "result": None if result is None else Jsonb(result),
+                    "error": error[:MAX_ERROR_CHARS] if error else None,
+                    "attempt_error": error,
+                },
+            ).fetchone()  # fmt: skip
+            if row is None:
                 raise self._stale_or_missing(conn, p, run_id, tenant_id)
             self._after_finish(conn, p, run_id, row, error, now)
         return {"state": row[0], "attempt": row[1]}
@@ -343,7 +362,7 @@ class Lifecycle:
 
     # -- what follows the end of an attempt ----------------------------------
     def _after_finish(self, conn, p: int, run_id: str, row, error, now: int) -> None:
-        """After finish_many (history, timers and buffered instant done): arm
+        """After finish_attempt or finish_many (history, timers and buffered instant done): arm
         the retry, or announce the terminal state (and run the buffered instant)."""
         state, attempt, spec, tenant_id, job_id, wf_run, node = row[:7]
         priority, buffered = row[8], row[9:]
@@ -480,12 +499,6 @@ class Lifecycle:
             )
             report.runs_created += 1
         return rows
-
-
-def _one(answers: list[dict | Exception]) -> dict:
-    if isinstance(answers[0], Exception):
-        raise answers[0]
-    return answers[0]
 
 
 def _started(run_id: str, token: str, row) -> dict:

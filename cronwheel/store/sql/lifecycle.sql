@@ -80,6 +80,113 @@ RETURNING old.buffered_at, j.tenant_id, j.target, j.payload, j.retry, j.timeout_
 SELECT spec FROM runs
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
 
+-- The worker protocol's transitions of one run, as single statements
+-- (data-modifying CTEs): one round trip each instead of one per table, and
+-- atomic without a savepoint when the caller's transaction is already open.
+-- Every part reads the same snapshot and sees none of the others' changes.
+-- start_many and finish_many below do the same over arrays. Why both: with
+-- scalar parameters PostgreSQL keeps one generic plan of a prepared statement;
+-- with arrays each call is planned anew for its length (0.9-3 ms), which tripled
+-- the backend's CPU of a single StartRun (bench/bench_lifecycle_batch.py).
+
+-- name: start_attempt
+-- StartRun: PENDING -> RUNNING, one caller wins a fresh start token and a lease;
+-- with it the attempt's history row and its lease (and timeout) timer. `cur` is the run as the statement found it, so a
+-- refusal says why without a second query, unless the run looked startable and
+-- a concurrent StartRun won the row (then cur is out of date: ask again).
+WITH cur AS (
+    SELECT state, attempt, scheduled_at FROM runs
+     WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s),
+s AS (
+    UPDATE runs
+       SET state = 'RUNNING', start_token = %(token)s, worker_id = %(worker_id)s,
+           started_at = %(now)s, updated_at = %(now)s,
+           lease_expires_at = %(now)s + make_interval(secs => (spec->>'lease_ms')::int / 1000.0)
+     WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+       AND state = 'PENDING' AND scheduled_at <= %(now)s + interval '1 second'
+       AND (%(attempt)s::int IS NULL OR attempt = %(attempt)s)
+    RETURNING partition_id, run_id, tenant_id, attempt, lease_expires_at, spec, job_id,
+              workflow_run_id, node, priority),
+a AS (
+    INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at)
+    SELECT partition_id, run_id, attempt, %(worker_id)s, %(now)s FROM s
+    ON CONFLICT (partition_id, run_id, attempt) DO NOTHING),
+t AS (
+    INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt,
+                        tenant_id)
+    SELECT s.partition_id, k.kind || ':' || s.run_id, k.kind, s.run_id, k.due,
+           CASE s.priority WHEN 'critical' THEN 0 WHEN 'high' THEN 1 WHEN 'low' THEN 3
+                ELSE 2 END,
+           s.attempt, s.tenant_id
+      FROM s CROSS JOIN LATERAL (VALUES
+           ('lease', s.lease_expires_at),
+           ('timeout', CASE WHEN (s.spec->>'timeout_ms')::bigint > 0 THEN %(now)s
+                + make_interval(secs => (s.spec->>'timeout_ms')::bigint / 1000.0) END)
+           ) AS k(kind, due)
+     WHERE k.due IS NOT NULL
+    ON CONFLICT (partition_id, timer_id)
+    DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
+                  attempt = EXCLUDED.attempt)
+SELECT s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
+       cur.state, cur.attempt, cur.scheduled_at
+  FROM cur LEFT JOIN s ON true;
+
+-- name: finish_attempt
+-- CompleteRun: RUNNING -> SUCCEEDED | RETRY_WAIT | FAILED, fenced on (attempt,
+-- start_token): a duplicate finds the run no longer RUNNING (or at another
+-- attempt) and changes nothing; the attempt's history row ends and its
+-- lease and timeout timers go. For a terminal state, the instant an
+-- overlap=buffer_one job held back is taken (take_buffered_instant) and comes
+-- back in the last columns. What needs the row first (the retry timer with its
+-- jittered backoff, the RunCompleted record) is the caller's next statement.
+WITH cur AS (
+    SELECT partition_id, run_id,
+           CASE WHEN %(outcome)s = 'SUCCEEDED' THEN 'SUCCEEDED'
+                WHEN %(retryable)s AND attempt < (spec->'retry'->>'max_attempts')::int
+                     THEN 'RETRY_WAIT'
+                ELSE 'FAILED' END::run_state AS next_state
+      FROM runs
+     WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+       AND state = 'RUNNING' AND attempt = %(attempt)s AND start_token = %(token)s
+       FOR UPDATE),
+u AS (
+    UPDATE runs r
+       SET state = cur.next_state,
+           finished_at = CASE WHEN cur.next_state = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
+           lease_expires_at = NULL, result = %(result)s, error = %(error)s, updated_at = %(now)s
+      FROM cur
+     WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
+    RETURNING r.partition_id, r.run_id, r.state, r.attempt, r.spec, r.tenant_id, r.job_id,
+              r.workflow_run_id, r.node, r.scheduled_at, r.priority),
+a AS (
+    UPDATE run_attempts ra
+       SET finished_at = %(now)s, outcome = %(outcome)s, error = %(attempt_error)s
+      FROM u
+     WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
+       AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
+d AS (
+    DELETE FROM timers t
+     USING u
+     WHERE t.partition_id = u.partition_id
+       AND t.timer_id IN ('lease:' || u.run_id, 'timeout:' || u.run_id)),
+old AS (
+    SELECT j.partition_id, j.job_id, j.buffered_at
+      FROM jobs j JOIN u ON j.partition_id = u.partition_id AND j.job_id = u.job_id
+     WHERE u.state <> 'RETRY_WAIT' AND j.buffered_at IS NOT NULL AND j.deleted_at IS NULL
+       FOR UPDATE OF j),
+b AS (
+    UPDATE jobs j
+       SET buffered_at = NULL
+      FROM old
+     WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
+    RETURNING old.buffered_at, j.tenant_id, j.target, j.payload, j.retry, j.timeout_ms,
+              j.lease_ms, j.priority)
+SELECT u.state, u.attempt, u.spec, u.tenant_id, u.job_id, u.workflow_run_id, u.node,
+       u.scheduled_at, u.priority,
+       b.buffered_at, b.tenant_id, b.target, b.payload, b.retry, b.timeout_ms, b.lease_ms,
+       b.priority
+  FROM u LEFT JOIN b ON true;
+
 -- name: arm_retry
 -- The backoff timer of an attempt that ended in RETRY_WAIT, and the wake-up of
 -- the firing loop, in one statement.
@@ -100,21 +207,13 @@ WITH o AS (
     VALUES (%(p)s, %(topic)s, %(key)s, %(value)s, %(priority)s))
 SELECT pg_notify('cw_outbox', '');
 
--- StartRun and CompleteRun, of one run or of a batch: each transition one
--- statement (data-modifying CTEs) over arrays, one row back per call in the
--- calls' order (`i`). One round trip per transition and batch, atomic without
--- a savepoint when the caller's transaction is already open; every part reads
--- the same snapshot and sees none of the others' changes. Calls come sorted by
--- (partition, run) so that two batches lock shared runs in the same order; a
--- run appears at most once per statement (the caller sends repeats in a later
--- one).
+-- Batches: start_attempt and finish_attempt over arrays, one row back per call
+-- in the calls' order (`i`), one round trip per transition and batch. Calls
+-- come sorted by (partition, run) so that two batches lock shared runs in the
+-- same order; a run appears at most once per statement (the caller sends
+-- repeats in a later one).
 
 -- name: start_many
--- StartRun: PENDING -> RUNNING, one caller wins a fresh start token and a lease;
--- with it the attempt's history row and its lease (and timeout) timer. `cur` is
--- the run as the statement found it, so a refusal says why without a second
--- query, unless the run looked startable and a concurrent StartRun won the row
--- (then cur is out of date: ask again).
 WITH c AS (
     SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[], %(tenant_id)s::text[],
                          %(worker_id)s::text[], %(token)s::text[], %(attempt)s::int[])
@@ -160,14 +259,8 @@ SELECT c.i, s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, 
  ORDER BY c.i;
 
 -- name: finish_many
--- CompleteRun: RUNNING -> SUCCEEDED | RETRY_WAIT | FAILED, fenced on (attempt,
--- start_token): a duplicate finds the run no longer RUNNING (or at another
--- attempt) and changes nothing; the attempt's history row ends and its lease
--- and timeout timers go. For a terminal state, the instant an overlap=buffer_one
--- job held back is taken and comes back in the last columns (on each of the
--- job's runs that ended in the batch; the caller uses it once). What needs the
--- row first (the retry timer with its jittered backoff, the RunCompleted
--- record) is the caller's next statement.
+-- A job's buffered instant comes back on each of its runs that ended in the
+-- batch; the caller uses it once.
 WITH c AS (
     SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[], %(tenant_id)s::text[],
                          %(attempt)s::int[], %(token)s::text[], %(outcome)s::text[],
