@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cronwheel.core.avro import default_registry
+from cronwheel.core.avro import default_registry, fast_writer
 
 
 @dataclass(frozen=True)
@@ -27,15 +27,21 @@ def run_ready(
     scheduled_ms: int,
     created_ms: int,
     priority: str,
-    target: dict,
     payload: str,
+    target: dict | None = None,
     job_id: str | None = None,
     workflow_run_id: str | None = None,
     node: str | None = None,
     covers: list[int] | tuple[int, ...] | None = None,
+    target_type: str | None = None,
+    queue: str | None = None,
 ) -> bytes:
-    return default_registry().encode(
-        "RunReady",
+    """`target` (the job's target object), or its `target_type` and `queue`
+    as the firing loop reads them."""
+    if target is not None:
+        target_type, queue = target["type"], target.get("queue")
+    # One per fired run: the compiled writer (the same bytes as fastavro's).
+    return fast_writer("RunReady")(
         {
             "run_id": run_id,
             "tenant_id": tenant_id,
@@ -46,8 +52,8 @@ def run_ready(
             "scheduled_at": scheduled_ms,
             "created_at": created_ms,
             "priority": priority,
-            "target_type": target["type"],
-            "queue": target.get("queue"),
+            "target_type": target_type,
+            "queue": queue,
             "payload": payload,
             "partition_id": partition_id,
             "covers": list(covers) if covers else None,

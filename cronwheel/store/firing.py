@@ -29,6 +29,8 @@ from cronwheel.store.quotas import Buckets, fair_shares
 from cronwheel.store.sql_loader import queries
 
 Q = queries("firing")
+CRITICAL = PRIORITY_RANK["critical"]
+_json_string = json.encoder.encode_basestring_ascii  # json.dumps of a str
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,14 @@ def job_timer_id(job_id: str) -> str:
 
 
 class ScheduleCache:
-    """Parsed schedules by (job, version): parsing a cron per firing is waste."""
+    """Parsed schedules: parsing a cron (or an RFC 3339 instant) per firing is
+    waste. By (owner, version), or by the schedule's JSON text and anchor
+    (by_text): a schedule is a function of those alone, so a herd of jobs
+    with one schedule parses it once."""
 
     def __init__(self, size: int = 200_000):
         self.size = size
-        self._items: dict[tuple[str, int], object] = {}
+        self._items: dict[tuple, object] = {}
 
     def get(self, job_id: str, version: int, spec: dict, anchor_ms: int):
         key = (job_id, version)
@@ -84,6 +89,15 @@ class ScheduleCache:
             if len(self._items) >= self.size:
                 self._items.clear()
             sched = self._items[key] = parse_schedule(spec, anchor_ms=anchor_ms)
+        return sched
+
+    def by_text(self, text: str, anchor_ms: int):
+        key = (text, anchor_ms)
+        sched = self._items.get(key)
+        if sched is None:
+            if len(self._items) >= self.size:
+                self._items.clear()
+            sched = self._items[key] = parse_schedule(json.loads(text), anchor_ms=anchor_ms)
         return sched
 
 
@@ -98,13 +112,70 @@ def run_spec(job: dict) -> dict:
     }
 
 
+def run_spec_text(
+    target: str, payload: str, retry: str, timeout_ms: int | None, lease_ms: int
+) -> str:
+    """run_spec as JSON text, from the job's target and retry as JSON text: what
+    the firing loop writes without decoding and re-encoding them per run."""
+    timeout = "null" if timeout_ms is None else str(int(timeout_ms))
+    return (
+        f'{{"target": {target}, "payload": {_json_string(payload)}, "retry": {retry},'
+        f' "timeout_ms": {timeout}, "lease_ms": {int(lease_ms)}}}'
+    )
+
+
+@dataclass
+class NewRuns:
+    """Runs to insert, column by column (the shape insert_runs sends)."""
+
+    partition_id: list[int] = field(default_factory=list)
+    run_id: list[str] = field(default_factory=list)
+    tenant_id: list[str] = field(default_factory=list)
+    job_id: list[str | None] = field(default_factory=list)
+    scheduled_ms: list[int] = field(default_factory=list)
+    covers: list[tuple[int, ...] | None] = field(default_factory=list)
+    priority: list[str] = field(default_factory=list)
+    spec: list[str] = field(default_factory=list)  # JSON text
+    target_type: list[str] = field(default_factory=list)
+    queue: list[str | None] = field(default_factory=list)
+    payload: list[str] = field(default_factory=list)
+
+    def add(
+        self, partition_id, run_id, tenant_id, job_id, scheduled_ms, covers, priority, spec,
+        target_type, queue, payload,
+    ) -> None:  # fmt: skip
+        self.partition_id.append(partition_id)
+        self.run_id.append(run_id)
+        self.tenant_id.append(tenant_id)
+        self.job_id.append(job_id)
+        self.scheduled_ms.append(scheduled_ms)
+        self.covers.append(covers)
+        self.priority.append(priority)
+        self.spec.append(spec)
+        self.target_type.append(target_type)
+        self.queue.append(queue)
+        self.payload.append(payload)
+
+
 def insert_runs(
-    conn: psycopg.Connection, topics: Topics, runs: list[dict], now: int
+    conn: psycopg.Connection, topics: Topics, runs: list[dict] | NewRuns, now: int
 ) -> list[OutboxRow]:
     """Insert runs (ON CONFLICT DO NOTHING) and return the RunReady rows for the
     ones that are new. Each dict: partition_id, run_id, tenant_id, job_id,
-    scheduled_ms, covers, priority, spec."""
+    scheduled_ms, covers, priority, spec (or NewRuns, the firing loop's columns)."""
     if not runs:
+        return []
+    if not isinstance(runs, NewRuns):
+        cols = NewRuns()
+        for r in runs:
+            spec = r["spec"]
+            cols.add(
+                r["partition_id"], r["run_id"], r["tenant_id"], r["job_id"], r["scheduled_ms"],
+                r.get("covers"), r["priority"], json.dumps(spec), spec["target"]["type"],
+                spec["target"].get("queue"), spec["payload"],
+            )  # fmt: skip
+        runs = cols
+    if not runs.run_id:
         return []
     inserted = {
         r[0]
@@ -112,41 +183,48 @@ def insert_runs(
             Q["insert_runs"],
             {
                 "now": to_dt(now),
-                "p": [r["partition_id"] for r in runs],
-                "id": [r["run_id"] for r in runs],
-                "t": [r["tenant_id"] for r in runs],
-                "j": [r["job_id"] for r in runs],
-                "s": [to_dt(r["scheduled_ms"]) for r in runs],
-                "c": [json.dumps(list(r["covers"])) if r.get("covers") else None for r in runs],
-                "pr": [r["priority"] for r in runs],
-                "sp": [json.dumps(r["spec"]) for r in runs],
+                "p": outbox.int2_array(runs.partition_id),
+                "id": outbox.text_array(runs.run_id),
+                "t": outbox.text_array(runs.tenant_id),
+                "j": outbox.text_array(runs.job_id),
+                "s": outbox.timestamptz_array(runs.scheduled_ms),
+                "c": outbox.text_array([json.dumps(list(c)) if c else None for c in runs.covers]),
+                "pr": outbox.text_array(runs.priority),
+                "sp": outbox.text_array(runs.spec),
             },
         )
     }
     rows = []
-    for r in runs:
-        if r["run_id"] not in inserted:
+    topic_of: dict[str, str] = {}
+    for i, run_id in enumerate(runs.run_id):
+        if run_id not in inserted:
             continue
+        tenant_id = runs.tenant_id[i]
+        priority = runs.priority[i]
         value = events.run_ready(
-            run_id=r["run_id"],
-            tenant_id=r["tenant_id"],
-            partition_id=r["partition_id"],
+            run_id=run_id,
+            tenant_id=tenant_id,
+            partition_id=runs.partition_id[i],
             attempt=1,
-            scheduled_ms=r["scheduled_ms"],
+            scheduled_ms=runs.scheduled_ms[i],
             created_ms=now,
-            priority=r["priority"],
-            target=r["spec"]["target"],
-            payload=r["spec"]["payload"],
-            job_id=r["job_id"],
-            covers=r.get("covers"),
+            priority=priority,
+            target_type=runs.target_type[i],
+            queue=runs.queue[i],
+            payload=runs.payload[i],
+            job_id=runs.job_id[i],
+            covers=runs.covers[i],
         )
+        topic = topic_of.get(tenant_id)
+        if topic is None:
+            topic = topic_of[tenant_id] = topics.runs(tenant_id)
         rows.append(
             outbox.RankedRow(
-                r["partition_id"],
-                topics.runs(r["tenant_id"]),
-                r["run_id"].encode(),
+                runs.partition_id[i],
+                topic,
+                run_id.encode(),
                 value,
-                priority=PRIORITY_RANK.get(r["priority"], outbox.NORMAL),
+                priority=PRIORITY_RANK.get(priority, outbox.NORMAL),
             )
         )
     return rows
@@ -158,6 +236,15 @@ class JobTimers:
     def __init__(self, topics: Topics, cache: ScheduleCache | None = None):
         self.topics = topics
         self.cache = cache or ScheduleCache()
+        self._catchups: dict[str, Catchup] = {}
+
+    def _catchup(self, text: str) -> Catchup:
+        got = self._catchups.get(text)
+        if got is None:
+            if len(self._catchups) >= 10_000:
+                self._catchups.clear()
+            got = self._catchups[text] = Catchup(**json.loads(text))
+        return got
 
     def __call__(
         self, conn: psycopg.Connection, timers: list[Timer], now: int, report: FireReport
@@ -165,17 +252,12 @@ class JobTimers:
         jobs = conn.execute(
             Q["jobs_for_timers"],
             {
-                "partitions": [t.partition_id for t in timers],
-                "job_ids": [t.owner_id for t in timers],
+                "partitions": outbox.int2_array([t.partition_id for t in timers]),
+                "job_ids": outbox.text_array([t.owner_id for t in timers]),
             },
         ).fetchall()
-        cols = [
-            "partition_id", "job_id", "tenant_id", "schedule", "target", "payload", "priority",
-            "retry", "timeout_ms", "lease_ms", "overlap", "catchup", "jitter_ms", "anchor_at",
-            "last_instant", "version", "has_active",
-        ]  # fmt: skip
-        by_id = {row[1]: dict(zip(cols, row, strict=True)) for row in jobs}
-        new_runs: list[dict] = []
+        by_id = {row[1]: row for row in jobs}
+        new_runs = NewRuns()
         adv: dict[str, list] = {k: [] for k in ("p", "id", "li", "m", "f", "o", "b")}
         resched: dict[str, list] = {"p": [], "id": [], "d": []}
         gone: dict[str, list] = {"p": [], "id": []}
@@ -185,61 +267,75 @@ class JobTimers:
                 gone["p"].append(t.partition_id)
                 gone["id"].append(t.timer_id)
                 continue
-            sched = self.cache.get(
-                job["job_id"], job["version"], job["schedule"], to_ms(job["anchor_at"])
-            )
+            (
+                partition_id, job_id, tenant_id, schedule, target, payload, priority, retry,
+                timeout_ms, lease_ms, overlap, catchup, jitter_ms, anchor_ms, last_ms, _version,
+                has_active, target_type, queue,
+            ) = job  # fmt: skip
             plan = plan_fire(
-                sched,
-                job_id=job["job_id"],
-                last_instant_ms=to_ms(job["last_instant"]),
+                self.cache.by_text(schedule, anchor_ms),
+                job_id=job_id,
+                last_instant_ms=last_ms,
                 now_ms=now,
-                catchup=Catchup(**job["catchup"]),
-                jitter_ms=job["jitter_ms"],
-                overlap=job["overlap"],
-                has_active_run=job["has_active"],
+                catchup=self._catchup(catchup),
+                jitter_ms=jitter_ms,
+                overlap=overlap,
+                has_active_run=has_active,
             )
-            spec = run_spec(job)
-            for pr in plan.runs:
-                new_runs.append(
-                    {
-                        "partition_id": job["partition_id"],
-                        "run_id": run_id_for_instant(job["job_id"], pr.instant_ms),
-                        "tenant_id": job["tenant_id"],
-                        "job_id": job["job_id"],
-                        "scheduled_ms": pr.instant_ms,
-                        "covers": pr.covers,
-                        "priority": job["priority"],
-                        "spec": spec,
-                    }
-                )
-                report.lateness_ms.append(now - t.due_ms)
+            if plan.runs:
+                spec = run_spec_text(target, payload, retry, timeout_ms, lease_ms)
+                for pr in plan.runs:
+                    new_runs.add(
+                        partition_id, run_id_for_instant(job_id, pr.instant_ms), tenant_id,
+                        job_id, pr.instant_ms, pr.covers, priority, spec, target_type, queue,
+                        payload,
+                    )  # fmt: skip
+                    report.lateness_ms.append(now - t.due_ms)
             report.missed += plan.missed
-            for k, v in (
-                ("p", job["partition_id"]),
-                ("id", job["job_id"]),
-                ("li", to_dt(plan.last_instant_ms)),
-                ("m", plan.missed),
-                ("f", len(plan.runs)),
-                ("o", plan.overlap_skipped),
-                ("b", None if plan.buffered_ms is None else to_dt(plan.buffered_ms)),
-            ):
-                adv[k].append(v)
+            adv["p"].append(partition_id)
+            adv["id"].append(job_id)
+            adv["li"].append(plan.last_instant_ms)
+            adv["m"].append(plan.missed)
+            adv["f"].append(len(plan.runs))
+            adv["o"].append(plan.overlap_skipped)
+            adv["b"].append(plan.buffered_ms)
             if plan.next_due_ms is None:
                 gone["p"].append(t.partition_id)
                 gone["id"].append(t.timer_id)
             else:
                 resched["p"].append(t.partition_id)
                 resched["id"].append(t.timer_id)
-                resched["d"].append(to_dt(plan.next_due_ms))
+                resched["d"].append(plan.next_due_ms)
                 report.next_due_ms.append(plan.next_due_ms)
         rows = insert_runs(conn, self.topics, new_runs, now)
         report.runs_created += len(rows)
         if adv["id"]:
-            conn.execute(Q["advance_jobs"], adv)
+            conn.execute(
+                Q["advance_jobs"],
+                {
+                    "p": outbox.int2_array(adv["p"]),
+                    "id": outbox.text_array(adv["id"]),
+                    "li": outbox.timestamptz_array(adv["li"]),
+                    "m": outbox.int8_array(adv["m"]),
+                    "f": outbox.int8_array(adv["f"]),
+                    "o": outbox.int8_array(adv["o"]),
+                    "b": outbox.timestamptz_array(adv["b"]),
+                },
+            )
         if resched["id"]:
-            conn.execute(Q["reschedule_timers"], resched)
+            conn.execute(
+                Q["reschedule_timers"],
+                {
+                    "p": outbox.int2_array(resched["p"]),
+                    "id": outbox.text_array(resched["id"]),
+                    "d": outbox.timestamptz_array(resched["d"]),
+                },
+            )
         if gone["id"]:
-            conn.execute(Q["delete_timers"], gone)
+            conn.execute(
+                Q["delete_timers"],
+                {"p": outbox.int2_array(gone["p"]), "id": outbox.text_array(gone["id"])},
+            )
         return rows
 
 
@@ -265,12 +361,20 @@ class Firing:
         *,
         quotas: Buckets | None = None,
         rounds: int = 4,
+        critical_batch: int | None = None,
     ):
         self.topics = topics
         self.handlers: dict[str, Handler] = {"job": JobTimers(topics)}
         self.handlers.update(handlers or {})
         self.quotas = quotas or Buckets("fire")
         self.rounds = rounds
+        # Critical first (docs/priority.md): when set, a batch that takes
+        # critical timers takes nothing of a lower class, and a backlog that a
+        # critical timer leads starts with a batch of at most this many, so the
+        # first critical runs commit (and reach the relay) while the next
+        # batch is being made. None: classes share batches (the default here;
+        # the timer service sets it).
+        self.critical_batch = critical_batch
         self._turn = 0  # rotates which lanes get a batch's remainder
         self._claimed_at = 0  # `now` of the last claim: upcoming() looks after it
         self._wake: list[int] = []  # quota refills and unfinished backlogs to wake for
@@ -283,12 +387,14 @@ class Firing:
         report = FireReport()
         if not leases.owned:
             return report
-        partitions = list(leases.owned)
+        # One binary array for every query of the pass (1024 elements through
+        # psycopg's list dumper cost ~1.5 ms a query).
+        partitions = outbox.int2_array(list(leases.owned))
         with conn.transaction():
             # Deterministic run ids make a firing lost in a database crash safe to
             # repeat (the same runs, the same records), so the commit need not
             # wait for the WAL flush: it is the firing path's largest fixed cost.
-            conn.execute(Q["relaxed_commit"])
+            conn.execute(Q["firing_settings"])
             self._claimed_at = now
             self._wake = [w for w in self._wake if w > now]
             if self._backlog:
@@ -306,6 +412,8 @@ class Firing:
                 if len(rows) < limit:
                     timers, _ = self._within_quota(conn, [_timer(r) for r in rows], now, report)
                 else:
+                    if self.critical_batch and rows[0][7] == CRITICAL:
+                        limit = min(limit, self.critical_batch)
                     timers, self._backlog = self._claim_fair(conn, partitions, now, limit, report)
             if not timers:
                 self._note_wake(report)
@@ -328,7 +436,7 @@ class Firing:
         return report
 
     def _claim_fair(
-        self, conn: psycopg.Connection, partitions: list[int], now: int, limit: int, report
+        self, conn: psycopg.Connection, partitions, now: int, limit: int, report
     ) -> tuple[list[Timer], bool]:
         """A backlog: claim by lanes in up to `rounds` rounds. Each round shares
         the room left between the open lanes of the highest class with any
@@ -347,20 +455,25 @@ class Firing:
         metrics.FAIR_LANES.labels("timer").set(len(lanes))
         self._turn += 1
         claimed: list[Timer] = []
+        first_class = None
         room = limit
         for _ in range(self.rounds):
             quota = fair_shares(lanes, room, self._turn)
             if not quota:
                 break
+            top = next(iter(quota))[0]  # each round serves one class
+            first_class = top if first_class is None else first_class
+            if self.critical_batch and first_class == CRITICAL and top != CRITICAL:
+                break  # the critical runs commit now, without a lower class's work
             rows = conn.execute(
                 Q["claim_lanes"],
                 {
                     "now": to_dt(now),
                     "partitions": partitions,
-                    "prio": [lane[0] for lane in quota],
-                    "tenant": [lane[1] for lane in quota],
+                    "prio": outbox.int2_array([lane[0] for lane in quota]),
+                    "tenant": outbox.text_array([lane[1] for lane in quota]),
                     "quota": list(quota.values()),
-                    "taken": [t.timer_id for t in claimed],
+                    "taken": outbox.text_array([t.timer_id for t in claimed]),
                 },
             ).fetchall()
             got = [_timer(r) for r in rows]
@@ -383,6 +496,11 @@ class Firing:
             # More is due than this batch took: wake again at once.
             self._wake.append(now)
         return claimed, bool(lanes)
+
+    @property
+    def backlog(self) -> bool:
+        """The last pass left due timers it had no room for."""
+        return self._backlog
 
     def _within_quota(
         self, conn: psycopg.Connection, timers: list[Timer], now: int, report: FireReport

@@ -17,6 +17,8 @@ def main() -> None:
         config.database_url(),
         Topics.from_env(),
         batch=int(os.environ.get("CRONWHEEL_TIMER_BATCH", "500")),
+        # > 0: a critical-first batch of that size (docs/priority.md); 0: off.
+        critical_batch=int(os.environ.get("CRONWHEEL_TIMER_CRITICAL_BATCH", "0")),
         lease_ttl_ms=int(os.environ.get("CRONWHEEL_LEASE_TTL_MS", "10000")),
     )
     log.info("timer %s starting", service.leases.owner)

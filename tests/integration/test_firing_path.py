@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
 from cronwheel import kafka
 from cronwheel.core import events
+from cronwheel.core.avro import default_registry, fast_writer
 from cronwheel.core.clock import iso, now_ms, to_ms
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.ids import PARTITIONS, run_id_for_instant
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox
-from cronwheel.store.firing import Firing
+from cronwheel.store.firing import Firing, run_spec, run_spec_text
 from cronwheel.store.jobs import Jobs, create_tenant
 from services.relay.service import Relay
 from services.timer.service import TimerService
@@ -203,3 +206,98 @@ def test_relay__rows_trickling_in__each_published_once__none_reread_while_in_fli
     records = drain(kafka_bootstrap, topic, want=201, timeout=5)
     keys = [key for _t, key, *_ in records]
     assert len(keys) == 200 and len(set(keys)) == 200
+
+
+# -- what the firing loop's cheaper encodings must keep -------------------------
+
+
+def test_run_ready__compiled_writer__same_bytes_as_fastavro():
+    """events.run_ready goes through avro.fast_writer; fastavro is the reference."""
+    registry = default_registry()
+    cases = [
+        {"job_id": "job_1", "queue": "q", "covers": None},
+        {"job_id": None, "workflow_run_id": "wfr_1", "node": "n-é", "queue": None},
+        {"job_id": "j", "queue": "𝄞 queue", "covers": [0, 1, -1, 1_700_000_000_123, 2**62]},
+        {"job_id": "j", "queue": "q", "covers": []},
+    ]
+    for i, extra in enumerate(cases):
+        datum = {
+            "run_id": f"{i:03x}" + "a" * 29, "tenant_id": "ten_ü", "workflow_run_id": None,
+            "node": None, "attempt": 64 + i, "scheduled_at": 1_700_000_000_000 + i,
+            "created_at": -5 - i, "priority": "critical", "target_type": "queue",
+            "payload": '{"x": "\\u00e9"}', "partition_id": 1023, "covers": None, **extra,
+        }  # fmt: skip
+        assert fast_writer("RunReady")(datum) == registry.encode("RunReady", datum)
+        assert registry.decode(fast_writer("RunReady")(datum)) == ("RunReady", datum)
+
+
+def test_packed_arrays__round_trip_through_postgres(conn):
+    """The firing loop's binary array parameters read back as psycopg's own."""
+    texts = ["a", "", None, "é€𝄞", "x" * 300]
+    ms = [0, 1_700_000_000_123, None, -1]
+    got = conn.execute(
+        "SELECT %(t)b::text[], %(b)b::bytea[], %(s)b::smallint[], %(l)b::bigint[],"
+        " %(ts)b::timestamptz[], %(e)b::text[], %(n)b::smallint[]",
+        {
+            "t": outbox.text_array(texts),
+            "b": outbox.bytea_array([b"\x00\xff", None, b""]),
+            "s": outbox.int2_array([0, 1023, -32768, 32767]),
+            "l": outbox.int8_array([2**62, -(2**63), None]),
+            "ts": outbox.timestamptz_array(ms),
+            "e": outbox.text_array([]),
+            "n": outbox.int2_array([1, None]),
+        },
+    ).fetchone()
+    assert got[0] == texts
+    assert got[1] == [b"\x00\xff", None, b""]
+    assert got[2] == [0, 1023, -32768, 32767]
+    assert got[3] == [2**62, -(2**63), None]
+    assert [None if d is None else to_ms(d) for d in got[4]] == ms
+    assert got[5] == [] and got[6] == [1, None]
+
+
+def test_run_spec_text__same_document_as_run_spec(conn):
+    job = {
+        "target": {"type": "webhook", "url": 'https://example.com/é?a="b"'},
+        "payload": '{"k": "v\\n"}',
+        "retry": {"max_attempts": 3, "backoff_ms": 100},
+        "timeout_ms": None,
+        "lease_ms": 30000,
+    }
+    text = run_spec_text(
+        json.dumps(job["target"]), job["payload"], json.dumps(job["retry"]), None, 30000
+    )
+    assert json.loads(text) == run_spec(job)
+    same = conn.execute("SELECT %s::jsonb = %s::jsonb", [text, json.dumps(run_spec(job))])
+    assert same.fetchone()[0]
+
+
+def test_critical_batch__storm_led_by_critical__small_critical_batch_then_critical_alone(conn):
+    """Critical first (docs/priority.md): with critical_batch set, the first
+    batch of a backlog led by critical timers is that many critical timers,
+    the next takes the rest of the critical class and nothing lower, and only
+    then do the lower classes get batches."""
+    from tests.integration.test_priority import all_leases, bulk_jobs
+
+    big = create_tenant(conn, "big", priority_classes=["critical", "high", "normal", "low"])
+    small = create_tenant(conn, "small", priority_classes=["critical", "high", "normal", "low"])
+    due = now_ms() - 1000
+    bulk_jobs(conn, big["tenant_id"], 600, due, "normal")
+    bulk_jobs(conn, big["tenant_id"], 40, due, "critical")
+    bulk_jobs(conn, small["tenant_id"], 40, due, "critical")
+    firing = Firing(Topics("t"), critical_batch=20)
+    leases = all_leases(conn)
+    batches = []
+    for i in range(4):
+        before = dict(conn.execute("SELECT priority, count(*) FROM runs GROUP BY 1").fetchall())
+        report = firing.fire_due(conn, leases, now_ms(), limit=200)
+        after = dict(conn.execute("SELECT priority, count(*) FROM runs GROUP BY 1").fetchall())
+        batches.append({k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)})
+        assert firing.backlog
+        assert report.timers == sum(batches[-1].values())
+        if i == 0:  # fair within the class: both tenants' critical runs in the first batch
+            tenants = "SELECT count(DISTINCT tenant_id) FROM runs WHERE priority = 'critical'"
+            assert conn.execute(tenants).fetchone()[0] == 2
+    assert batches[0] == {"critical": 20}
+    assert batches[1] == {"critical": 60}
+    assert batches[2] == {"normal": 200} and batches[3] == {"normal": 200}

@@ -42,9 +42,13 @@ WITH RECURSIVE lane(priority, tenant_id) AS (
 )
 SELECT l.priority, l.tenant_id
   FROM lane l
- WHERE EXISTS (SELECT 1 FROM timers t
-                WHERE t.priority = l.priority AND t.tenant_id = l.tenant_id
-                  AND t.due_at <= %(now)s AND t.partition_id = ANY(%(partitions)b::smallint[]))
+ CROSS JOIN LATERAL (
+       -- One probe per lane (LIMIT 1 keeps it a probe: as an EXISTS, the
+       -- planner may hash every due timer to answer it).
+       SELECT 1 FROM timers t
+        WHERE t.priority = l.priority AND t.tenant_id = l.tenant_id
+          AND t.due_at <= %(now)s AND (t.partition_id + 0) = ANY(%(partitions)b::smallint[])
+        LIMIT 1) due
  ORDER BY l.priority, l.tenant_id;
 
 -- name: claim_lanes
@@ -79,13 +83,21 @@ SELECT c.prio, t.due_at
         LIMIT %(limit)s) t;
 
 -- name: jobs_for_timers
-SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule, j.target, j.payload, j.priority,
-       j.retry, j.timeout_ms, j.lease_ms, j.overlap, j.catchup, j.jitter_ms,
-       j.anchor_at, j.last_instant, j.version,
+-- JSON comes back as text (the loop parses what it needs once per distinct
+-- text, and passes target and retry on into the run's spec as they are),
+-- instants as epoch milliseconds: no per-row JSON decoding or datetimes.
+-- has_active: an unfinished run of a job whose overlap is not `allow`
+-- (finished_at IS NULL is state IN (PENDING, RUNNING, RETRY_WAIT) by the
+-- finished_iff_terminal check; runs_open_job serves it).
+SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule::text, j.target::text, j.payload,
+       j.priority, j.retry::text, j.timeout_ms, j.lease_ms, j.overlap, j.catchup::text,
+       j.jitter_ms, floor(extract(epoch FROM j.anchor_at) * 1000)::bigint,
+       floor(extract(epoch FROM j.last_instant) * 1000)::bigint, j.version,
        (j.overlap <> 'allow' AND EXISTS (
             SELECT 1 FROM runs r
-             WHERE r.job_id = j.job_id AND r.state IN ('PENDING', 'RUNNING', 'RETRY_WAIT')))
-         AS has_active
+             WHERE r.job_id = j.job_id AND r.finished_at IS NULL))
+         AS has_active,
+       j.target->>'type', j.target->>'queue'
   FROM jobs j
   JOIN unnest(%(partitions)b::smallint[], %(job_ids)b::text[]) AS k(p, id)
     ON j.partition_id = k.p AND j.job_id = k.id
@@ -142,5 +154,28 @@ DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = 
 -- name: notify_timer
 SELECT pg_notify('cw_timers', %(due_ms)s::text);
 
--- name: relaxed_commit
-SET LOCAL synchronous_commit = off;
+-- name: firing_settings
+-- For the firing transaction only (set_config(..., true) is SET LOCAL):
+-- - no WAL flush wait at commit (see Firing.fire_due);
+-- - index paths only. The planner reads the row-level security filter of
+--   jobs and timers (`cronwheel_tenant_scope() IS NULL OR ...`) as keeping
+--   0.5% of the rows, where for the services it keeps all of them. So a scan
+--   of the whole table looked cheap: the batch's jobs and timers were found
+--   by a hash join (or a nested loop over a materialized scan) over all of
+--   jobs or timers, the first claim of a storm read and sorted every due
+--   timer, and due_lanes hashed them all, per batch: 20-250 ms a statement
+--   at 20k jobs, growing with the herd. Every statement of this transaction
+--   wants a few rows by key or an index range in order (claims stop at their
+--   LIMIT): with seq and bitmap scans, sorts, hash and merge joins and
+--   materialized inner scans off, each is an index probe or an ordered index
+--   scan (3-9 ms a batch). (A sort with no alternative, of a few rows, still
+--   happens: `off` only prices a path out where another exists. That price
+--   would also make the statement look worth JIT compiling, 0.7 s: no JIT.)
+SELECT set_config('synchronous_commit', 'off', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_sort', 'off', true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true),
+       set_config('enable_material', 'off', true),
+       set_config('jit', 'off', true);

@@ -77,6 +77,7 @@ UPDATE jobs SET deleted_at = %(now)s, updated_at = %(now)s
 UPDATE runs SET state = 'CANCELLED', finished_at = %(now)s, updated_at = %(now)s
  WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s
    AND state IN ('PENDING', 'RETRY_WAIT')
+   AND finished_at IS NULL  -- implied by the states; lets runs_open_job serve it
 RETURNING run_id, attempt;
 
 -- name: restart_schedule_from
