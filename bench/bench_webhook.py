@@ -10,21 +10,26 @@ up, StartRun, sign, POST, classify, CompleteRun.
 - burst: N records produced at once; deliveries/s = N / (first record produced
   -> last run SUCCEEDED in the database).
 - paced: records produced at a steady rate below the burst rate; delivery
-  latency = receiver got the request - record produced, and completion latency
+  latency = receiver got the request - record produced (as the dispatcher
+  forwards a due run: what the webhook service adds), and completion latency
   = run's finished_at - record produced.
 
+The receiver is a raw asyncio protocol in a process of its own, its CPU
+printed apart: it must not be what limits the figures.
+
 Usage: bench_webhook.py [--burst N] [--paced N] [--rate R] [--instances K]
+                        [--service-root CHECKOUT (services from another tree, to compare)]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,59 +62,113 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok"
 
 
+class _ReceiverProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive, as little work per request as will do: find the end
+    of the head, the content length and the run id, note the arrival, answer."""
+
+    def __init__(self, arrived: dict[str, float], samples: list[tuple[bytes, bytes]]):
+        self.arrived = arrived
+        self.samples = samples
+        self.buf = b""
+
+    def connection_made(self, transport) -> None:
+        self.t = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = buf[: end + 2]
+            i = head.find(b"\r\ncontent-length:")
+            if i < 0:  # not as our client writes it
+                head = head.lower()
+                i = head.find(b"\r\ncontent-length:")
+            size = int(head[i + 17 : head.find(b"\r", i + 17)]) if i >= 0 else 0
+            if len(buf) < end + 4 + size:
+                break
+            i = buf.find(b"\r\ncronwheel-run-id: ", 0, end)
+            run_id = buf[i + 20 : buf.find(b"\r", i + 20, end + 2)] if i >= 0 else b""
+            self.arrived.setdefault(run_id.decode(), time.time())
+            if len(self.samples) < 50:
+                self.samples.append((buf[:end], buf[end + 4 : end + 4 + size]))
+            buf = buf[end + 4 + size :]
+            self.t.write(RESPONSE)
+        self.buf = buf
+
+
+def serve_receiver() -> None:
+    """The receiver process (`--receiver`): prints its port; on each line read
+    from stdin writes what arrived (JSON) to the file named on that line."""
+    arrived: dict[str, float] = {}
+    samples: list[tuple[bytes, bytes]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _ReceiverProtocol(arrived, samples), "127.0.0.1", 0, backlog=1024
+        )
+        print(server.sockets[0].getsockname()[1], flush=True)
+        while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+            Path(line).write_text(
+                json.dumps(
+                    {
+                        "arrived": arrived,
+                        "samples": [[h.decode("latin-1"), b.decode()] for h, b in samples],
+                    }
+                )
+            )
+            print("ok", flush=True)
+        server.close()
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+
+
 class Receiver:
-    """A minimal HTTP/1.1 keep-alive server on its own thread and loop: notes when
-    each run's request arrived (time.time) and keeps a few to verify."""
+    """A minimal HTTP/1.1 keep-alive server in a process of its own (so its CPU is
+    its own and it never shares a GIL with the producer): notes when each run's
+    request arrived (time.time) and keeps a few requests to verify."""
 
     def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(PYTHON), __file__, "--receiver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = self.proc.pid
+        self.port = int(self.proc.stdout.readline())
         self.arrived: dict[str, float] = {}
         self.samples: list[tuple[dict, bytes]] = []
-        self.port = 0
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
 
-    def _serve(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        receiver = self
-
-        class Proto(asyncio.Protocol):
-            def connection_made(self, transport):
-                self.t = transport
-                self.buf = b""
-
-            def data_received(self, data):
-                self.buf += data
-                while True:
-                    end = self.buf.find(b"\r\n\r\n")
-                    if end < 0:
-                        return
-                    head = self.buf[:end].decode("latin-1").split("\r\n")[1:]
-                    headers = {k.lower(): v for k, v in (h.split(": ", 1) for h in head)}
-                    size = int(headers.get("content-length", 0))
-                    if len(self.buf) < end + 4 + size:
-                        return
-                    body = self.buf[end + 4 : end + 4 + size]
-                    self.buf = self.buf[end + 4 + size :]
-                    receiver.arrived.setdefault(headers.get("cronwheel-run-id", ""), time.time())
-                    if len(receiver.samples) < 50:
-                        receiver.samples.append((headers, body))
-                    self.t.write(RESPONSE)
-
-        self._loop = asyncio.get_running_loop()
-        server = await self._loop.create_server(Proto, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._stop = asyncio.Event()
-        self._ready.set()
-        async with server:
-            await self._stop.wait()
+    def collect(self) -> None:
+        """What arrived so far, from the receiver process."""
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            self.proc.stdin.write(f.name + "\n")
+            self.proc.stdin.flush()
+            if self.proc.stdout.readline().strip() != "ok":
+                raise RuntimeError("the receiver did not answer")
+            got = json.loads(Path(f.name).read_text())
+        self.arrived = got["arrived"]
+        self.samples = []
+        for head, body in got["samples"]:
+            lines = head.split("\r\n")[1:]
+            headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines)}
+            self.samples.append((headers, body.encode()))
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 class Bench:
@@ -254,12 +313,13 @@ def backend_pids(conn: psycopg.Connection, pids: list[int]) -> list[int]:
 
 
 class CpuMeter:
-    """CPU seconds of the webhook processes, their PostgreSQL backends, this
-    process (receiver and producer) and the shared Kafka broker, from `start`."""
+    """CPU seconds of the webhook processes, their PostgreSQL backends, the
+    receiver, this process (producer) and the shared Kafka broker, from `start`."""
 
-    def __init__(self, conn: psycopg.Connection, procs: list[subprocess.Popen]):
+    def __init__(self, conn: psycopg.Connection, procs: list[subprocess.Popen], receiver: int):
         self.conn = conn
         self.procs = procs
+        self.receiver = receiver
         self.broker = kafka_broker_pid()
 
     def sample(self) -> dict[str, float]:
@@ -267,7 +327,8 @@ class CpuMeter:
         out = {
             "webhook": sum(cpu_seconds(p) for p in webhook),
             "its postgres backends": sum(cpu_seconds(b) for b in backend_pids(self.conn, webhook)),
-            "bench (receiver, producer)": cpu_seconds(os.getpid()),
+            "receiver": cpu_seconds(self.receiver),
+            "bench (producer, polling)": cpu_seconds(os.getpid()),
         }
         if self.broker:
             out["kafka broker (shared)"] = cpu_seconds(self.broker)
@@ -276,14 +337,15 @@ class CpuMeter:
     def start(self) -> None:
         self.before = self.sample()
 
-    def per_op(self, n: int) -> str:
+    def per_op(self, n: int) -> dict[str, float]:
+        """CPU ms per operation of each, since `start`."""
         after = self.sample()
-        return ", ".join(
-            f"{k} {1000 * (v - self.before.get(k, 0.0)) / n:.2f}" for k, v in after.items()
-        )
+        return {k: 1000 * (v - self.before.get(k, 0.0)) / n for k, v in after.items()}
 
 
-def start_services(url: str, prefix: str, instances: int, logdir: Path) -> list[subprocess.Popen]:
+def start_services(
+    url: str, prefix: str, instances: int, logdir: Path, root: Path = ROOT
+) -> list[subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
     env.update(
         DATABASE_URL=url,
@@ -299,7 +361,7 @@ def start_services(url: str, prefix: str, instances: int, logdir: Path) -> list[
         procs.append(
             subprocess.Popen(
                 [str(PYTHON), "-m", "cronwheel.cli", "serve", "webhook"],
-                cwd=ROOT,
+                cwd=root,
                 env={**env, "CRONWHEEL_WEBHOOK_INSTANCE": f"bench{i}"},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -331,20 +393,31 @@ def main() -> None:
         "--rate", type=float, default=0, help="paced records/s (default: half the burst rate)"
     )
     ap.add_argument("--instances", type=int, default=1)
+    ap.add_argument(
+        "--service-root",
+        type=Path,
+        default=ROOT,
+        help="run the services from this checkout (an older one, to compare)",
+    )
+    ap.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.receiver:
+        return serve_receiver()
     header("bench_webhook: deliveries to a local receiver")
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     receiver = Receiver()
     logdir = Path(tempfile.mkdtemp(prefix="cw-bench-webhook-"))
     with fresh_database() as url:
         bench = Bench(url, prefix, receiver)
-        procs = start_services(url, prefix, args.instances, logdir)
+        procs = start_services(url, prefix, args.instances, logdir, args.service_root)
         say(
             f"setup: fresh database, one webhook job, {args.instances} `cronwheel serve webhook`"
             f" process(es) (per-endpoint limit {os.environ.get('CRONWHEEL_WEBHOOK_PER_ENDPOINT', '64')},"
-            " other settings default), the webhook topic with 8 partitions, the receiver and the"
-            " producer in this process"
+            " other settings default), the webhook topic with 8 partitions, the receiver (a raw"
+            " asyncio protocol) in a process of its own, the producer in this one; services from"
+            f" {args.service_root}"
         )
+        say(f"setup: machine before: {machine_load()}")
         try:
             warm = bench.runs(200)
             bench.produce(warm)
@@ -353,7 +426,7 @@ def main() -> None:
             records = bench.runs(args.burst)
             ids = [r for r, _ in records]
             cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-            meter = CpuMeter(bench.conn, procs)
+            meter = CpuMeter(bench.conn, procs, receiver.pid)
             meter.start()
             threads0 = [thread_cpu(p.pid) for p in procs]
             t0 = time.time()
@@ -366,6 +439,7 @@ def main() -> None:
                 for k, v in thread_cpu(p.pid).items():
                     split[k] += v - before[k]
             rate = len(ids) / (last - t0)
+            receiver.collect()
             arrivals = sorted(receiver.arrived[r] for r in ids)
             say(
                 f"burst {len(ids):,}: {rate:,.0f} deliveries/s (first produced -> last SUCCEEDED"
@@ -374,7 +448,21 @@ def main() -> None:
                 + ", ".join(f"{k} {1000 * v / len(ids):.2f}" for k, v in split.items())
                 + ")"
             )
-            say(f"burst: CPU ms per delivery by process: {per_op}")
+            say(
+                "burst: CPU ms per delivery by process: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in per_op.items())
+            )
+            ours = sum(v for k, v in per_op.items() if k != "kafka broker (shared)")
+            say(
+                f"burst: all but the broker {ours:.2f} ms per delivery: two idle cores would"
+                f" carry about {2000 / ours:,.0f} deliveries/s"
+                + (
+                    f" ({2000 / (ours + per_op['kafka broker (shared)']):,.0f}/s counting the"
+                    " shared broker's CPU in the meantime, other users' included)"
+                    if "kafka broker (shared)" in per_op
+                    else ""
+                )
+            )
             say(f"burst: machine after: {machine_load()}")
 
             pace = args.rate or max(50.0, round(rate / 2, -1))
@@ -383,6 +471,7 @@ def main() -> None:
             sent = bench.produce(paced, rate=pace)
             bench.wait_done(ids, procs)
             fin = bench.finished(ids)
+            receiver.collect()
             delivery = [1000 * (receiver.arrived[r] - sent[r]) for r in ids]
             completion = [1000 * (fin[r] - sent[r]) for r in ids]
             say(f"paced {len(ids):,} at {pace:,.0f}/s: delivery latency {describe(delivery)}")

@@ -4,16 +4,22 @@ and the lifecycle calls of many deliveries grouped into one transaction.
 Why group: every StartRun and CompleteRun of its own is a transaction with its
 commit, a thread hand-off and a wake-up of the event loop; at a few hundred
 deliveries a second that was most of the service's CPU and of its PostgreSQL
-backends' (docs/webhooks.md has the figures). `submit` queues a call; whatever
-is queued when a thread is free goes as one transaction, each call in it as
-the call would run alone (the Lifecycle methods open their own savepoint), and
-every caller learns its own answer once the transaction has committed: an
-offset is still committed only after its StartRun is durable, and a request
-still goes out only after its StartRun is.
+backends' (docs/webhooks.md has the figures). Whatever is queued when a thread
+is free goes as one transaction, and every caller learns its own answer once
+that transaction has committed: an offset is still committed only after its
+StartRun is durable, and a request still goes out only after its StartRun is.
+
+Two kinds of call share a group:
+- `submit(fn, *args)`: `fn(conn, *args)`, each in its turn (heartbeats);
+- `submit_many(fn, item)`: the group's items of one `fn` go to it together,
+  `fn(conn, items)` answering one value per item in order, an exception
+  instance standing for that item's error (Lifecycle.start_many and
+  complete_many: a few statements for the whole batch, not one per run).
 
 A call that raises inside a group (a deadlock, a constraint, a bug; refusals
 are answers, not exceptions) aborts the group: it is rolled back and each of
-its calls is made again alone, so one bad call fails only its own caller.
+its calls is made again alone (a batched one as a batch of one), so one bad
+call fails only its own caller.
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ GROUP_CALLS = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 48),
 )
 
-# Each call in a group holds a subtransaction (its savepoint) until the commit;
-# past 64 of them PostgreSQL's snapshots of every other session get slower
-# (subxid overflow), so a group stays under that.
+# A group is one transaction; a call that took a savepoint in it would hold a
+# subtransaction until the commit, and past 64 of them PostgreSQL's snapshots
+# of every other session get slower (subxid overflow). The service's calls take
+# none (the Lifecycle adds no savepoint inside an open transaction), but the
+# bound stays: it also bounds how long a group holds its rows locked.
 MAX_GROUP = 48
 
 
@@ -66,7 +74,8 @@ class Database:
         self._local = threading.local()
         self._all: list[psycopg.Connection] = []
         self._lock = threading.Lock()
-        self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
+        # (fn, args, future, batched): batched calls carry their one item as args[0]
+        self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future, bool]] = []
         self._groups = 0  # groups on their way (at most `workers`)
         self._flush_soon = False
         self.grouped = 0  # calls made in groups, and
@@ -105,9 +114,18 @@ class Database:
     def submit(self, fn: Callable[..., Any], *args) -> asyncio.Future:
         """`fn(conn, *args)` in the next group's transaction; the future has its
         answer (or its exception) once that transaction committed."""
+        return self._enqueue(fn, args, False)
+
+    def submit_many(self, fn: Callable[[Any, list], list], item: Any) -> asyncio.Future:
+        """`item` goes to `fn(conn, items)` with the other items of `fn` in the
+        next group; the future has its answer (an exception instance in the
+        answers is raised to its caller) once the transaction committed."""
+        return self._enqueue(fn, (item,), True)
+
+    def _enqueue(self, fn, args: tuple, batched: bool) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.append((fn, args, fut))
+        self._queue.append((fn, args, fut, batched))
         if not self._flush_soon and self._groups < self.workers:
             # After the callbacks already due: the deliveries started together
             # queue their calls first, then go as one group.
@@ -125,7 +143,7 @@ class Database:
             self.grouped += len(group)
             self.groups += 1
             GROUP_CALLS.observe(len(group))
-            calls = [(fn, args) for fn, args, _f in group]
+            calls = [(fn, args, batched) for fn, args, _f, batched in group]
             try:
                 done = loop.run_in_executor(self.pool, self._run_group, calls)
             except RuntimeError:  # the pool is shut down: the service is stopping
@@ -141,7 +159,7 @@ class Database:
             answers = [(False, done.exception())] * len(group)
         else:
             answers = done.result()
-        for (_fn, _args, fut), (ok, value) in zip(group, answers, strict=True):
+        for (_fn, _args, fut, _b), (ok, value) in zip(group, answers, strict=True):
             if fut.done():
                 continue
             if ok:
@@ -151,43 +169,62 @@ class Database:
         if self._queue:
             self._flush()
 
-    def _run_group(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[tuple[bool, Any]]:
+    def _run_group(
+        self, calls: list[tuple[Callable[..., Any], tuple, bool]]
+    ) -> list[tuple[bool, Any]]:
         if len(calls) == 1:
-            fn, args = calls[0]
-            return [self._alone(fn, args)]
+            return [self._alone(*calls[0])]
         try:
             return self._with_connection(lambda conn: self._group(conn, calls))
         except _Abort as exc:
             log.info("a group of %d calls failed (%s); each goes alone", len(calls), exc)
-            return [self._alone(fn, args) for fn, args in calls]
+            return [self._alone(*call) for call in calls]
 
-    def _alone(self, fn, args) -> tuple[bool, Any]:
+    def _alone(self, fn, args, batched: bool = False) -> tuple[bool, Any]:
         try:
+            if batched:
+                return _answer(self._call(fn, ([args[0]],))[0])
             return True, self._call(fn, args)
         except Exception as exc:  # the caller's to handle, as from `call`
             return False, exc
 
     @staticmethod
     def _group(conn: psycopg.Connection, calls) -> list[tuple[bool, Any]]:
-        """The calls in one transaction. A lost connection raises (the group goes
-        again on a new one); any other exception aborts the group. The service's
-        calls turn the lifecycle's refusals (Conflict, NotFound) into answers, so
-        an exception here is rare: a bug, a deadlock, a constraint."""
-        answers: list[tuple[bool, Any]] = []
+        """The calls in one transaction: each batched `fn` once, where its first
+        item stands, with all of its items. A lost connection raises (the group
+        goes again on a new one); any other exception aborts the group. The
+        service's calls turn the lifecycle's refusals (Conflict, NotFound) into
+        answers, so an exception here is rare: a bug, a deadlock, a constraint."""
+        answers: list[tuple[bool, Any] | None] = [None] * len(calls)
+        batches: dict[Any, list[int]] = {}
+        for i, (fn, _args, batched) in enumerate(calls):
+            if batched:
+                batches.setdefault(fn, []).append(i)
         try:
             with conn.transaction():
-                for fn, args in calls:
-                    answers.append((True, fn(conn, *args)))
+                for i, (fn, args, batched) in enumerate(calls):
+                    if not batched:
+                        answers[i] = (True, fn(conn, *args))
+                    elif answers[i] is None:
+                        where = batches[fn]
+                        got = fn(conn, [calls[k][1][0] for k in where])
+                        for k, value in zip(where, got, strict=True):
+                            answers[k] = _answer(value)
         except Exception as exc:
             if isinstance(exc, psycopg.OperationalError) and (conn.broken or conn.closed):
                 raise
             # The call may have changed rows before it raised (Lifecycle calls in
             # an open transaction take no savepoint): the group is rolled back.
             raise _Abort(f"{type(exc).__name__}: {exc}") from exc
-        return answers
+        return answers  # type: ignore[return-value]
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         with self._lock:
             for conn in self._all:
                 conn.close()
+
+
+def _answer(value: Any) -> tuple[bool, Any]:
+    """A batched call's answer as (ok, value): an exception instance is its error."""
+    return (False, value) if isinstance(value, Exception) else (True, value)

@@ -10,6 +10,7 @@ the bounded record of the response kept on the run's result.
 | timeout: connect, read, write or total       | FAILED    | yes   | failure   |
 | connection, DNS or protocol error            | FAILED    | yes   | failure   |
 | destination refused (SSRF guard)             | FAILED    | no    | none      |
+| request not sendable (URL, header value)     | FAILED    | no    | none      |
 | no signing secret for the run's owner        | FAILED    | no    | none      |
 | any other error (a bug of the service)       | FAILED    | yes   | none      |
 
@@ -23,9 +24,8 @@ import email.utils
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from services.webhook.guard import DestinationRefused
+from services.webhook.http import HTTPError, UnsupportedURL
 
 KEEP_BODY_BYTES = 4096  # the first 4 KiB of the response body go on the run
 KEPT_HEADERS = ("content-type", "content-length", "location", "retry-after")
@@ -85,11 +85,13 @@ def classify_error(exc: BaseException, timeout_ms: int | None = None) -> Outcome
     """An attempt that got no response."""
     if isinstance(exc, DestinationRefused):
         return Outcome("FAILED", False, f"destination refused: {exc}", None)
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+    if isinstance(exc, UnsupportedURL):  # the URL or a header of the job: no retry mends it
+        return Outcome("FAILED", False, f"request not sendable: {exc}", None)
+    if isinstance(exc, TimeoutError):
         after = f" after {timeout_ms} ms" if timeout_ms else ""
-        kind = type(exc).__name__ if isinstance(exc, httpx.TimeoutException) else "total timeout"
+        kind = type(exc).__name__ if isinstance(exc, HTTPError) else "total timeout"
         return Outcome("FAILED", True, f"timed out{after} ({kind})", FAILURE)
-    if isinstance(exc, httpx.TransportError | OSError):
+    if isinstance(exc, HTTPError | OSError):
         return Outcome("FAILED", True, f"connection failed: {type(exc).__name__}: {exc}", FAILURE)
     # Not the endpoint's doing (a bug of ours): retry, and leave the breaker alone.
     return Outcome("FAILED", True, f"delivery error: {type(exc).__name__}: {exc}", None)

@@ -2,13 +2,15 @@
 worker (`webhook:<instance>`), makes the signed HTTP request and completes the
 run with fencing.
 
-One asyncio loop per process with one shared httpx.AsyncClient (its transport:
-services/webhook/guard.py). The Kafka consumer (confluent-kafka, as every other
+One asyncio loop per process (uvloop when installed) with one shared HTTP/1.1
+client (services/webhook/http.py; connections made by the SSRF guard,
+guard.py). The Kafka consumer (confluent-kafka, as every other
 service; docs/webhooks.md says why not faust) and the database (psycopg, the
 same Lifecycle calls the gateway makes) run on their own threads. The
 lifecycle calls of deliveries under way together share transactions
-(database.py): each delivery still waits for its own StartRun to commit before
-its request goes out and its offset may be committed.
+(database.py), the StartRuns of a group as one Lifecycle.start_many and the
+CompleteRuns as one complete_many: each delivery still waits for its own
+StartRun to commit before its request goes out and its offset may be committed.
 
 Per record, in order:
 1. Look the run up (batched per poll): skip it unless it is PENDING at the
@@ -28,6 +30,7 @@ Per record, in order:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -40,10 +43,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import httpx
 from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge, Histogram
+from psycopg import pq
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - a dependency; asyncio's loop does the same, slower
+    uvloop = None
 
 from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
@@ -53,12 +61,13 @@ from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
 from cronwheel.sdk.offsets import OffsetTracker
 from cronwheel.store import webhooks
-from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
 from cronwheel.store.webhooks import DeliveryTarget
 from services.webhook import delivery, signing
 from services.webhook.breaker import State
 from services.webhook.database import Database, Stopping
-from services.webhook.guard import GuardedTransport, webhook_client
+from services.webhook.guard import Guard
+from services.webhook.http import Client, Response
 from services.webhook.limits import Endpoints, endpoint_of
 
 log = logging.getLogger("cronwheel.webhook")
@@ -106,8 +115,8 @@ class Settings:
     default_timeout_ms: int = 30_000  # the whole request, unless the target says
     max_response_bytes: int = 64 * 1024  # read at most this much of a response
     retry_after_cap_ms: int = 3_600_000
-    db_workers: int = 4  # connections for lifecycle groups (more: wall time vs PG CPU)
-    db_group: int = 32  # at most this many lifecycle calls in one transaction
+    db_workers: int = 2  # connections for lifecycle groups (more: wall time vs PG CPU)
+    db_group: int = 48  # at most this many lifecycle calls in one transaction (<= 48)
     batch: int = 500
     max_waiting_per_partition: int = 1000  # then the partition is paused
     shutdown_grace_ms: int = 10_000
@@ -122,15 +131,6 @@ class Settings:
             if raw:
                 values[f.name] = int(raw)
         return cls(**values)
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    headers: httpx.Headers
-    body: bytes
-    truncated: bool
-    duration_ms: int
 
 
 class Poison(Exception):
@@ -168,7 +168,10 @@ class WebhookService:
     # -- the loop -------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        asyncio.run(self._main(stop))
+        if uvloop is not None:  # less CPU per request than asyncio's loop (docs/webhooks.md)
+            uvloop.run(self._main(stop))
+        else:
+            asyncio.run(self._main(stop))
 
     async def _main(self, stop: threading.Event) -> None:
         s = self.settings
@@ -189,8 +192,11 @@ class WebhookService:
         self._waiting: set[asyncio.Task] = set()
         self._active: set[tuple[str, int]] = set()
         self._producer = kafka.producer(self.bootstrap)
-        self._transport = GuardedTransport(self.allow, keepalive_s=s.keepalive_ms / 1000)
-        self._client = webhook_client(self._transport, user_agent=USER_AGENT)
+        self._client = Client(
+            Guard(self.allow),
+            keepalive_s=s.keepalive_ms / 1000,
+            headers={"user-agent": USER_AGENT},
+        )
         try:
             consumer = await self._kafka(self._subscribe)
         except BaseException:
@@ -211,7 +217,7 @@ class WebhookService:
                 if lag:
                     next_lag = now + 5
                 if now >= next_sweep:
-                    await self._transport.sweep()
+                    self._client.sweep()
                     next_sweep = now + 5
                 WAITING.set(self.endpoints.waiting())
                 OPEN_BREAKERS.set(self.endpoints.open_count())
@@ -340,7 +346,7 @@ class WebhookService:
         hold_s = 0.0
         try:
             async with self._slots:
-                started = await self._db.submit(self._start, t)
+                started = await self._db.submit_many(self._start_many, t)
                 self._finish(where)
                 if isinstance(started, str):  # refused: another worker has it, or stale
                     SKIPPED.labels(started).inc()
@@ -354,7 +360,7 @@ class WebhookService:
                 if outcome.retry_after_ms:
                     hold_s = outcome.retry_after_ms / 1000
                 permit.release(result, hold_s)
-                await self._db.submit(self._complete, t, started, outcome, run_result)
+                await self._db.submit_many(self._complete_many, (t, started, outcome, run_result))
         except Stopping:
             pass
         except Exception:
@@ -364,12 +370,19 @@ class WebhookService:
 
     def _start(self, conn, t: DeliveryTarget) -> dict | str:
         """StartRun's answer, or the code it refused with (lower case)."""
-        try:
-            return self.lifecycle.start(
-                conn, t.tenant_id, t.run_id, self.worker_id, now_ms(), attempt=t.attempt
-            )
-        except (Conflict, NotFound) as exc:
-            return exc.code.lower()
+        answer = self._start_many(conn, [t])[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def _start_many(self, conn, targets: list[DeliveryTarget]) -> list[dict | str | Exception]:
+        """StartRun for each target in one batch: its answer, the code it was
+        refused with (lower case), or the exception it met (ValidationError)."""
+        calls = [StartCall(t.tenant_id, t.run_id, self.worker_id, t.attempt) for t in targets]
+        return [
+            a.code.lower() if isinstance(a, Conflict | NotFound) else a
+            for a in self.lifecycle.start_many(conn, calls, now_ms())
+        ]
 
     async def _attempt(
         self, t: DeliveryTarget, started: dict
@@ -404,20 +417,18 @@ class WebhookService:
             if not request.done():
                 request.cancel()
                 await asyncio.gather(request, return_exceptions=True)
-        got = request.result()
+        got, duration_ms = request.result()
+        DELIVERY_SECONDS.observe(duration_ms / 1000)
         if isinstance(got, Response):
-            DELIVERY_SECONDS.observe(got.duration_ms / 1000)
             outcome = delivery.classify_status(
                 got.status, got.headers.get("retry-after"), now_ms(), s.retry_after_cap_ms
             )
             result = delivery.response_result(
-                got.status, got.headers, got.body, got.truncated, got.duration_ms,
+                got.status, got.headers, got.body, got.truncated, duration_ms,
                 outcome.retry_after_ms,
             )  # fmt: skip
         else:
-            exc, duration_ms = got
-            DELIVERY_SECONDS.observe(duration_ms / 1000)
-            outcome = delivery.classify_error(exc, total_ms)
+            outcome = delivery.classify_error(got, total_ms)
             result = delivery.error_result(outcome, duration_ms)
         label = _label(outcome)
         DELIVERIES.labels(label).inc()
@@ -442,34 +453,25 @@ class WebhookService:
 
     async def _request(
         self, method: str, url: str, headers: dict, body: bytes, total_ms: int
-    ) -> Response | tuple[BaseException, int]:
-        """The HTTP exchange under the total timeout; reads at most
-        max_response_bytes of the body. An error comes back as (exc, ms)."""
-        cap = self.settings.max_response_bytes
+    ) -> tuple[Response | BaseException, int]:
+        """The HTTP exchange under the total timeout, reading at most
+        max_response_bytes of the body: the response or the error, and the ms."""
+        s = self.settings
         total_s = total_ms / 1000
-        timeout = httpx.Timeout(
-            total_s, connect=min(self.settings.connect_timeout_ms / 1000, total_s)
-        )
         t0 = time.monotonic()
         try:
-            async with asyncio.timeout(total_s):
-                async with self._client.stream(
-                    method, _url(url), content=body or None, headers=headers, timeout=timeout
-                ) as resp:
-                    chunks: list[bytes] = []
-                    size = 0
-                    truncated = False
-                    async for chunk in resp.aiter_raw():
-                        chunks.append(chunk)
-                        size += len(chunk)
-                        if size > cap:
-                            truncated = True
-                            break
-            data = b"".join(chunks)
-            ms = int((time.monotonic() - t0) * 1000)
-            return Response(resp.status_code, resp.headers, data, truncated, ms)
+            got = await self._client.request(
+                method,
+                url,
+                headers,
+                body,
+                timeout_s=total_s,
+                connect_timeout_s=min(s.connect_timeout_ms / 1000, total_s),
+                max_body=s.max_response_bytes,
+            )
         except Exception as exc:  # classified by delivery.classify_error
-            return exc, int((time.monotonic() - t0) * 1000)
+            got = exc
+        return got, int((time.monotonic() - t0) * 1000)
 
     def _heartbeat(self, conn, t: DeliveryTarget, started: dict) -> bool:
         try:
@@ -481,23 +483,44 @@ class WebhookService:
             return False
 
     def _complete(self, conn, t: DeliveryTarget, started, outcome: delivery.Outcome, result):
+        answer = self._complete_many(conn, [(t, started, outcome, result)])[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def _complete_many(self, conn, items: list[tuple]) -> list[dict | None | Exception]:
+        """CompleteRun for each (target, started, outcome, result) in one batch;
+        an attempt that ended meanwhile (its lease or timeout timer, a cancel)
+        answers None. A Retry-After longer than the backoff defers the retry
+        timer in the same transaction."""
         now = now_ms()
-        args = (conn, t.tenant_id, t.run_id, started["attempt"], started["start_token"])
-        kwargs = {"result": result, "error": outcome.error, "retryable": outcome.retryable}
-        try:
-            if not outcome.retry_after_ms:
-                return self.lifecycle.complete(*args, outcome.outcome, now, **kwargs)
-            with conn.transaction():
-                done = self.lifecycle.complete(*args, outcome.outcome, now, **kwargs)
-                if done["state"] == "RETRY_WAIT":
+        calls = [
+            CompleteCall(
+                t.tenant_id, t.run_id, started["attempt"], started["start_token"],
+                outcome.outcome, result, outcome.error, outcome.retryable,
+            )
+            for t, started, outcome, result in items
+        ]  # fmt: skip
+        deferring = any(outcome.retry_after_ms for _t, _s, outcome, _r in items)
+        idle = conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        with conn.transaction() if deferring and idle else contextlib.nullcontext():
+            answers = self.lifecycle.complete_many(conn, calls, now)
+            for (t, started, outcome, _r), done in zip(items, answers, strict=True):
+                if (
+                    outcome.retry_after_ms
+                    and isinstance(done, dict)
+                    and done["state"] == "RETRY_WAIT"
+                ):
                     webhooks.defer_retry(
                         conn, t.run_id, started["attempt"], now + outcome.retry_after_ms
                     )
-                return done
-        except (Conflict, NotFound) as exc:
-            # The attempt ended meanwhile (its lease or timeout timer, a cancel).
-            log.info("completing run %s attempt %s: %s", t.run_id, started["attempt"], exc)
-            return None
+        out: list[dict | None | Exception] = []
+        for (t, started, _o, _r), done in zip(items, answers, strict=True):
+            if isinstance(done, Conflict | NotFound):
+                log.info("completing run %s attempt %s: %s", t.run_id, started["attempt"], done)
+                done = None
+            out.append(done)
+        return out
 
     # -- offsets, pausing, shutdown ---------------------------------------------
 
@@ -547,27 +570,13 @@ class WebhookService:
 
     async def _close_clients(self) -> None:
         self._kafka_thread.shutdown(wait=True)
-        await self._client.aclose()
-        await self._transport.aclose()
+        self._client.close()
         await self._loop.run_in_executor(None, self._db.close)
 
     def _close_consumer(self, consumer: Consumer) -> None:
         self._producer.flush(self.settings.shutdown_grace_ms / 1000)
         self._commit(consumer, asynchronous=False)
         consumer.close()
-
-
-_URLS: dict[str, httpx.URL] = {}
-
-
-def _url(url: str) -> httpx.URL:
-    """The parsed URL, kept per target (parsing one is ~25 us here, per delivery)."""
-    got = _URLS.get(url)
-    if got is None:
-        if len(_URLS) >= 4096:
-            _URLS.clear()
-        got = _URLS[url] = httpx.URL(url)
-    return got
 
 
 def _skip_reason(rec: dict, t: DeliveryTarget | None) -> str | None:

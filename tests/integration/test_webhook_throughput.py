@@ -18,6 +18,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import ValidationError
 from cronwheel.store import webhooks
 from cronwheel.store.lifecycle import Lifecycle
+from services.webhook import delivery
 from services.webhook.database import MAX_GROUP, Database
 from services.webhook.service import WebhookService
 from tests.integration import test_webhook_delivery as wd
@@ -95,6 +96,82 @@ def test_group__a_database_error_in_one_call__the_others_go_alone_and_land(
     for answer in got[:2] + got[4:]:
         assert isinstance(answer, dict) and answer["attempt"] == 1
     assert set(states(conn, [t.run_id for t in targets]).values()) == {"RUNNING"}
+
+
+def test_batch__starts_then_completes_of_one_turn__one_lifecycle_call_per_group(
+    database_url, topics, conn, tenant, receiver
+):
+    """submit_many: the StartRuns of a turn go as one start_many per group, the
+    CompleteRuns as one complete_many; each caller still gets its own answer
+    (a refusal for the run another worker holds, None for a stale fence)."""
+    job, _secret = webhook_job(conn, topics, tenant, receiver.url("/hook"))
+    targets = _targets(conn, topics, tenant, job, 60)
+    taken = targets[7]
+    Lifecycle(topics).start(conn, tenant["tenant_id"], taken.run_id, "someone-else", now_ms())
+    service = WebhookService(database_url, "unused:9092", topics, instance="b1", allow=[])
+    sizes: list[int] = []
+
+    def start_many(c, items):
+        sizes.append(len(items))
+        return service._start_many(c, items)
+
+    def complete_many(c, items):
+        sizes.append(len(items))
+        return service._complete_many(c, items)
+
+    db = Database(database_url, 1, threading.Event())
+    ok = delivery.classify_status(200)
+    try:
+        got = asyncio.run(_submit_all_many(db, start_many, targets))
+        assert got[7] == "already_started"
+        mine = [(t, g) for t, g in zip(targets, got, strict=True) if t is not taken]
+        assert all(isinstance(g, dict) for _t, g in mine)
+        assert sizes == [48, 12]  # 60 calls in groups of at most MAX_GROUP, one batch each
+        items = [(t, g, ok, {"status": 200}) for t, g in mine]
+        stale = (mine[0][0], {**mine[0][1], "start_token": "not-the-token"}, ok, None)
+        sizes.clear()
+        done = asyncio.run(_submit_all_many(db, complete_many, [stale, *items]))
+    finally:
+        db.close()
+    assert sizes == [48, 12]
+    assert done[0] is None  # refused (stale fence): logged, answered None
+    assert all(d == {"state": "SUCCEEDED", "attempt": 1} for d in done[1:]), done
+    assert set(states(conn, [t.run_id for t, _g in mine]).values()) == {"SUCCEEDED"}
+
+
+def test_batch__a_batch_that_raises__each_call_goes_again_alone(
+    database_url, topics, conn, tenant, receiver
+):
+    job, _secret = webhook_job(conn, topics, tenant, receiver.url("/hook"))
+    targets = _targets(conn, topics, tenant, job, 5)
+    service = WebhookService(database_url, "unused:9092", topics, instance="b2", allow=[])
+    seen: list[int] = []
+
+    def flaky_start_many(c, items):
+        seen.append(len(items))
+        answers = service._start_many(c, items)
+        if len(items) > 1:
+            c.execute("SELECT 1/0")  # after the batch wrote: the group must roll back
+        return answers
+
+    async def both():
+        heartbeat_like = db.submit(lambda c: c.execute("SELECT 1").fetchone()[0])
+        starts = [db.submit_many(flaky_start_many, t) for t in targets]
+        return await asyncio.gather(heartbeat_like, *starts)
+
+    db = Database(database_url, 1, threading.Event())
+    try:
+        got = asyncio.run(both())
+    finally:
+        db.close()
+    assert seen == [5, 1, 1, 1, 1, 1]  # the group, then each alone
+    assert got[0] == 1
+    assert all(isinstance(g, dict) and g["attempt"] == 1 for g in got[1:]), got
+    assert set(states(conn, [t.run_id for t in targets]).values()) == {"RUNNING"}
+
+
+async def _submit_all_many(db: Database, fn, items) -> list:
+    return await asyncio.gather(*(db.submit_many(fn, i) for i in items), return_exceptions=True)
 
 
 def _committed_to_the_end(service: WebhookService, topic: str) -> bool:

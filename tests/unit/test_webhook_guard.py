@@ -1,4 +1,4 @@
-"""The connect-time SSRF guard under the shared httpx client: every address a
+"""The connect-time SSRF guard under the service's HTTP client: every address a
 host resolves to is vetted before anything is dialled. No servers: refused
 destinations never get as far as a connection."""
 
@@ -8,10 +8,11 @@ import asyncio
 import ipaddress
 import socket
 
-import httpx
 import pytest
 
-from services.webhook.guard import DestinationRefused, GuardedBackend, GuardedTransport
+from services.webhook import http
+from services.webhook.guard import DestinationRefused, Guard
+from services.webhook.http import Client
 
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]
 
@@ -31,43 +32,41 @@ LOOPBACK = [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")
 )
 def test_connect__non_public_address__refused_before_dialling(host, why):
     with pytest.raises(DestinationRefused, match=why):
-        asyncio.run(GuardedBackend([]).connect_tcp(host, 80, timeout=2))
+        asyncio.run(Guard([]).connect(host, 80, asyncio.Protocol))
 
 
 def test_allow_cidrs__let_their_addresses_through_but_not_ipv4_mapped_ones():
-    backend = GuardedBackend(LOOPBACK + [ipaddress.ip_network("10.0.0.0/8")])
+    backend = Guard(LOOPBACK + [ipaddress.ip_network("10.0.0.0/8")])
     assert asyncio.run(backend.vetted_addresses("10.1.2.3", 80)) == ["10.1.2.3"]
     assert asyncio.run(backend.vetted_addresses("127.0.0.1", 80)) == ["127.0.0.1"]
     with pytest.raises(DestinationRefused):
         asyncio.run(backend.vetted_addresses("::ffff:127.0.0.1", 80))
 
 
-def test_client__refused_host_name__raises_destination_refused_through_httpx():
+def test_client__refused_host_name__raises_destination_refused():
     async def call():
-        async with httpx.AsyncClient(transport=GuardedTransport([]), trust_env=False) as client:
-            await client.post("http://localhost:9/hook", content=b"{}")
+        await Client(Guard([])).request("POST", "http://localhost:9/hook", {}, b"{}")
 
     with pytest.raises(DestinationRefused):
         asyncio.run(call())
 
 
-def test_client__allowed_but_closed_port__httpx_connect_error():
+def test_client__allowed_but_closed_port__connect_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
     async def call():
-        async with httpx.AsyncClient(transport=GuardedTransport(LOOPBACK), trust_env=False) as c:
-            await c.get(f"http://127.0.0.1:{port}/")
+        await Client(Guard(LOOPBACK)).request("GET", f"http://127.0.0.1:{port}/")
 
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(http.ConnectError):
         asyncio.run(call())
 
 
-def test_transport__other_schemes__refused():
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x", "http:///nohost", "http://127.0.0.1/a b"])
+def test_client__not_an_http_url__unsupported(url):
     async def call():
-        async with httpx.AsyncClient(transport=GuardedTransport(LOOPBACK), trust_env=False) as c:
-            await c.get("ftp://127.0.0.1/x")
+        await Client(Guard(LOOPBACK)).request("GET", url)
 
-    with pytest.raises(httpx.UnsupportedProtocol):
+    with pytest.raises(http.UnsupportedURL):
         asyncio.run(call())

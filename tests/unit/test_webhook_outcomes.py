@@ -6,10 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
-import httpx
 import pytest
 
-from services.webhook import delivery
+from services.webhook import delivery, http
 from services.webhook.guard import DestinationRefused
 
 NOW = 1_800_000_000_000
@@ -50,13 +49,15 @@ def test_classify_status__redirect__says_not_followed():
 @pytest.mark.parametrize(
     ("exc", "retryable", "breaker", "starts"),
     [
-        (httpx.ConnectTimeout("x"), True, "failure", "timed out"),
-        (httpx.ReadTimeout("x"), True, "failure", "timed out"),
+        (http.ConnectTimeout("x"), True, "failure", "timed out"),
+        (http.ReadTimeout("x"), True, "failure", "timed out"),
         (TimeoutError(), True, "failure", "timed out"),
-        (httpx.ConnectError("refused"), True, "failure", "connection failed"),
-        (httpx.RemoteProtocolError("eof"), True, "failure", "connection failed"),
+        (http.ConnectError("refused"), True, "failure", "connection failed"),
+        (http.ReadError("eof"), True, "failure", "connection failed"),
+        (http.ProtocolError("bad status line"), True, "failure", "connection failed"),
         (ConnectionResetError(), True, "failure", "connection failed"),
         (DestinationRefused("127.0.0.1 is a loopback address"), False, None, "destination refused"),
+        (http.UnsupportedURL("header 'x' cannot be sent"), False, None, "request not sendable"),
         (RuntimeError("bug"), True, None, "delivery error"),
     ],
 )
@@ -98,12 +99,12 @@ def test_classify_status__retry_after_only_on_retryable_statuses():
 
 
 def test_response_result__first_4_kib_a_few_headers():
-    headers = httpx.Headers({"content-type": "text/plain", "set-cookie": "s=1", "retry-after": "3"})
+    headers = {"content-type": "text/plain", "set-cookie": "s=1", "retry-after": "3"}
     got = delivery.response_result(503, headers, "é".encode() * 3000, False, 12, 3000)
     assert got["status"] == 503
     assert got["headers"] == {"content-type": "text/plain", "retry-after": "3"}
     assert len(got["body"].encode()) <= 4096 and got["body_truncated"] is True
     assert got["duration_ms"] == 12 and got["retry_after_ms"] == 3000
-    small = delivery.response_result(200, httpx.Headers(), b"ok", False, 1)
+    small = delivery.response_result(200, {}, b"ok", False, 1)
     assert small["body"] == "ok" and small["body_truncated"] is False
     assert "retry_after_ms" not in small
