@@ -2,17 +2,26 @@
 `cronwheel serve gateway` as a process: latency p50 / p99 of each.
 
 Open loop: every request has a scheduled send time, one every 2 ms, and its
-latency is measured from that time, not from when a client thread got round to
+latency is measured from that time, not from when the client got round to
 sending it, so a slow server cannot hide behind a stalled client (coordinated
-omission). 32 client threads share one httpx connection pool; the client's own
-lag (scheduled -> sent) is printed beside the figures.
+omission). The client is lean on purpose, so that it is not what runs out of
+CPU: one event loop (uvloop when installed) writing raw HTTP/1.1 over 32
+persistent connections (--connections). httpx (32 threads) cost ~2.2 ms of
+CPU per request here, more than the gateway and its database backends; this
+client's thread costs 0.13-0.2 ms at 500/s and ~0.3 ms at 100/s (a timer
+wake-up per request). The client's lag (scheduled -> sent) and CPU per request
+are printed beside the figures.
+
+The gateway runs as `cronwheel serve gateway` with its production settings:
+CRONWHEEL_GATEWAY_WORKERS as the environment has it (--workers sets it),
+uvicorn on uvloop and httptools, the worker fast path on.
 
 The runs are PENDING rows written by SQL: copies of a run a real trigger made
 (same tenant, job and spec; run ids in their partition's range), so start has
 work without firing. The jobs lease for 5 minutes and no timer service runs,
 so no lease expires during the measurement.
 
-Phases, each at 500 requests/s, one after the other:
+Phases, each at 500 requests/s (--rate), one after the other:
   warm-up   2 s of starts, then 2 s of completes (not counted)
   start     10 s of StartRun on fresh runs
   complete  5 s of CompleteRun on half of those
@@ -25,8 +34,10 @@ latency measures the queue that built up (the achieved rate is its capacity).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -35,6 +46,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -63,9 +75,15 @@ from cronwheel import config, kafka
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs
+from services.gateway.main import WORKERS, worker_count
 
-RATE = 500  # requests per second, every phase
-THREADS = 32
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - the client then runs on asyncio's loop
+    uvloop = None
+
+RATE = 500  # requests per second, every phase (--rate)
+CONNECTIONS = 32  # the client's persistent connections (--connections)
 TENANTS = 2
 WARM_S, START_S, COMPLETE_S, MIXED_S = 2, 10, 5, 10
 LOW_RATE, LOW_S = 100, 6  # the mixed phase again, well under capacity: the service time
@@ -76,6 +94,7 @@ JOB = {
     "payload": {"bench": True},
     "lease_ms": 300_000,
 }
+_START_BODY = json.dumps({"worker_id": "bench", "attempt": 1})
 
 # Copies of one real run: PENDING, due in the past, the partition in the id's
 # first three hex digits (as cronwheel.core.ids makes them).
@@ -106,53 +125,115 @@ class Call:
         return (self.done - self.at) * 1000
 
 
-class OpenLoop:
-    """Sends each Call at its scheduled time from one of `threads` lanes (call i
-    goes to lane i mod threads), over one shared connection pool."""
+class _Connection:
+    """One persistent HTTP/1.1 connection: a request written whole (head and a
+    Content-Length body), the answer read by its Content-Length. Enough for
+    uvicorn's answers; nothing else is parsed. Closed loop against a trivial
+    uvicorn app on this machine, CPU per request: this 0.02-0.05 ms, aiohttp
+    (installed) 0.2-0.3 ms, httpx 1.3 ms; hence this rather than aiohttp."""
 
-    def __init__(self, base: str, threads: int = THREADS):
-        self.threads = threads
-        self.client = httpx.Client(
-            base_url=base,
-            timeout=30.0,
-            limits=httpx.Limits(max_connections=threads, max_keepalive_connections=threads),
-        )
-        self.tokens: dict[str, str] = {}
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
 
-    def run(self, calls: list[Call]) -> None:
-        lanes = [
-            threading.Thread(target=self._lane, args=(calls[i :: self.threads],), daemon=True)
-            for i in range(self.threads)
-        ]
-        for t in lanes:
-            t.start()
-        for t in lanes:
-            t.join()
-
-    def _lane(self, calls: list[Call]) -> None:
-        for c in calls:
-            delay = c.at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)  # the open-loop schedule, not a wait for a condition
-            headers = {"Authorization": f"Bearer {c.key}"}
-            c.sent = time.monotonic()
-            try:
-                if c.kind == "start":
-                    body = {"worker_id": "bench", "attempt": 1}
-                else:
-                    token = self.tokens.get(c.run_id, "")
-                    body = {"attempt": 1, "start_token": token, "outcome": "SUCCEEDED"}
-                resp = self.client.post(f"/v1/runs/{c.run_id}/{c.kind}", json=body, headers=headers)
-                c.done = time.monotonic()
-                c.status = resp.status_code
-                if c.kind == "start" and resp.status_code == 200:
-                    self.tokens[c.run_id] = resp.json()["start_token"]
-            except httpx.HTTPError:
-                c.done = time.monotonic()
-                c.status = -1
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
 
     def close(self) -> None:
-        self.client.close()
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def post(self, request: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            await self.open()
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        lower = head.lower()
+        at = lower.find(b"\r\ncontent-length:")
+        if at < 0:  # uvicorn always sends one for these answers
+            self.close()
+            raise ValueError(f"no Content-Length in {head!r}")
+        length = int(lower[at + 17 : lower.index(b"\r\n", at + 2)])
+        body = await self.reader.readexactly(length) if length else b""
+        if b"\r\nconnection: close" in lower:
+            self.close()
+        return status, body
+
+
+class OpenLoop:
+    """Sends each Call at its scheduled time over a pool of `connections`
+    persistent connections: a pacer hands the call to a queue at its time and
+    the first free connection sends it, so when every connection is busy the
+    wait shows up as client lag (scheduled -> sent) and in the latency.
+
+    One asyncio event loop (uvloop when installed) in the calling thread; its
+    thread CPU time over each run() is the client's own cost, kept in
+    `client_cpu_s`."""
+
+    def __init__(self, base: str, connections: int = CONNECTIONS):
+        url = urlsplit(base)
+        self.host, self.port = url.hostname, url.port
+        self.connections = connections
+        self.tokens: dict[str, str] = {}
+        self.loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+        self.client_cpu_s = 0.0
+
+    def run(self, calls: list[Call]) -> None:
+        cpu0 = time.thread_time()
+        self.loop.run_until_complete(self._run(calls))
+        self.client_cpu_s = time.thread_time() - cpu0
+
+    async def _run(self, calls: list[Call]) -> None:
+        # Fresh connections each run: between phases they sit idle longer than
+        # uvicorn's keep-alive (5 s) and it may close them.
+        pool = [_Connection(self.host, self.port) for _ in range(self.connections)]
+        await asyncio.gather(*(c.open() for c in pool))
+        queue: asyncio.Queue[Call | None] = asyncio.Queue()
+        senders = [asyncio.create_task(self._sender(c, queue)) for c in pool]
+        try:
+            for c in calls:
+                delay = c.at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # the open-loop schedule
+                queue.put_nowait(c)
+            for _ in senders:
+                queue.put_nowait(None)
+            await asyncio.gather(*senders)
+        finally:
+            for c in pool:
+                c.close()
+
+    async def _sender(self, conn: _Connection, queue: asyncio.Queue[Call | None]) -> None:
+        while (c := await queue.get()) is not None:
+            if c.kind == "start":
+                body = _START_BODY
+            else:
+                token = self.tokens.get(c.run_id, "")
+                body = json.dumps({"attempt": 1, "start_token": token, "outcome": "SUCCEEDED"})
+            data = body.encode()
+            request = (
+                f"POST /v1/runs/{c.run_id}/{c.kind} HTTP/1.1\r\n"
+                f"Host: {self.host}:{self.port}\r\n"
+                f"Authorization: Bearer {c.key}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n"
+            ).encode() + data
+            c.sent = time.monotonic()
+            try:
+                c.status, answer = await conn.post(request)
+                c.done = time.monotonic()
+                if c.kind == "start" and c.status == 200:
+                    self.tokens[c.run_id] = json.loads(answer)["start_token"]
+            except (OSError, ValueError, EOFError, asyncio.LimitOverrunError):
+                c.done = time.monotonic()
+                c.status = -1
+                conn.close()  # the next call opens a new one
+
+    def close(self) -> None:
+        self.loop.close()
 
 
 def schedule(items: list[tuple[str, str, str]], rate: float = RATE) -> list[Call]:
@@ -161,7 +242,14 @@ def schedule(items: list[tuple[str, str, str]], rate: float = RATE) -> list[Call
     return [Call(t0 + i / rate, kind, run_id, key) for i, (kind, run_id, key) in enumerate(items)]
 
 
-def report(label: str, calls: list[Call], cpu: CpuTimeline, window: tuple[int, int]) -> dict:
+def report(
+    label: str,
+    calls: list[Call],
+    cpu: CpuTimeline,
+    window: tuple[int, int],
+    client_cpu_s: float,
+    workers: int,
+) -> dict:
     """Latency per kind, errors, the client's lag and the CPU per request."""
     figures = {}
     rate = (len(calls) - 1) / (calls[-1].at - calls[0].at)
@@ -189,16 +277,22 @@ def report(label: str, calls: list[Call], cpu: CpuTimeline, window: tuple[int, i
         say(f"{label}:   {kind:8s} {len(mine):,}: {describe(lat)}; not 200: {errors}")
         figures[kind] = (percentile(lat, 50), percentile(lat, 99))
     figures["achieved"] = len(calls) / wall
+    figures["load"] = os.getloadavg()[0]  # the shared machine, beside the figure
     lag = [(c.sent - c.at) * 1000 for c in calls]
     say(f"{label}:   client lag, scheduled -> sent: {describe(lag)}")
     say(f"{label}:   CPU: {cpu.share(*window)}")
-    say(f"{label}:   CPU ms per request: {cpu.per_unit(*window, len(calls))}")
+    say(
+        f"{label}:   CPU ms per request: {cpu.per_unit(*window, len(calls))}"
+        f" (bench = this process: the client plus the CPU sampler);"
+        f" the client's own thread {1000 * client_cpu_s / len(calls):.3f}"
+    )
     _wall, used = cpu.used(*window)
     if used.get("gateway"):
         per = used["gateway"] / len(calls)
         say(
-            f"{label}:   one gateway process (one GIL) at {1000 * per:.2f} ms of CPU per request"
-            f" tops out near {1 / per:,.0f} requests/s with a core to itself"
+            f"{label}:   {workers} gateway process(es) (one GIL each) at {1000 * per:.2f} ms of"
+            f" CPU per request in all top out near {workers / per:,.0f} requests/s with"
+            f" {workers} core(s) to themselves"
         )
     return figures
 
@@ -282,9 +376,29 @@ def round_trips(url: str, topics: Topics, runs: list[tuple[str, str]]) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--profile", action="store_true", help="cProfile the gateway process")
+    parser.add_argument(
+        "--rate", type=int, default=RATE, help=f"requests/s of the main phases ({RATE})"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help=f"gateway worker processes ({WORKERS}; default: the gateway's own default)",
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=CONNECTIONS,
+        help=f"the client's persistent connections ({CONNECTIONS})",
+    )
     args = parser.parse_args()
-    header("bench_gateway: StartRun and CompleteRun at 500 requests/s, open loop")
-    warm, n_start, n_complete, n_mixed = (RATE * s for s in (WARM_S, START_S, COMPLETE_S, MIXED_S))
+    if args.workers is not None:
+        os.environ[WORKERS] = str(args.workers)  # the gateway process inherits it
+    if args.profile:
+        os.environ[WORKERS] = "1"  # Platform does the same: cProfile sees one process
+    workers = worker_count()
+    rate = args.rate
+    header(f"bench_gateway: StartRun and CompleteRun at {rate} requests/s, open loop")
+    warm, n_start, n_complete, n_mixed = (rate * s for s in (WARM_S, START_S, COMPLETE_S, MIXED_S))
     n_low = LOW_RATE * LOW_S
     needed = warm + n_start + n_mixed // 2 + n_low // 2
     prefix = f"bench{uuid.uuid4().hex[:8]}"
@@ -300,11 +414,15 @@ def main() -> None:
                 f"setup: fresh database, {TENANTS} tenants, {len(runs):,} PENDING runs copied by"
                 f" SQL from a triggered run in {time.monotonic() - t0:.1f} s, then VACUUM"
                 f" ({vacuum_analyze(url):.1f} s); `cronwheel serve gateway` as a process with"
-                f" default settings (pool 10 per process,"
-                f" {os.environ.get('CRONWHEEL_GATEWAY_WORKERS') or 'default'} worker processes,"
+                f" production settings (pool {os.environ.get('CRONWHEEL_GATEWAY_POOL', '10')}"
+                f" per process, {workers} worker process(es)"
+                f" ({WORKERS}={os.environ.get(WORKERS) or 'unset: one per two CPUs'}),"
+                f" worker fast path"
+                f" {'off' if os.environ.get('CRONWHEEL_GATEWAY_FASTPATH') == '0' else 'on'},"
                 f" uvicorn with"
                 f" {', '.join(servers) or 'h11 and asyncio: httptools and uvloop not installed'})"
-                f"{', under cProfile' if args.profile else ''}; {THREADS} client threads"
+                f"{', under cProfile' if args.profile else ''}; client: {args.connections}"
+                f" keep-alive connections on one {'uvloop' if uvloop else 'asyncio'} event loop"
             )
             trips = round_trips(url, topics, runs[:10])
             runs = runs[10:]
@@ -317,7 +435,7 @@ def main() -> None:
                 Platform(url, prefix, ("gateway",), profile if args.profile else None) as gw,
                 CpuTimeline(gw, every_s=0.5) as cpu,
             ):
-                loop = OpenLoop(gw.base)
+                loop = OpenLoop(gw.base, args.connections)
                 try:
                     fresh = iter(runs)
                     started: list[tuple[str, str]] = []
@@ -331,8 +449,8 @@ def main() -> None:
                         got, started[:n] = started[:n], []
                         return [("complete", r, k) for r, k in got]
 
-                    loop.run(schedule(starts(warm // 2)))
-                    loop.run(schedule(completes(warm // 2)))
+                    loop.run(schedule(starts(warm // 2), rate))
+                    loop.run(schedule(completes(warm // 2), rate))
                     say(f"warm-up: {warm:,} requests; machine: {machine_load()}")
                     results = {}
 
@@ -340,18 +458,20 @@ def main() -> None:
                         pairs = zip(starts(n // 2), completes(n // 2), strict=True)
                         return [x for pair in pairs for x in pair]
 
-                    for label, rate, items in (
-                        ("start", RATE, lambda: starts(n_start)),
-                        ("complete", RATE, lambda: completes(n_complete)),
-                        ("mixed", RATE, lambda: mixed(n_mixed)),
+                    for label, offered, items in (
+                        ("start", rate, lambda: starts(n_start)),
+                        ("complete", rate, lambda: completes(n_complete)),
+                        ("mixed", rate, lambda: mixed(n_mixed)),
                         (f"mixed@{LOW_RATE}", LOW_RATE, lambda: mixed(n_low)),
                     ):
-                        calls = schedule(items(), rate)
+                        calls = schedule(items(), offered)
                         http0, text0 = http_counts(gw.base), scrape(gw.base)
                         w0 = now_ms()
                         loop.run(calls)
                         w1 = now_ms()
-                        results[label] = report(label, calls, cpu, (w0, w1))
+                        results[label] = report(
+                            label, calls, cpu, (w0, w1), loop.client_cpu_s, workers
+                        )
                         text1 = scrape(gw.base)
                         for kind in sorted({c.kind for c in calls}, reverse=True):
                             say(
@@ -365,17 +485,19 @@ def main() -> None:
             for label, kind in (("start", "start"), ("complete", "complete")):
                 p50, p99 = results[label][kind]
                 say(
-                    f"RESULT gateway {kind} alone at {RATE} requests/s:"
+                    f"RESULT gateway {kind} alone at {rate} requests/s ({workers} workers):"
                     f" p50 {p50:.1f} ms, p99 {p99:.1f} ms"
-                    f" ({results[label]['achieved']:.0f}/s achieved; issue 5: report it)"
+                    f" ({results[label]['achieved']:.0f}/s achieved, load average"
+                    f" {results[label]['load']:.1f}; issue 5: report it)"
                 )
-            for label, rate in (("mixed", RATE), (f"mixed@{LOW_RATE}", LOW_RATE)):
+            for label, offered in (("mixed", rate), (f"mixed@{LOW_RATE}", LOW_RATE)):
                 got = results[label]
                 say(
-                    f"RESULT gateway start+complete mixed at {rate} requests/s:"
+                    f"RESULT gateway start+complete mixed at {offered} requests/s"
+                    f" ({workers} workers):"
                     f" start p50 {got['start'][0]:.1f} ms, p99 {got['start'][1]:.1f} ms;"
                     f" complete p50 {got['complete'][0]:.1f} ms, p99 {got['complete'][1]:.1f} ms"
-                    f" ({got['achieved']:.0f}/s achieved)"
+                    f" ({got['achieved']:.0f}/s achieved, load average {got['load']:.1f})"
                 )
             if args.profile:
                 profile_report(profile)

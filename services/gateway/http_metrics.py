@@ -21,6 +21,20 @@ LATENCY = Histogram(
 class HttpMetrics:
     def __init__(self, app):
         self.app = app
+        # The labelled children, looked up once: `labels()` validates and locks
+        # on every call. Bounded like the series themselves (method x route x status).
+        self._children: dict[tuple[str, str, int], tuple] = {}
+
+    def _observe(self, method: str, template: str, status: int, seconds: float) -> None:
+        key = (method, template, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                LATENCY.labels(method, template),
+                REQUESTS.labels(method, template, str(status)),
+            )
+        children[0].observe(seconds)
+        children[1].inc()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -34,8 +48,7 @@ class HttpMetrics:
                 status[0] = message["status"]
                 route = scope.get("route")
                 template = getattr(route, "path", None) or "unmatched"
-                LATENCY.labels(scope["method"], template).observe(time.perf_counter() - started)
-                REQUESTS.labels(scope["method"], template, str(status[0])).inc()
+                self._observe(scope["method"], template, status[0], time.perf_counter() - started)
             await send(message)
 
         await self.app(scope, receive, send_and_observe)

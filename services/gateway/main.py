@@ -12,7 +12,9 @@ is a fresh interpreter (`python -m services.gateway.main`) handed the listening
 socket, so they accept from it in turn; a worker that dies is started again.
 Their metrics are merged by prometheus_client's multiprocess mode in a
 directory this process owns (services/gateway/metrics_dir.py), so /metrics answers for all of
-them whichever one serves it. The rate limit holds per worker process.
+them whichever one serves it. The rate-limit buckets live in a table in that
+directory which every worker maps (ratelimit.SharedRateLimiter), so a key's
+limit holds across the workers, not per worker.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from cronwheel.runtime import setup_logging, stop_on_signals
 
 LISTEN_FD = "CRONWHEEL_GATEWAY_LISTEN_FD"  # set for a worker: the inherited socket
 WORKERS = "CRONWHEEL_GATEWAY_WORKERS"
+RATE_LIMIT_TABLE = "CRONWHEEL_GATEWAY_RATE_LIMIT_TABLE"  # set for a worker: the shared buckets
 
 
 def worker_count() -> int:
@@ -73,6 +76,7 @@ def serve(fd: int | None, log) -> None:
         burst=float(os.environ.get("CRONWHEEL_RATE_BURST", "2000")),
         pool_max=int(os.environ.get("CRONWHEEL_GATEWAY_POOL", "10")),
         worker_fastpath=os.environ.get("CRONWHEEL_GATEWAY_FASTPATH", "1") != "0",
+        rate_limit_table=os.environ.get(RATE_LIMIT_TABLE) if fd is not None else None,
     )
     metrics_dir.collect_for_all_workers()
     try:
@@ -95,12 +99,20 @@ def supervise(n: int, log) -> None:
     """Bind, start `n` workers on the socket, restart any that dies, and pass
     SIGTERM / SIGINT on to them."""
     from services.gateway.metrics_dir import MULTIPROC_ENV, mark_dead
+    from services.gateway.ratelimit import create_table
     from services.gateway.service import listen, url_of
 
     host, _, port = config.http_addr().rpartition(":")
     sock = listen(host.strip("[]") or "127.0.0.1", int(port))
     metrics = tempfile.mkdtemp(prefix="cronwheel-gateway-metrics-")
-    env = {**os.environ, LISTEN_FD: str(sock.fileno()), MULTIPROC_ENV: metrics}
+    limits = os.path.join(metrics, "rate-limit.table")  # not a *.db: metrics ignore it
+    create_table(limits)
+    env = {
+        **os.environ,
+        LISTEN_FD: str(sock.fileno()),
+        MULTIPROC_ENV: metrics,
+        RATE_LIMIT_TABLE: limits,
+    }
     stop = stop_on_signals()
     procs: list[subprocess.Popen | None] = [None] * n
     lock = threading.Lock()

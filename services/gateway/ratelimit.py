@@ -1,16 +1,29 @@
-"""Per-API-key rate limit: a token bucket per key, in process memory.
+"""Per-API-key rate limit: a token bucket per key, before any database work.
 
-Keyed by the hash of the presented bearer token, so it applies before any
-database work and costs nothing per request beyond a dict lookup. The default
-(1000/s, burst 2000) is generous on purpose: worker traffic (start, heartbeat,
-complete) must not be throttled; the limit is there to stop a runaway client.
-With several gateway instances each keeps its own buckets, so the effective
-limit is per instance (documented in docs/api.md).
+Keyed by the hash of the presented bearer token, so it costs nothing per
+request beyond a lookup. The default (1000/s, burst 2000) is generous on
+purpose: worker traffic (start, heartbeat, complete) must not be throttled;
+the limit is there to stop a runaway client.
+
+One gateway process keeps its buckets in memory (RateLimiter). With several
+worker processes on one socket (main.py) a key's requests land on whichever
+worker accepted the connection, so per-process buckets would let a key through
+at up to N times its limit, and splitting the limit N ways would throttle a
+client whose connections all landed on one worker. So the workers share their
+buckets instead (SharedRateLimiter): a fixed table in a file the supervisor
+creates and every worker maps, read and written under flock. That is two
+system calls and a few struct reads per request, microseconds against the
+milliseconds a request costs. Separate gateway hosts still keep separate
+buckets (docs/api.md).
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
+import mmap
+import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +31,9 @@ from collections.abc import Callable
 
 
 class RateLimiter:
+    """The buckets of one process, in memory, least recently used keys dropped
+    past `max_keys` (a dropped key starts again with a full bucket)."""
+
     def __init__(
         self,
         rate_per_s: float = 1000.0,
@@ -25,8 +41,7 @@ class RateLimiter:
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 100_000,
     ):
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError("rate must be > 0 and burst >= 1")
+        _check(rate_per_s, burst)
         self.rate = rate_per_s
         self.burst = burst
         self.clock = clock
@@ -39,16 +54,103 @@ class RateLimiter:
         now = self.clock()
         with self._lock:
             tokens, last = self._buckets.pop(key, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
-            if tokens >= 1:
-                self._buckets[key] = (tokens - 1, now)
-                wait = 0.0
-            else:
-                self._buckets[key] = (tokens, now)
-                wait = (1 - tokens) / self.rate
+            tokens, wait = _take(tokens, last, now, self.rate, self.burst)
+            self._buckets[key] = (tokens, now)
             while len(self._buckets) > self.max_keys:
                 self._buckets.popitem(last=False)  # the least recently used key
         return wait
+
+
+# The shared table: SLOTS records of (key tag, tokens, last refill), a key's
+# record in one of the WAYS slots from its tag's home slot on. A tag is the
+# key's first 8 bytes (keys are SHA-256 digests) with the low bit set, so an
+# all-zero tag means an empty slot. Two keys with one tag would share a bucket:
+# 1 in 2^63, and only stricter.
+_RECORD = struct.Struct("<8sdd")
+SLOTS = 1 << 16  # 1.5 MiB; at most this many keys have a bucket at once
+WAYS = 8
+
+
+def create_table(path: str) -> None:
+    """The empty table at `path` (the supervisor makes it before its workers
+    start); every bucket in it starts full."""
+    with open(path, "wb") as f:
+        f.truncate(SLOTS * _RECORD.size)
+
+
+class SharedRateLimiter:
+    """RateLimiter's buckets in the table file at `path`, shared by every process
+    that maps it: the limit holds for a key across all of them. When all WAYS
+    slots of a key's group are taken, the least recently used one is reused (that
+    key starts again with a full bucket, as RateLimiter drops one)."""
+
+    def __init__(
+        self,
+        path: str,
+        rate_per_s: float = 1000.0,
+        burst: float = 2000.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        _check(rate_per_s, burst)
+        self.rate = rate_per_s
+        self.burst = burst
+        self.clock = clock  # CLOCK_MONOTONIC is one clock for every process on the host
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, SLOTS * _RECORD.size)
+        self._lock = threading.Lock()  # flock does not exclude threads sharing one fd
+
+    def take(self, key: bytes) -> float:
+        """Take one token for `key`: 0.0 when allowed, else seconds until one is due."""
+        key = key[:8].ljust(8, b"\0")
+        tag = bytes([key[0] | 1]) + key[1:]
+        home = int.from_bytes(tag, "little") % SLOTS
+        now = self.clock()
+        with self._lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                slot, tokens, last = self._find(tag, home, now)
+                tokens, wait = _take(tokens, last, now, self.rate, self.burst)
+                _RECORD.pack_into(self._map, slot * _RECORD.size, tag, tokens, now)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return wait
+
+    def _find(self, tag: bytes, home: int, now: float) -> tuple[int, float, float]:
+        """(slot, tokens, last refill) of `tag`'s record, or of a slot for it with
+        a full bucket."""
+        free, oldest, oldest_at = None, home, math.inf
+        for i in range(WAYS):
+            slot = (home + i) % SLOTS
+            got, tokens, last = _RECORD.unpack_from(self._map, slot * _RECORD.size)
+            if got == tag:
+                return slot, tokens, last
+            if got == _EMPTY:
+                if free is None:
+                    free = slot
+            elif last < oldest_at:
+                oldest, oldest_at = slot, last
+        return (oldest if free is None else free), self.burst, now
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+
+_EMPTY = bytes(8)
+
+
+def _check(rate_per_s: float, burst: float) -> None:
+    if rate_per_s <= 0 or burst < 1:
+        raise ValueError("rate must be > 0 and burst >= 1")
+
+
+def _take(tokens: float, last: float, now: float, rate: float, burst: float) -> tuple[float, float]:
+    """(tokens left, wait): one token taken if there is one after refilling since
+    `last`; else the seconds until there is."""
+    tokens = min(burst, tokens + max(0.0, now - last) * rate)
+    if tokens >= 1:
+        return tokens - 1, 0.0
+    return tokens, (1 - tokens) / rate
 
 
 def retry_after(wait_s: float) -> str:

@@ -1,16 +1,27 @@
-"""Idempotency-Key replays and the per-key rate limit, over HTTP."""
+"""Idempotency-Key replays and the per-key rate limit, over HTTP; the limit
+holds across the gateway's worker processes (one shared table of buckets)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
 
 from cronwheel.kafka import Topics
+from cronwheel.store.jobs import hash_key
 from services.gateway.app import create_app
+from services.gateway.ratelimit import SharedRateLimiter, create_table
 from services.gateway.service import GatewayService
 from tests.support.running import running
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +160,140 @@ def test_rate_limit__over_the_burst__429_with_retry_after_per_key(client):
     assert r.headers["content-type"].startswith("application/problem+json")
     assert int(r.headers["retry-after"]) >= 1
     assert client.get("/v1/jobs", headers=b).status_code == 200  # another key: its own bucket
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOW = 0.001  # tokens per second: none come back while a test runs
+
+
+def test_rate_limit__shared_table__one_bucket_for_a_key_across_processes(tmp_path):
+    table = str(tmp_path / "rate-limit.table")
+    create_table(table)
+    key = hash_key("cwk_shared")
+    elsewhere = (
+        "import sys; from services.gateway.ratelimit import SharedRateLimiter;"
+        f" lim = SharedRateLimiter(sys.argv[1], {SLOW}, 3);"
+        " print(*(lim.take(bytes.fromhex(sys.argv[2])) == 0 for _ in range(2)))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", elsewhere, table, key.hex()],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert other.stdout.split() == ["True", "True"]  # two of the burst of 3, in another process
+    here = SharedRateLimiter(table, SLOW, 3)
+    try:
+        assert here.take(key) == 0  # the third
+        assert here.take(key) > 0  # the burst is spent, whichever process asks
+        assert here.take(hash_key("cwk_another")) == 0  # another key: its own bucket
+    finally:
+        here.close()
+
+
+def test_rate_limit__two_workers__the_burst_is_the_keys_not_each_workers(
+    database_url, kafka_bootstrap, topic_prefix
+):
+    """`serve gateway` with two workers and a burst of 3: requests of one key on
+    connections each worker accepted get 3 answers in all, not 3 per worker."""
+    port = _free_port()
+    operator = "cwop_limits_workers"
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "CRONWHEEL_TOPIC_PREFIX": topic_prefix,
+        "CRONWHEEL_HTTP_ADDR": f"127.0.0.1:{port}",
+        "CRONWHEEL_OPERATOR_KEY": operator,
+        "CRONWHEEL_GATEWAY_WORKERS": "2",
+        "CRONWHEEL_RATE_LIMIT": str(SLOW),
+        "CRONWHEEL_RATE_BURST": "3",
+        "CRONWHEEL_LOG_LEVEL": "WARNING",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "cronwheel.cli", "serve", "gateway"], env=env)
+    try:
+        workers = wait_for(lambda: _two_children(proc.pid), 60, 0.1, "two workers")
+        wait_for(lambda: _healthy(port), 60, 0.1, "the gateway answering")
+        served: list[tuple[int, int]] = []  # (worker pid, status) in order
+        for _ in range(200):  # new connections until each worker has answered twice
+            status, worker = _get_on_new_connection(port, operator, workers)
+            served.append((worker, status))
+            if len(served) >= 6 and all(sum(w == pid for w, _ in served) >= 2 for pid in workers):
+                break
+        assert all(sum(w == pid for w, _ in served) >= 2 for pid in workers), served
+        # Per-worker buckets would have let at least 4 through (2 + 2).
+        assert [status for _, status in served] == [200] * 3 + [429] * (len(served) - 3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_children(pid: int) -> list[int] | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except OSError:
+        return None
+    return kids if len(kids) == 2 else None
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _get_on_new_connection(port: int, key: str, workers: list[int]) -> tuple[int, int]:
+    """(status, pid of the worker that accepted the connection) of one
+    GET /v1/tenants on a connection of its own, kept open until the worker
+    holding its other end is found."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            f"GET /v1/tenants HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {key}\r\n\r\n".encode()
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {answer!r}"
+            answer += chunk
+        status = int(answer.split(b" ", 2)[1])
+        mine = sock.getsockname()[1]
+        worker = wait_for(lambda: _holder(port, mine, workers), 10, 0.02, "the accepting worker")
+        return status, worker
+
+
+def _holder(port: int, client_port: int, workers: list[int]) -> int | None:
+    """The worker with the server end of the connection from `client_port` open."""
+    inode = None
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            local, remote = fields[1], fields[2]
+            if int(local.rsplit(":", 1)[1], 16) == port and (
+                int(remote.rsplit(":", 1)[1], 16) == client_port
+            ):
+                inode = fields[9]
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        return pid
+    return None
