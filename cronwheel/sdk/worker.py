@@ -1,6 +1,12 @@
 """The worker loop: consume a queue topic, StartRun, heartbeat while the handler
 runs, CompleteRun with its outcome.
 
+The records of a poll (up to the free handler slots) are started with one
+start-batch request; completions go through a Completer, one complete-batch
+at a time with whatever queued meanwhile; one thread heartbeats for every run
+held (api.py, completer.py, heartbeats.py). Per run that is a share of two
+requests instead of two requests and a thread.
+
 A record's offset is committed once StartRun answered (won, or refused because
 another worker has it or it is stale): from then on the platform tracks the run,
 and if this process dies the lease expires and the run comes back as the next
@@ -23,10 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.sdk.api import Stopping, WorkerApi
+from cronwheel.sdk.completer import Completer
+from cronwheel.sdk.heartbeats import Heartbeats
 from cronwheel.sdk.offsets import OffsetTracker
 
 log = logging.getLogger("cronwheel.sdk")
@@ -59,10 +67,6 @@ class Run:
     lost: threading.Event = field(default_factory=threading.Event)
 
 
-class _Stopping(Exception):
-    pass
-
-
 class Worker:
     def __init__(
         self,
@@ -92,15 +96,11 @@ class Worker:
         self.consumer_config = consumer_config or {}
         self._stop = threading.Event()
         self._offsets = OffsetTracker()
-        self._slots = threading.Semaphore(self.concurrency)
-        self._active: dict[str, Run] = {}
+        self._active: dict[str, Run] = {}  # started and not yet handed to the completer
+        self._running = 0  # handlers holding a slot
         self._active_lock = threading.Lock()
-        self._http = httpx.Client(
-            base_url=self.api_url,
-            headers={"Authorization": f"Bearer {self.api_key}"},
-            timeout=10.0,
-            limits=httpx.Limits(max_connections=self.concurrency * 2 + 2),
-        )
+        self._backlog: list[Message] = []  # read, begun in _offsets, not yet started
+        self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
         self.completed = 0
 
     # -- lifecycle of the worker process ----------------------------------------
@@ -129,50 +129,74 @@ class Worker:
         )
         consumer.subscribe([self.topic], on_revoke=lambda c, parts: self._on_revoke(c, parts))
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cronwheel-run")
+        self._completer = Completer(self._api, self._answered)
+        self._beats = Heartbeats(self._api)
         paused = False
         try:
             while not self._stop.is_set():
-                full = self._offsets.in_flight() >= self.concurrency
+                free = self._free_slots()
+                room = free - len(self._backlog)
+                full = room <= 0
                 if full != paused and consumer.assignment():
                     (consumer.pause if full else consumer.resume)(consumer.assignment())
                     paused = full
-                msg = consumer.poll(0.05)
+                for msg in self._read(consumer, max(room, 1), 0.005 if self._backlog else 0.05):
+                    if msg.error():
+                        if msg.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("consumer error: %s", msg.error())
+                        continue
+                    self._offsets.begin(msg.topic(), msg.partition(), msg.offset())
+                    self._backlog.append(msg)
+                free = self._free_slots()
+                if self._backlog and free > 0:
+                    batch, self._backlog = self._backlog[:free], self._backlog[free:]
+                    self._start(batch, pool)
                 self._commit(consumer)
-                if msg is None:
-                    continue
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("consumer error: %s", msg.error())
-                    continue
-                self._offsets.begin(msg.topic(), msg.partition(), msg.offset())
-                self._slots.acquire()
-                pool.submit(
-                    self._handle_record, msg.topic(), msg.partition(), msg.offset(), msg.value()
-                )
         finally:
             self._drain(pool)
             self._commit(consumer)
             consumer.close()
-            self._http.close()
+            self._api.close()
+
+    @staticmethod
+    def _read(consumer: Consumer, n: int, timeout: float) -> list[Message]:
+        """Up to `n` records: wait up to `timeout` for the first, then take what is
+        already fetched (consume() with a timeout would wait for all `n`)."""
+        first = consumer.poll(timeout)
+        if first is None:
+            return []
+        return [first, *consumer.consume(n - 1, 0)] if n > 1 else [first]
+
+    def _free_slots(self) -> int:
+        with self._active_lock:
+            return self.concurrency - self._running
 
     def _drain(self, pool: ThreadPoolExecutor) -> None:
+        """Records read but not started stay uncommitted (the next consumer reads
+        them again); runs held get `drain_seconds` to finish, then are handed back."""
+        self._backlog.clear()
         deadline = time.monotonic() + self.drain_seconds
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         with self._active_lock:
             held = list(self._active.values())
+            self._active.clear()
         for run in held:  # still running after the grace period: hand them back
             run.lost.set()
             self._complete(run, "FAILED", None, "worker stopped before the handler finished", True)
+        self._completer.close(timeout=max(10.0, self.drain_seconds))
+        self._beats.close()
         pool.shutdown(wait=False, cancel_futures=True)
 
     def _busy(self) -> bool:
-        """Records being started or runs being handled."""
+        """Runs being handled."""
         with self._active_lock:
-            return bool(self._active) or self._offsets.in_flight() > 0
+            return bool(self._active)
 
     def _on_revoke(self, consumer: Consumer, partitions) -> None:
         self._commit(consumer)
+        gone = {(p.topic, p.partition) for p in partitions}
+        self._backlog = [m for m in self._backlog if (m.topic(), m.partition()) not in gone]
         for p in partitions:
             self._offsets.forget(p.topic, p.partition)
 
@@ -185,121 +209,101 @@ class Worker:
             except Exception as e:  # no assignment any more: the next owner re-reads
                 log.debug("commit skipped: %s", e)
 
-    # -- one record ------------------------------------------------------------
-    def _handle_record(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        try:
-            run = self._start(value)
-        except _Stopping:
-            self._slots.release()
-            return  # not started, not finished: the next consumer gets it again
-        except Exception:
-            log.exception("could not start a run; it will be redelivered")
-            self._slots.release()
+    # -- records ---------------------------------------------------------------
+    def _start(self, msgs: list[Message], pool: ThreadPoolExecutor) -> None:
+        """StartRun for the records' runs in one request; each winner to a handler
+        slot. Every record answered is finished in the offsets, won or not."""
+        runs: list[tuple[Message, Run]] = []
+        for msg in msgs:
+            run = _decode(msg.value())
+            if run is None:
+                self._offsets.finish(msg.topic(), msg.partition(), msg.offset())
+            else:
+                runs.append((msg, run))
+        if not runs:
             return
-        if run is not None:
-            with self._active_lock:
-                self._active[run.run_id] = run
-        self._offsets.finish(topic, partition, offset)
         try:
-            if run is not None:
-                self._execute(run)
-        finally:
-            self._slots.release()
-
-    def _start(self, value: bytes) -> Run | None:
-        try:
-            name, rec = default_registry().decode(value)
-        except UndecodableRecord as e:
-            log.error("skipping an undecodable record: %s", e.reason)
-            return None
-        if name != "RunReady":
-            log.error("skipping a %s record on a queue topic", name)
-            return None
-        run = Run(
-            run_id=rec["run_id"], attempt=rec["attempt"], payload=json.loads(rec["payload"]),
-            scheduled_at=rec["scheduled_at"], priority=rec["priority"], job_id=rec["job_id"],
-            workflow_run_id=rec["workflow_run_id"], node=rec["node"], covers=rec["covers"],
-        )  # fmt: skip
-        resp = self._call(
-            "start", run.run_id, {"worker_id": self.worker_id, "attempt": run.attempt}
-        )
-        if resp.status_code != 200:
-            return None  # ALREADY_STARTED, NOT_RUNNABLE, STALE_ATTEMPT, gone: not ours
-        body = resp.json()
-        run.start_token = body["start_token"]
-        run.lease_ms = body.get("lease_ms", run.lease_ms)
-        run.payload = body.get("payload", run.payload)
-        return run
+            answers = self._api.start_many(
+                self.worker_id, [(r.run_id, r.attempt) for _m, r in runs]
+            )
+        except Stopping:
+            return  # not started, not finished: the next consumer gets them again
+        except Exception:
+            log.exception("could not start %d runs; trying again", len(runs))
+            self._backlog[:0] = [m for m, _r in runs]
+            self._stop.wait(1.0)
+            return
+        for (msg, run), (status, body) in zip(runs, answers, strict=True):
+            if status == 200:  # ALREADY_STARTED, NOT_RUNNABLE, STALE_ATTEMPT, gone: not ours
+                run.attempt = body.get("attempt", run.attempt)
+                run.start_token = body["start_token"]
+                run.lease_ms = body.get("lease_ms", run.lease_ms)
+                run.payload = body.get("payload", run.payload)
+                with self._active_lock:
+                    self._active[run.run_id] = run
+                    self._running += 1
+                pool.submit(self._execute, run)
+            self._offsets.finish(msg.topic(), msg.partition(), msg.offset())
 
     def _execute(self, run: Run) -> None:
-        done = threading.Event()
-        threading.Thread(target=self._heartbeat, args=(run, done), daemon=True).start()
+        self._beats.hold(run)
         try:
-            result = self.handler(run)
-            outcome, error, retryable = "SUCCEEDED", None, True
-        except Fail as e:
-            outcome, error, retryable, result = "FAILED", str(e), e.retryable, e.result
-        except Exception as e:  # the handler's bug or a transient failure: retry
-            outcome, error, retryable, result = "FAILED", f"{type(e).__name__}: {e}", True, None
-        finally:
-            done.set()
-        with self._active_lock:
-            still_ours = self._active.pop(run.run_id, None) is not None
-        if still_ours:
-            self._complete(run, outcome, result, error, retryable)
-
-    def _heartbeat(self, run: Run, done: threading.Event) -> None:
-        """About three beats per lease, until the handler returns."""
-        interval = max(0.05, run.lease_ms / 3000)
-        while not done.wait(interval):
             try:
-                resp = self._call(
-                    "heartbeat", run.run_id, {"attempt": run.attempt, "start_token": run.start_token},
-                    retry=False,
-                )  # fmt: skip
-            except httpx.HTTPError as e:
-                log.warning("heartbeat of %s failed: %s", run.run_id, e)
-                continue
-            if resp.status_code == 409:
-                run.lost.set()
-                return
+                result = self.handler(run)
+                outcome, error, retryable = "SUCCEEDED", None, True
+            except Fail as e:
+                outcome, error, retryable, result = "FAILED", str(e), e.retryable, e.result
+            except Exception as e:  # the handler's bug or a transient failure: retry
+                outcome, error, retryable = "FAILED", f"{type(e).__name__}: {e}", True
+                result = None
+            finally:
+                self._beats.release(run)
+            with self._active_lock:
+                still_ours = self._active.pop(run.run_id, None) is not None
+            if still_ours:
+                self._complete(run, outcome, result, error, retryable)
+        finally:
+            with self._active_lock:
+                self._running -= 1
 
     def _complete(
         self, run: Run, outcome: str, result: Any, error: str | None, retryable: bool
     ) -> None:
-        body = {"attempt": run.attempt, "start_token": run.start_token, "outcome": outcome}
+        body = {
+            "run_id": run.run_id,
+            "attempt": run.attempt,
+            "start_token": run.start_token,
+            "outcome": outcome,
+        }
         if result is not None:
             body["result"] = result
         if error is not None:
             body["error"] = error
             body["retryable"] = retryable
-        try:
-            resp = self._call("complete", run.run_id, body, retry=True, give_up_on_stop=False)
-        except Exception as e:  # the lease will expire and the run come back
-            log.error("could not complete %s: %s", run.run_id, e)
-            return
-        if resp.status_code == 200:
-            self.completed += 1
+        self._completer.submit(run, body)
 
-    def _call(
-        self, verb: str, run_id: str, body: dict, retry: bool = True, give_up_on_stop: bool = True
-    ) -> httpx.Response:
-        """POST with retries on network errors, 429 and 5xx (bounded backoff)."""
-        delay = 0.05
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                resp = self._http.post(f"/v1/runs/{run_id}/{verb}", json=body)
-                if resp.status_code < 500 and resp.status_code != 429:
-                    return resp
-                err: Exception = httpx.HTTPStatusError(
-                    f"{resp.status_code}", request=resp.request, response=resp
-                )
-            except httpx.HTTPError as e:
-                err = e
-            if not retry or time.monotonic() > deadline:
-                raise err
-            if give_up_on_stop and self._stop.is_set():
-                raise _Stopping()
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    def _answered(self, run: Run, status: int) -> None:
+        """The completer's callback (its one thread) for each completion answered."""
+        if status == 200:
+            self.completed += 1
+        elif status:  # 409: the attempt was no longer ours (lease lost, drained)
+            log.log(
+                logging.DEBUG if status == 409 else logging.WARNING,
+                "completion of %s answered %s", run.run_id, status,
+            )  # fmt: skip
+
+
+def _decode(value: bytes) -> Run | None:
+    try:
+        name, rec = default_registry().decode(value)
+    except UndecodableRecord as e:
+        log.error("skipping an undecodable record: %s", e.reason)
+        return None
+    if name != "RunReady":
+        log.error("skipping a %s record on a queue topic", name)
+        return None
+    return Run(
+        run_id=rec["run_id"], attempt=rec["attempt"], payload=json.loads(rec["payload"]),
+        scheduled_at=rec["scheduled_at"], priority=rec["priority"], job_id=rec["job_id"],
+        workflow_run_id=rec["workflow_run_id"], node=rec["node"], covers=rec["covers"],
+    )  # fmt: skip

@@ -151,6 +151,7 @@ class Dispatcher:
         self.class_pausing = class_pausing
         self.stall_ms = stall_ms
         self._counts: dict[str, int] = {}
+        self._classes: dict[tuple[str, int], int | None] = {}  # _class_of's answers
         self._next: dict[tuple[str, int], int] = {}
         self._class_paused: set[tuple[str, int]] = set()
         self._waiting_since: dict[int, float] = {}
@@ -404,8 +405,17 @@ class Dispatcher:
                 self._next.setdefault((tp.topic, tp.partition), tp.offset)
 
     def _class_of(self, topic: str, partition: int) -> int | None:
+        """Cached: asked for every assigned partition on every pass of the loop."""
+        key = (topic, partition)
+        try:
+            return self._classes[key]
+        except KeyError:
+            pass
         n = self._counts.get(topic)
-        return None if n is None else class_of_partition(partition, n)
+        if n is None:
+            return None  # not cached: the count may come with the next assignment
+        rank = self._classes[key] = class_of_partition(partition, n)
+        return rank
 
     def _prioritise(self, consumer: Consumer) -> None:
         """Pause every partition of a class lower than the highest class with

@@ -238,6 +238,40 @@ COMPLETE = {
         "retryable": {"type": "boolean", "default": True},
     },
 }
+_RUN_ID = {"type": "string", "minLength": 1}
+START_BATCH = {
+    "type": "object",
+    "required": ["worker_id", "runs"],
+    "properties": {
+        "worker_id": START["properties"]["worker_id"],
+        "runs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 100,
+            "items": {
+                "type": "object",
+                "required": ["run_id"],
+                "properties": {"run_id": _RUN_ID, "attempt": START["properties"]["attempt"]},
+            },
+        },
+    },
+}
+COMPLETE_BATCH = {
+    "type": "object",
+    "required": ["runs"],
+    "properties": {
+        "runs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 100,
+            "items": {
+                **COMPLETE,
+                "required": ["run_id", *COMPLETE["required"]],
+                "properties": {"run_id": _RUN_ID, **COMPLETE["properties"]},
+            },
+        }
+    },
+}
 CANCEL = {
     "type": "object",
     "properties": {"reason": {"type": "string", "maxLength": 1000}},
@@ -285,6 +319,30 @@ def page(item: dict) -> dict:
         "properties": {
             "items": {"type": "array", "items": item},
             "next_cursor": {"type": ["string", "null"]},
+        },
+    }
+
+
+def batch_results(item_body: dict) -> dict:
+    """A batch route's answer: per item, in order, the status and body (200) or
+    problem (404, 409) that the single route would have answered."""
+    return {
+        "type": "object",
+        "required": ["results"],
+        "properties": {
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["run_id", "status"],
+                    "properties": {
+                        "run_id": {"type": "string"},
+                        "status": {"type": "integer", "enum": [200, 404, 409]},
+                        "body": item_body,
+                        "problem": PROBLEM,
+                    },
+                },
+            }
         },
     }
 

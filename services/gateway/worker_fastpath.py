@@ -4,7 +4,8 @@ routing tries the routes in order (~30 `matches` per request to reach
 /v1/runs) and solves ~6 dependencies.
 
 This ASGI middleware sits inside HttpMetrics and answers exactly
-`POST /v1/runs/{run_id}/(start|heartbeat|complete)`. It does what the
+`POST /v1/runs/{run_id}/(start|heartbeat|complete)` and
+`POST /v1/runs/(start|complete)-batch`. It does what the
 dependencies do, with the same functions in the same order (auth.caller and
 auth.tenant_caller, then bodies.json_object), then calls the route's own
 endpoint function from routes/runs.py on the threadpool, as FastAPI does for a
@@ -26,7 +27,9 @@ from services.gateway import auth, bodies
 from services.gateway.routes import runs
 
 _PATH = re.compile(r"^/v1/runs/([^/]+)/(start|heartbeat|complete)$")
+_BATCH_PATH = re.compile(r"^/v1/runs/(start-batch|complete-batch)$")
 _ENDPOINTS = {"start": runs.start_run, "heartbeat": runs.heartbeat, "complete": runs.complete_run}
+_BATCH_ENDPOINTS = {"start-batch": runs.start_batch, "complete-batch": runs.complete_batch}
 
 
 def bearer(request: Request) -> HTTPAuthorizationCredentials | None:
@@ -55,6 +58,10 @@ class WorkerFastPath:
                 verb: _Route(path)
                 for verb in _ENDPOINTS
                 if "post" in paths.get(path := f"/v1/runs/{{run_id}}/{verb}", {})
+            } | {
+                verb: _Route(path)
+                for verb in _BATCH_ENDPOINTS
+                if "post" in paths.get(path := f"/v1/runs/{verb}", {})
             }
         return self._routes
 
@@ -62,24 +69,30 @@ class WorkerFastPath:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        match = _PATH.match(scope["path"])
+        path = scope["path"]
+        match = _PATH.match(path) or _BATCH_PATH.match(path)
         if match is None:
             await self.app(scope, receive, send)
             return
-        run_id, verb = match.groups()
+        run_id, verb = match.groups() if match.re is _PATH else (None, match.group(1))
         fastapi_app = scope["app"]
         route = self._route_objects(fastapi_app).get(verb)
         if route is None:  # not documented here: let FastAPI answer
             await self.app(scope, receive, send)
             return
         scope["route"] = route
-        scope["path_params"] = {"run_id": run_id}
+        scope["path_params"] = {} if run_id is None else {"run_id": run_id}
         request = Request(scope, receive)
         try:
             who = await auth.tenant_caller(await auth.caller(request, bearer(request)))
             body = await bodies.json_object(request)
             gateway = fastapi_app.state.gateway
-            response = await run_in_threadpool(_ENDPOINTS[verb], gateway, who, run_id, body)
+            if run_id is None:
+                endpoint = _BATCH_ENDPOINTS[verb]
+                response = await run_in_threadpool(endpoint, gateway, who, body)
+            else:
+                endpoint = _ENDPOINTS[verb]
+                response = await run_in_threadpool(endpoint, gateway, who, run_id, body)
         except Exception as e:
             handler = _handler_for(fastapi_app, e)
             if handler is None:

@@ -4,6 +4,7 @@ second line, docs/tenancy.md) holds even for a query that forgets the tenant."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -101,6 +102,16 @@ def matrix(w: dict) -> list[tuple[str, str, dict | None]]:
     ]  # fmt: skip
 
 
+def batch_matrix(w: dict) -> list[tuple[str, dict]]:
+    """Routes that name ids in their body, one item per id (the batch worker routes)."""
+    fence = {"attempt": 1, "start_token": w["token"]}
+    return [
+        ("/v1/runs/start-batch", {"worker_id": "a-worker", "runs": [{"run_id": w["run"]}]}),
+        ("/v1/runs/complete-batch",
+         {"runs": [{"run_id": w["run"], **fence, "outcome": "SUCCEEDED"}]}),
+    ]  # fmt: skip
+
+
 def test_isolation_matrix__covers_every_tenant_route_with_an_id(client, world):
     spec = client.get("/openapi.json").json()["paths"]
     with_ids = {
@@ -115,6 +126,14 @@ def test_isolation_matrix__covers_every_tenant_route_with_an_id(client, world):
             if m == method and re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", template), path):
                 covered.add((m, template))
     assert with_ids - covered == set(), "add the new tenant route to the isolation matrix"
+    # Routes whose body names ids (every request schema with a `run_id` inside).
+    with_body_ids = {
+        path
+        for path, ops in spec.items()
+        for op in ops.values()
+        if "{" not in path and '"run_id"' in json.dumps(op.get("requestBody", {}))
+    }
+    assert with_body_ids == {path for path, _ in batch_matrix(world)}, "add it to batch_matrix"
 
 
 def test_isolation__a_key_with_b_ids__404_and_nothing_of_b(client, world):
@@ -126,9 +145,22 @@ def test_isolation__a_key_with_b_ids__404_and_nothing_of_b(client, world):
             assert secret not in r.text, (method, path)
 
 
+def test_isolation__batch_routes__every_item_of_b_is_404_and_nothing_of_b(client, world):
+    for path, body in batch_matrix(world):
+        r = client.post(path, json=body, headers=world["a"])
+        assert r.status_code == 200, (path, r.text)
+        items = r.json()["results"]
+        assert [(i["status"], i["problem"]["code"]) for i in items] == [(404, "NOT_FOUND")]
+        assert "body" not in items[0]
+        for secret in (world["job"], world["b_id"], "of-b", "secret-queue", world["token"]):
+            assert secret not in r.text, path
+
+
 def test_isolation__b_unchanged_after_the_matrix(client, world):
     for method, path, body in matrix(world):
         client.request(method, path, json=body, headers=world["a"])
+    for path, body in batch_matrix(world):
+        client.post(path, json=body, headers=world["a"])
     b = world["b"]
     job = client.get(f"/v1/jobs/{world['job']}", headers=b).json()
     assert job["name"] == "b-job" and job["paused"] is False

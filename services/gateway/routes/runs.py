@@ -6,6 +6,13 @@ lease_expires_at, payload} or 409 ALREADY_STARTED / NOT_RUNNABLE /
 STALE_ATTEMPT; heartbeat -> 200 {lease_expires_at} or 409 STALE_ATTEMPT;
 complete -> 200 {state} or 409 STALE_ATTEMPT. Fields a worker sends beyond
 these are ignored, so newer workers keep working against this gateway.
+
+start-batch and complete-batch do the same for up to MAX_BATCH runs in one
+request and one transaction (Lifecycle.start_many / complete_many): the
+per-request cost (HTTP, auth, BEGIN/COMMIT) was most of a cycle's. Each item is
+answered as its single route would answer it alone: {status, body} or {status,
+problem}. A malformed item refuses the whole batch (422 naming `runs[i].field`)
+before anything changes, so a caller never has to guess which items applied.
 """
 
 from __future__ import annotations
@@ -16,13 +23,16 @@ from fastapi import APIRouter, Query
 
 from cronwheel.core.errors import ValidationError
 from cronwheel.store import runs_read
+from cronwheel.store.lifecycle import CompleteCall, StartCall
 from services.gateway import openapi as oa
 from services.gateway.auth import TenantCaller
 from services.gateway.bodies import JsonObject, OptionalObject
+from services.gateway.problems import from_exception
 from services.gateway.routes import Gw
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 MAX_ATTEMPT = 2**31 - 1
+MAX_BATCH = 100
 STARTED = {
     "type": "object",
     "required": ["attempt", "start_token", "lease_expires_at", "payload"],
@@ -38,11 +48,11 @@ LEASE = {"type": "object", "properties": {"lease_expires_at": oa.INSTANT}}
 STATE = {"type": "object", "properties": {"state": oa.RUN_STATE}}
 
 
-def _attempt(value: Any, required: bool = True) -> int | None:
+def _attempt(value: Any, required: bool = True, field: str = "attempt") -> int | None:
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPT:
-        raise ValidationError("attempt", f"must be an integer from 1 to {MAX_ATTEMPT}")
+        raise ValidationError(field, f"must be an integer from 1 to {MAX_ATTEMPT}")
     return value
 
 
@@ -137,6 +147,113 @@ def complete_run(gw: Gw, who: TenantCaller, run_id: str, body: JsonObject):
         ),
         pipeline=True,
     )
+
+
+# -- batches ------------------------------------------------------------------------
+
+
+def _items(body: dict) -> list[dict]:
+    """`runs`: 1 to MAX_BATCH objects, each with a string `run_id`."""
+    runs = body.get("runs")
+    if not isinstance(runs, list) or not 1 <= len(runs) <= MAX_BATCH:
+        raise ValidationError("runs", f"must be an array of 1 to {MAX_BATCH} objects")
+    for i, item in enumerate(runs):
+        if not isinstance(item, dict):
+            raise ValidationError(f"runs[{i}]", "must be an object")
+        if not isinstance(item.get("run_id"), str):
+            raise ValidationError(f"runs[{i}].run_id", "must be a string")
+    return runs
+
+
+def _check_completion(i: int, item: dict) -> None:
+    """What Lifecycle.complete refuses without reading the database (in its order;
+    the result's size it checks itself), refused here before anything changes."""
+    token, outcome = item.get("start_token"), item.get("outcome")
+    if not isinstance(token, str) or not token:
+        raise ValidationError(f"runs[{i}].start_token", "must be the token StartRun returned")
+    if outcome not in ("SUCCEEDED", "FAILED"):
+        raise ValidationError(f"runs[{i}].outcome", "must be SUCCEEDED or FAILED")
+    if not isinstance(item.get("retryable", True), bool):
+        raise ValidationError(f"runs[{i}].retryable", "must be true or false")
+    if item.get("error") is not None and not isinstance(item["error"], str):
+        raise ValidationError(f"runs[{i}].error", "must be a string")
+
+
+def _answers(results: list) -> dict:
+    """One {run_id, status, body | problem} per call, as the single route renders it.
+    A ValidationError refuses the whole batch (the transaction rolls back)."""
+    out = []
+    for i, (run_id, got) in enumerate(results):
+        if isinstance(got, ValidationError):
+            field = got.field if got.field == "worker_id" else f"runs[{i}].{got.field}"
+            raise ValidationError(field, got.message, code=got.code, status=got.status)
+        if isinstance(got, Exception):
+            status, doc, _headers = from_exception(got)
+            out.append({"run_id": run_id, "status": status, "problem": doc})
+        else:
+            out.append({"run_id": run_id, "status": 200, "body": got})
+    return {"results": out}
+
+
+@router.post(
+    "/start-batch",
+    openapi_extra=oa.body(oa.START_BATCH),
+    responses=oa.ok(oa.batch_results(STARTED), 200, 413),
+    summary="StartRun for up to 100 runs in one transaction; one answer per run, in order",
+)
+def start_batch(gw: Gw, who: TenantCaller, body: JsonObject):
+    worker_id = body.get("worker_id")
+    if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
+        raise ValidationError("worker_id", "must be a string of 1-200 characters")
+    runs = _items(body)
+    attempts = [
+        _attempt(r.get("attempt"), required=False, field=f"runs[{i}].attempt")
+        for i, r in enumerate(runs)
+    ]
+
+    def call(tx):
+        tenant = tx.tenant["tenant_id"]
+        calls = [
+            StartCall(tenant, r["run_id"], worker_id, a)
+            for r, a in zip(runs, attempts, strict=True)
+        ]
+        got = gw.lifecycle.start_many(tx.conn, calls, tx.now)
+        return _answers([(c.run_id, g) for c, g in zip(calls, got, strict=True)])
+
+    return gw.as_tenant(who, call, pipeline=True)
+
+
+@router.post(
+    "/complete-batch",
+    openapi_extra=oa.body(oa.COMPLETE_BATCH),
+    responses=oa.ok(oa.batch_results(STATE), 200, 413),
+    summary="CompleteRun for up to 100 attempts in one transaction; one answer per run, in order",
+)
+def complete_batch(gw: Gw, who: TenantCaller, body: JsonObject):
+    runs = _items(body)
+    attempts = [_attempt(r.get("attempt"), field=f"runs[{i}].attempt") for i, r in enumerate(runs)]
+    for i, r in enumerate(runs):
+        _check_completion(i, r)
+
+    def call(tx):
+        tenant = tx.tenant["tenant_id"]
+        calls = [
+            CompleteCall(
+                tenant,
+                r["run_id"],
+                a,
+                r.get("start_token"),
+                r.get("outcome"),
+                result=r.get("result"),
+                error=r.get("error"),
+                retryable=r.get("retryable", True),
+            )
+            for r, a in zip(runs, attempts, strict=True)
+        ]
+        got = gw.lifecycle.complete_many(tx.conn, calls, tx.now)
+        return _answers([(c.run_id, g) for c, g in zip(calls, got, strict=True)])
+
+    return gw.as_tenant(who, call, pipeline=True)
 
 
 @router.post(
