@@ -20,7 +20,7 @@ from cronwheel.core.ids import partition_of_run
 from cronwheel.kafka import Topics
 from services.gateway.app import create_app
 from services.gateway.service import GatewayService
-from tests.support.gateway import tenant_client
+from tests.support.gateway import new_run, tenant_client
 from tests.support.running import running
 
 pytestmark = pytest.mark.integration
@@ -34,20 +34,6 @@ def gateway(database_url, kafka_bootstrap, topic_prefix):
     app = create_app(database_url, Topics(topic_prefix), kafka_bootstrap, OPERATOR_KEY, pool_max=1)
     with tenant_client(app, OPERATOR_KEY) as c:
         yield c, app
-
-
-def new_run(client, **job) -> str:
-    body = {
-        "name": "work",
-        "schedule": {"cron": "0 0 1 1 *", "timezone": "UTC"},
-        "target": {"type": "queue", "queue": "work"},
-        "payload": {"n": 1},
-        "retry": {"max_attempts": 3, "initial_backoff_ms": 1000},
-        **job,
-    }
-    r = client.post("/v1/jobs", json=body)
-    assert r.status_code == 201, r.text
-    return client.post(f"/v1/jobs/{r.json()['job_id']}/trigger").json()["run_id"]
 
 
 def timers_of(database_url, run_id: str) -> dict[str, tuple]:

@@ -1,4 +1,5 @@
-"""A gateway app served on a free port, with a client holding a new tenant's key."""
+"""A gateway app served on a free port, with a client holding a new tenant's key;
+a clock the test moves; a queue job's triggered run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from contextlib import contextmanager
 
 import httpx
 
+from cronwheel.core.clock import now_ms
 from services.gateway.service import GatewayService
 from tests.support.running import running
 
@@ -29,3 +31,32 @@ def tenant_client(app, operator_key: str, name: str = "acme") -> Iterator[httpx.
             yield c
     finally:
         app.state.gateway.close()
+
+
+class ManualClock:
+    """The gateway's clock (create_app(clock=...)), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = now_ms()
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> int:
+        self.now += ms
+        return self.now
+
+
+def new_run(client: httpx.Client, payload: dict | None = None, **job) -> str:
+    """A queue job (retried up to 3 times, 1 s backoff) and the run its trigger made."""
+    body = {
+        "name": "work",
+        "schedule": {"cron": "0 0 1 1 *", "timezone": "UTC"},
+        "target": {"type": "queue", "queue": "work"},
+        "payload": payload or {"n": 1},
+        "retry": {"max_attempts": 3, "initial_backoff_ms": 1000},
+        **job,
+    }
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return client.post(f"/v1/jobs/{r.json()['job_id']}/trigger").json()["run_id"]
