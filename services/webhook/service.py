@@ -250,21 +250,21 @@ class WebhookService:
     # -- records in ------------------------------------------------------------
 
     async def _accept(self, msgs: list[Message]) -> None:
-        wanted: list[tuple[tuple[str, int, int], dict]] = []
+        wanted: list[tuple[tuple[str, int, int], dict, Message]] = []
         for m in msgs:
             where = (m.topic(), m.partition(), m.offset())
             self._offsets.begin(*where)
             self._unfinished[where[:2]] += 1
             try:
-                wanted.append((where, self._decode(m)))
+                wanted.append((where, self._decode(m), m))
             except Poison as p:
                 self._dead_letter(m, where, p)
         if not wanted:
             return
         targets = await self._db.call(
-            webhooks.delivery_targets, [rec["run_id"] for _w, rec in wanted], now_ms()
+            webhooks.delivery_targets, [rec["run_id"] for _w, rec, _m in wanted], now_ms()
         )
-        for where, rec in wanted:
+        for where, rec, m in wanted:
             target = targets.get(rec["run_id"])
             reason = _skip_reason(rec, target)
             key = (rec["run_id"], rec["attempt"])
@@ -276,7 +276,7 @@ class WebhookService:
                 self._finish(where)
                 continue
             self._active.add(key)
-            task = asyncio.create_task(self._deliver(where, target))
+            task = asyncio.create_task(self._deliver(where, target, m))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(lambda _t, key=key: self._active.discard(key))
@@ -335,7 +335,7 @@ class WebhookService:
 
     # -- one delivery ------------------------------------------------------------
 
-    async def _deliver(self, where: tuple[str, int, int], t: DeliveryTarget) -> None:
+    async def _deliver(self, where: tuple[str, int, int], t: DeliveryTarget, m: Message) -> None:
         task = asyncio.current_task()
         self._waiting.add(task)
         try:
@@ -346,7 +346,17 @@ class WebhookService:
         hold_s = 0.0
         try:
             async with self._slots:
-                started = await self._db.submit_many(self._start_many, t)
+                try:
+                    started = await self._db.submit_many(self._start_many, t)
+                except Stopping:
+                    raise
+                except Exception as exc:  # not a refusal: a bug, or data this run cannot pass
+                    log.exception("StartRun of %s failed; setting its record aside", t.run_id)
+                    # Its offset must not hold back the partition's: the record
+                    # goes to the dead-letter topic, as an undecodable one would.
+                    reason = f"StartRun failed: {type(exc).__name__}: {exc}"
+                    self._dead_letter(m, where, Poison("start_failed", reason[:1000]))
+                    return
                 self._finish(where)
                 if isinstance(started, str):  # refused: another worker has it, or stale
                     SKIPPED.labels(started).inc()

@@ -18,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 import pytest
+from confluent_kafka import TopicPartition
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from cronwheel import kafka
 from cronwheel.core.clock import now_ms, to_ms
+from cronwheel.core.ids import run_id_for_trigger
 from cronwheel.kafka import Topics
 from cronwheel.store import webhooks
 from cronwheel.store.jobs import Jobs, create_tenant
@@ -35,6 +37,7 @@ from services.webhook.breaker import State
 from services.webhook.guard import Guard
 from services.webhook.limits import endpoint_of
 from services.webhook.service import Settings, WebhookService
+from tests.support.kafka import drain
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -521,6 +524,51 @@ def test_breaker__opens_after_consecutive_failures__runs_wait_unstarted__probe_r
     assert got[4].at - got[3].at >= 1.9, "the second probe came before the cool-down"
     for g in got:
         verify(g, secret)
+
+
+def test_start__fails_other_than_a_refusal__record_dead_lettered_and_partition_moves_on(
+    database_url, kafka_bootstrap, topics, conn, tenant, receiver
+):
+    """A StartRun that raises (a bug, data the statement cannot pass) must not
+    hold back its partition's offsets: the record is set aside on the
+    dead-letter topic, the run stays PENDING, the runs behind it go out."""
+    receiver.answer("/hook", *[Reply(200)] * 4)
+    job, _secret = webhook_job(conn, topics, tenant, receiver.url("/hook"))
+    bad: set[str] = set()
+    with platform(database_url, kafka_bootstrap, topics) as service:
+        real = service._start_many
+
+        def start_many(c, targets):
+            if any(t.run_id in bad for t in targets):
+                raise psycopg.errors.DataError("injected: this run cannot start")
+            return real(c, targets)
+
+        service._start_many = start_many
+        at = _last_trigger[0] = max(now_ms(), _last_trigger[0] + 1)
+        bad.add(run_id_for_trigger(job["job_id"], at))
+        Jobs(topics).trigger(conn, tenant, job["job_id"], at)
+        good = [trigger(conn, topics, tenant, job) for _ in range(3)]
+        wait_for(
+            lambda: set(states(conn, good).values()) == {"SUCCEEDED"}, 20,
+            what="the runs behind it to succeed",
+        )  # fmt: skip
+        [(_t, key, name, letter, _m)] = drain(kafka_bootstrap, topics.dead_letter, want=1)
+        assert (name, key) == ("DeadLetter", next(iter(bad)).encode())
+        assert letter["consumer"] == "webhook" and letter["source_topic"] == topics.webhook(
+            tenant["tenant_id"]
+        )
+        assert letter["reason"].startswith("StartRun failed: DataError: injected")
+        probe = kafka.consumer(service.group_id, kafka_bootstrap)
+        part = TopicPartition(letter["source_topic"], letter["source_partition"])
+        try:
+            wait_for(
+                lambda: probe.committed([part], timeout=5)[0].offset > letter["source_offset"],
+                20, what="the committed offset to pass the set-aside record",
+            )  # fmt: skip
+        finally:
+            probe.close()
+    assert state(conn, next(iter(bad))) == "PENDING"
+    assert len(receiver.requests("/hook")) == 3
 
 
 def test_start__run_another_worker_holds__refused_in_pipeline_mode_connection_still_usable(
