@@ -115,9 +115,14 @@ def assert_one_run_per_instant(conn) -> int:
 
 
 def sessions(conn, app: str) -> list[tuple[str, str]]:
-    """(state, last query) of each database session of the process named `app`."""
+    """(state, last query) of each database session of the process named `app`.
+    A statement whose backend waits on the client (wait event type `Client`: the
+    paused process stopped halfway through sending it, or reading its answer)
+    shows as `waiting on client`: it will not finish while the process is paused."""
     return conn.execute(
-        "SELECT state, query FROM pg_stat_activity"
+        "SELECT CASE WHEN state = 'active' AND wait_event_type = 'Client'"
+        "            THEN 'waiting on client' ELSE state END, query"
+        "  FROM pg_stat_activity"
         " WHERE application_name = %s AND datname = current_database()",
         [app],
     ).fetchall()
@@ -156,13 +161,16 @@ def test_timer__killed_at_random_points_of_firing__one_run_per_instant_without_g
             active[:] = [q[:300] for st, q in sessions(conn, a) if st == "active"]
             return not active
 
-        # The server finishes a query the paused client sent; under a loaded
-        # machine (the whole suite on two cores) that can take seconds.
+        # The server finishes a query the paused client sent (under a loaded
+        # machine, the whole suite on two cores, that can take seconds), unless
+        # the pause caught the client sending it: then it waits on the client.
         try:
             wait_for(settled, 20, what="the paused timer's last query to finish")
         except AssertionError as e:
             raise AssertionError(f"{e}; still active: {active}") from None
-        in_transaction += any(st == "idle in transaction" for st, _ in sessions(conn, app))
+        in_transaction += any(
+            st in ("idle in transaction", "waiting on client") for st, _ in sessions(conn, app)
+        )
         timer.kill()
         kills += 1
     timer = launch.start("timer")
