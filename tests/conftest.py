@@ -7,13 +7,18 @@ import uuid
 import pytest
 
 from tests.support import db as dbsupport
+from tests.support import kafka as kafkasupport
 from tests.support.servers import Servers, provide
+
+# The topic prefixes this session's tests were given (see topic_prefix).
+_prefixes: list[str] = []
 
 
 @pytest.fixture(scope="session")
 def servers() -> Servers:
     with provide() as s:
         yield s
+        kafkasupport.delete_topics(s.kafka_bootstrap, _prefixes)
 
 
 @pytest.fixture(scope="session")
@@ -36,5 +41,9 @@ def kafka_bootstrap(servers: Servers) -> str:
 
 @pytest.fixture
 def topic_prefix() -> str:
-    """Topics of this test start with this, so tests never read each other's records."""
-    return f"t{uuid.uuid4().hex[:10]}"
+    """Topics of this test start with this, so tests never read each other's records.
+    They are deleted when the session ends (a broker that kept every test's topics
+    ran out of file descriptors after a day of runs)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    _prefixes.append(prefix)
+    return prefix

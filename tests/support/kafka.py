@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -32,3 +33,22 @@ def drain(
     finally:
         c.close()
     return out
+
+
+def delete_topics(bootstrap: str, prefixes: list[str], timeout: float = 30.0) -> int:
+    """Delete the topics whose names start with one of `prefixes` and a dot;
+    returns how many were asked for. Best effort: a failure is only logged."""
+    if not prefixes:
+        return 0
+    starts = tuple(f"{p}." for p in prefixes)
+    try:
+        admin = kafka.admin(bootstrap)
+        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(starts)]
+        for i in range(0, len(names), 500):
+            futures = admin.delete_topics(names[i : i + 500], operation_timeout=timeout)
+            for fut in futures.values():
+                fut.result(timeout)
+        return len(names)
+    except Exception as exc:  # teardown must not fail a green session
+        logging.getLogger("tests").warning("could not delete test topics: %s", exc)
+        return 0
