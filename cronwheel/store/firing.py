@@ -23,7 +23,7 @@ from cronwheel.core.jobs import Catchup
 from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox
+from cronwheel.store import outbox, pgarrays
 from cronwheel.store.leases import Leases
 from cronwheel.store.quotas import Buckets, fair_shares
 from cronwheel.store.sql_loader import queries
@@ -183,14 +183,14 @@ def insert_runs(
             Q["insert_runs"],
             {
                 "now": to_dt(now),
-                "p": outbox.int2_array(runs.partition_id),
-                "id": outbox.text_array(runs.run_id),
-                "t": outbox.text_array(runs.tenant_id),
-                "j": outbox.text_array(runs.job_id),
-                "s": outbox.timestamptz_array(runs.scheduled_ms),
-                "c": outbox.text_array([json.dumps(list(c)) if c else None for c in runs.covers]),
-                "pr": outbox.text_array(runs.priority),
-                "sp": outbox.text_array(runs.spec),
+                "p": pgarrays.int2_array(runs.partition_id),
+                "id": pgarrays.text_array(runs.run_id),
+                "t": pgarrays.text_array(runs.tenant_id),
+                "j": pgarrays.text_array(runs.job_id),
+                "s": pgarrays.timestamptz_array(runs.scheduled_ms),
+                "c": pgarrays.text_array([json.dumps(list(c)) if c else None for c in runs.covers]),
+                "pr": pgarrays.text_array(runs.priority),
+                "sp": pgarrays.text_array(runs.spec),
             },
         )
     }
@@ -252,8 +252,8 @@ class JobTimers:
         jobs = conn.execute(
             Q["jobs_for_timers"],
             {
-                "partitions": outbox.int2_array([t.partition_id for t in timers]),
-                "job_ids": outbox.text_array([t.owner_id for t in timers]),
+                "partitions": pgarrays.int2_array([t.partition_id for t in timers]),
+                "job_ids": pgarrays.text_array([t.owner_id for t in timers]),
             },
         ).fetchall()
         by_id = {row[1]: row for row in jobs}
@@ -313,28 +313,28 @@ class JobTimers:
             conn.execute(
                 Q["advance_jobs"],
                 {
-                    "p": outbox.int2_array(adv["p"]),
-                    "id": outbox.text_array(adv["id"]),
-                    "li": outbox.timestamptz_array(adv["li"]),
-                    "m": outbox.int8_array(adv["m"]),
-                    "f": outbox.int8_array(adv["f"]),
-                    "o": outbox.int8_array(adv["o"]),
-                    "b": outbox.timestamptz_array(adv["b"]),
+                    "p": pgarrays.int2_array(adv["p"]),
+                    "id": pgarrays.text_array(adv["id"]),
+                    "li": pgarrays.timestamptz_array(adv["li"]),
+                    "m": pgarrays.int8_array(adv["m"]),
+                    "f": pgarrays.int8_array(adv["f"]),
+                    "o": pgarrays.int8_array(adv["o"]),
+                    "b": pgarrays.timestamptz_array(adv["b"]),
                 },
             )
         if resched["id"]:
             conn.execute(
                 Q["reschedule_timers"],
                 {
-                    "p": outbox.int2_array(resched["p"]),
-                    "id": outbox.text_array(resched["id"]),
-                    "d": outbox.timestamptz_array(resched["d"]),
+                    "p": pgarrays.int2_array(resched["p"]),
+                    "id": pgarrays.text_array(resched["id"]),
+                    "d": pgarrays.timestamptz_array(resched["d"]),
                 },
             )
         if gone["id"]:
             conn.execute(
                 Q["delete_timers"],
-                {"p": outbox.int2_array(gone["p"]), "id": outbox.text_array(gone["id"])},
+                {"p": pgarrays.int2_array(gone["p"]), "id": pgarrays.text_array(gone["id"])},
             )
         return rows
 
@@ -389,7 +389,7 @@ class Firing:
             return report
         # One binary array for every query of the pass (1024 elements through
         # psycopg's list dumper cost ~1.5 ms a query).
-        partitions = outbox.int2_array(list(leases.owned))
+        partitions = pgarrays.int2_array(list(leases.owned))
         with conn.transaction():
             # Deterministic run ids make a firing lost in a database crash safe to
             # repeat (the same runs, the same records), so the commit need not
@@ -470,10 +470,10 @@ class Firing:
                 {
                     "now": to_dt(now),
                     "partitions": partitions,
-                    "prio": outbox.int2_array([lane[0] for lane in quota]),
-                    "tenant": outbox.text_array([lane[1] for lane in quota]),
+                    "prio": pgarrays.int2_array([lane[0] for lane in quota]),
+                    "tenant": pgarrays.text_array([lane[1] for lane in quota]),
                     "quota": list(quota.values()),
-                    "taken": outbox.text_array([t.timer_id for t in claimed]),
+                    "taken": pgarrays.text_array([t.timer_id for t in claimed]),
                 },
             ).fetchall()
             got = [_timer(r) for r in rows]

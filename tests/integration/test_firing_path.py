@@ -14,7 +14,7 @@ from cronwheel.core.clock import iso, now_ms, to_ms
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.ids import PARTITIONS, run_id_for_instant
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox
+from cronwheel.store import outbox, pgarrays
 from cronwheel.store.firing import Firing, run_spec, run_spec_text
 from cronwheel.store.jobs import Jobs, create_tenant
 from services.relay.service import Relay
@@ -239,13 +239,13 @@ def test_packed_arrays__round_trip_through_postgres(conn):
         "SELECT %(t)b::text[], %(b)b::bytea[], %(s)b::smallint[], %(l)b::bigint[],"
         " %(ts)b::timestamptz[], %(e)b::text[], %(n)b::smallint[]",
         {
-            "t": outbox.text_array(texts),
-            "b": outbox.bytea_array([b"\x00\xff", None, b""]),
-            "s": outbox.int2_array([0, 1023, -32768, 32767]),
-            "l": outbox.int8_array([2**62, -(2**63), None]),
-            "ts": outbox.timestamptz_array(ms),
-            "e": outbox.text_array([]),
-            "n": outbox.int2_array([1, None]),
+            "t": pgarrays.text_array(texts),
+            "b": pgarrays.bytea_array([b"\x00\xff", None, b""]),
+            "s": pgarrays.int2_array([0, 1023, -32768, 32767]),
+            "l": pgarrays.int8_array([2**62, -(2**63), None]),
+            "ts": pgarrays.timestamptz_array(ms),
+            "e": pgarrays.text_array([]),
+            "n": pgarrays.int2_array([1, None]),
         },
     ).fetchone()
     assert got[0] == texts
