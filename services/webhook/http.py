@@ -159,22 +159,15 @@ class ResponseParser:
             elif state == _LENGTH:
                 if not buf:
                     return False
-                take = buf[: self.remaining] if len(buf) > self.remaining else buf
-                buf = buf[len(take) :]
-                self.remaining -= len(take)
-                if self._keep(take):
+                buf, capped = self._counted(buf)
+                if capped:
                     return True
-                if self.remaining == 0:
-                    return self._finish(buf)
-                return False
+                return self._finish(buf) if self.remaining == 0 else False
             elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > MAX_CHUNK_LINE:
-                        raise ProtocolError("chunk-size line too long")
-                    self.buf = buf
+                got = self._line(buf, MAX_CHUNK_LINE, "chunk-size line")
+                if got is None:
                     return False
-                line, buf = buf[:end], buf[end + 2 :]
+                line, buf = got
                 text = line.split(b";", 1)[0].strip()
                 if not text or len(text) > 16 or text.strip(b"0123456789abcdefABCDEF"):
                     raise ProtocolError(f"bad chunk size {line[:40]!r}")
@@ -183,10 +176,8 @@ class ResponseParser:
             elif state == _CHUNK_DATA:
                 if not buf:
                     return False
-                take = buf[: self.remaining] if len(buf) > self.remaining else buf
-                buf = buf[len(take) :]
-                self.remaining -= len(take)
-                if self._keep(take):
+                buf, capped = self._counted(buf)
+                if capped:
                     return True
                 if self.remaining:
                     return False
@@ -200,13 +191,10 @@ class ResponseParser:
                 buf = buf[2:]
                 self.state = _CHUNK_SIZE
             elif state == _TRAILERS:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > MAX_HEAD_BYTES:
-                        raise ProtocolError("trailers too long")
-                    self.buf = buf
+                got = self._line(buf, MAX_HEAD_BYTES, "trailers")
+                if got is None:
                     return False
-                line, buf = buf[:end], buf[end + 2 :]
+                line, buf = got
                 if not line:  # trailers (ignored) end with an empty line
                     return self._finish(buf)
             elif state == _CLOSE:
@@ -224,6 +212,24 @@ class ResponseParser:
         if self.state == _HEAD and not self.got_bytes:
             raise ReadError("connection closed before any response")
         raise ReadError("connection closed in the middle of the response")
+
+    def _counted(self, buf: bytes) -> tuple[bytes, bool]:
+        """The next `remaining` body bytes of `buf` kept: (the rest of `buf`,
+        whether the cap was passed)."""
+        take = buf[: self.remaining] if len(buf) > self.remaining else buf
+        self.remaining -= len(take)
+        return buf[len(take) :], self._keep(take)
+
+    def _line(self, buf: bytes, limit: int, what: str) -> tuple[bytes, bytes] | None:
+        """(line, rest) at the next CRLF; None (the bytes kept for the next
+        feed) when it has not come yet."""
+        end = buf.find(b"\r\n")
+        if end < 0:
+            if len(buf) > limit:
+                raise ProtocolError(f"{what} too long")
+            self.buf = buf
+            return None
+        return buf[:end], buf[end + 2 :]
 
     def _keep(self, data: bytes) -> bool:
         """Add body bytes; True (and done) when the cap is passed."""

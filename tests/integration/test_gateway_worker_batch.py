@@ -212,6 +212,19 @@ def test_start_batch__malformed__422_naming_the_field_and_nothing_started(
     assert client.get(f"/v1/runs/{run_id}").json()["state"] == "PENDING"
 
 
+def two_started(client) -> tuple[str, list[dict]]:
+    """Two runs started in one batch: the first's id, and a SUCCEEDED completion
+    item for each."""
+    a, b = new_run(client), new_run(client)
+    got = results(start_batch(client, [{"run_id": a}, {"run_id": b}]))
+    items = [
+        {"run_id": g["run_id"], "attempt": 1, "start_token": g["body"]["start_token"],
+         "outcome": "SUCCEEDED"}
+        for g in got
+    ]  # fmt: skip
+    return a, items
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -228,13 +241,7 @@ def test_start_batch__malformed__422_naming_the_field_and_nothing_started(
 def test_complete_batch__malformed__422_naming_the_field_and_nothing_completed(
     client, change, field
 ):
-    a, b = new_run(client), new_run(client)
-    got = results(start_batch(client, [{"run_id": a}, {"run_id": b}]))
-    items = [
-        {"run_id": g["run_id"], "attempt": 1, "start_token": g["body"]["start_token"],
-         "outcome": "SUCCEEDED"}
-        for g in got
-    ]  # fmt: skip
+    a, items = two_started(client)
     items[1] = {**items[1], **change}
     r = complete_batch(client, items)
     assert r.status_code == 422, r.text
@@ -243,13 +250,7 @@ def test_complete_batch__malformed__422_naming_the_field_and_nothing_completed(
 
 
 def test_complete_batch__result_too_large__413_naming_the_item_and_nothing_completed(client):
-    a, b = new_run(client), new_run(client)
-    got = results(start_batch(client, [{"run_id": a}, {"run_id": b}]))
-    items = [
-        {"run_id": g["run_id"], "attempt": 1, "start_token": g["body"]["start_token"],
-         "outcome": "SUCCEEDED"}
-        for g in got
-    ]  # fmt: skip
+    a, items = two_started(client)
     items[1]["result"] = {"blob": "x" * (70 * 1024)}
     r = complete_batch(client, items)
     assert r.status_code == 413, r.text

@@ -235,6 +235,22 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(size)
 
 
+def _in_a_row(handler, requests: list[dict], client: Client | None = None, path: str = "/"):
+    """The responses to `requests` (keyword arguments of Client.request beside the
+    method and URL) sent one after another through one client to `handler`."""
+
+    async def main():
+        c = client or Client(Guard(LOOPBACK))
+        async with Serving(handler) as port:
+            try:
+                url = f"http://127.0.0.1:{port}{path}"
+                return [await c.request("POST", url, **r) for r in requests]
+            finally:
+                c.close()
+
+    return asyncio.run(main())
+
+
 def test_client__keep_alive__one_connection_for_several_requests():
     connections = []
     requests = []
@@ -248,16 +264,12 @@ def test_client__keep_alive__one_connection_for_several_requests():
         except asyncio.IncompleteReadError:
             writer.close()
 
-    async def main():
-        client = Client(Guard(LOOPBACK), headers={"user-agent": "t"})
-        async with Serving(handler) as port:
-            try:
-                url = f"http://127.0.0.1:{port}/h"
-                return [await client.request("POST", url, {"x-n": str(i)}, b"{}") for i in range(3)]
-            finally:
-                client.close()
-
-    got = asyncio.run(main())
+    got = _in_a_row(
+        handler,
+        [{"headers": {"x-n": str(i)}, "body": b"{}"} for i in range(3)],
+        Client(Guard(LOOPBACK), headers={"user-agent": "t"}),
+        "/h",
+    )
     assert [r.status for r in got] == [200, 200, 200] and got[0].body == b"ok"
     assert len(connections) == 1 and len(requests) == 3
     assert b"user-agent: t\r\n" in requests[0] and b"accept-encoding: identity\r\n" in requests[0]
@@ -283,16 +295,7 @@ def test_client__chunked_then_close_delimited__second_on_a_new_connection():
         finally:
             writer.close()
 
-    async def main():
-        client = Client(Guard(LOOPBACK))
-        async with Serving(handler) as port:
-            try:
-                url = f"http://127.0.0.1:{port}/"
-                return [(await client.request("POST", url, {}, b"{}")) for _ in range(2)]
-            finally:
-                client.close()
-
-    a, b = asyncio.run(main())
+    a, b = _in_a_row(handler, [{"headers": {}, "body": b"{}"}] * 2)
     assert (a.status, a.body, b.status, b.body) == (200, b"hi", 201, b"to the end")
     assert len(connections) == 1  # the close-delimited one ended its connection
 
@@ -310,16 +313,7 @@ def test_client__oversize_response__cut__next_request_on_a_new_connection():
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
-    async def main():
-        client = Client(Guard(LOOPBACK))
-        async with Serving(handler) as port:
-            try:
-                url = f"http://127.0.0.1:{port}/"
-                return [await client.request("POST", url, {}, max_body=1000) for _ in range(2)]
-            finally:
-                client.close()
-
-    got = asyncio.run(main())
+    got = _in_a_row(handler, [{"headers": {}, "max_body": 1000}] * 2)
     assert all(r.truncated and r.body == b"z" * 1000 for r in got)
     assert len(connections) == 2
 
