@@ -38,6 +38,7 @@ from cronwheel.sdk.heartbeats import Heartbeats
 from cronwheel.sdk.offsets import OffsetTracker
 
 log = logging.getLogger("cronwheel.sdk")
+COMMIT_EVERY_S = 0.2  # offset commits from the poll loop at most this often
 
 
 class Fail(Exception):
@@ -96,6 +97,7 @@ class Worker:
         self.consumer_config = consumer_config or {}
         self._stop = threading.Event()
         self._offsets = OffsetTracker()
+        self._committed_at = 0.0  # monotonic time of the last commit
         self._active: dict[str, Run] = {}  # started and not yet handed to the completer
         self._running = 0  # handlers holding a slot
         self._active_lock = threading.Lock()
@@ -119,7 +121,7 @@ class Worker:
                 "group.id": self.group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 10,
+                "fetch.wait.max.ms": 500,  # answered early when a record arrives
                 # A crashed worker's partitions move to the others after 10 s.
                 "session.timeout.ms": 10_000,
                 "heartbeat.interval.ms": 2_000,
@@ -151,7 +153,7 @@ class Worker:
                 if self._backlog and free > 0:
                     batch, self._backlog = self._backlog[:free], self._backlog[free:]
                     self._start(batch, pool)
-                self._commit(consumer)
+                self._commit(consumer, force=False)
         finally:
             self._drain(pool)
             self._commit(consumer)
@@ -200,7 +202,15 @@ class Worker:
         for p in partitions:
             self._offsets.forget(p.topic, p.partition)
 
-    def _commit(self, consumer: Consumer) -> None:
+    def _commit(self, consumer: Consumer, force: bool = True) -> None:
+        """Commit the offsets finished runs moved. Unforced (the poll loop): at
+        most every COMMIT_EVERY_S, not once per poll, which cost the broker a
+        commit per record at a trickle; a record read again after a crash gets
+        ALREADY_STARTED or NOT_RUNNABLE, so committing later loses nothing."""
+        now = time.monotonic()
+        if not force and now - self._committed_at < COMMIT_EVERY_S:
+            return
+        self._committed_at = now
         moved = self._offsets.committable()
         if moved:
             parts = [TopicPartition(t, p, off) for (t, p), off in moved.items()]
