@@ -52,3 +52,10 @@ def cell() -> str:
 
 def http_addr() -> str:
     return os.environ.get("CRONWHEEL_HTTP_ADDR", "127.0.0.1:8080")
+
+
+def fire_ahead_ms() -> int:
+    """How long before a job's instant the timer service may create its run
+    (docs/architecture.md, "Firing ahead"); the relay publishes it at the
+    instant. 0: create each run at its instant."""
+    return max(0, int(os.environ.get("CRONWHEEL_FIRE_AHEAD_MS", "1000")))

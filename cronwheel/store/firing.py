@@ -17,7 +17,7 @@ from cronwheel import metrics
 from cronwheel.core import events
 from cronwheel.core.clock import to_dt, to_ms
 from cronwheel.core.events import OutboxRow
-from cronwheel.core.firing import plan_fire
+from cronwheel.core.firing import due_at, plan_fire
 from cronwheel.core.ids import run_id_for_instant
 from cronwheel.core.jobs import Catchup
 from cronwheel.core.runs import PRIORITY_RANK
@@ -52,20 +52,37 @@ class FireReport:
     missed: int = 0
     lateness_ms: list[int] = field(default_factory=list)  # per created run: now - due
     fenced: int = 0  # timers left alone: their partition is no longer ours
-    next_due_ms: list[int] = field(default_factory=list)  # where moved timers are due next
+    next_due_ms: list[int] = field(default_factory=list)  # when to wake: a quota refill, a backlog
+    job_due_ms: list[int] = field(default_factory=list)  # where moved job timers are due next
     held: int = 0  # due job timers a tenant's fire quota held back (they stay due)
     lanes: int = 0  # lanes served round-robin; 0: no backlog, claimed in due order
 
 
 @dataclass(frozen=True)
 class Upcoming:
-    """What the timing wheel may rely on: every due time up to `complete_until`."""
+    """What the timing wheel may rely on: every time it must wake at up to
+    `complete_until`, with whether it is a job timer's (woken wake_lead before
+    it is due, and not at all once a claim ahead took it)."""
 
-    due_ms: list[int]
+    entries: list[tuple[int, bool]]  # (wake time, a job timer's), by time
     complete_until: int
+
+    @property
+    def due_ms(self) -> list[int]:
+        return [w for w, _job in self.entries]
 
 
 Handler = Callable[[psycopg.Connection, list[Timer], int, FireReport], list[OutboxRow]]
+
+
+def wake_lead(ahead_ms: int) -> int:
+    """How long before a job timer is due the wheel wakes for it: three
+    quarters of the firing's lead. A pass claims every job timer due within the
+    whole lead, so the next one not taken is due over a quarter lead on: passes
+    come at most every quarter lead, each with that much of the schedule (a
+    sliding horizon woken per timer would still fire one run per pass), and an
+    instant with many jobs starts being fired three quarters of a lead early."""
+    return ahead_ms - ahead_ms // 4
 
 
 def job_timer_id(job_id: str) -> str:
@@ -139,10 +156,12 @@ class NewRuns:
     target_type: list[str] = field(default_factory=list)
     queue: list[str | None] = field(default_factory=list)
     payload: list[str] = field(default_factory=list)
+    # When the RunReady may be published (fired ahead of its instant), or None
+    not_before_ms: list[int | None] = field(default_factory=list)
 
     def add(
         self, partition_id, run_id, tenant_id, job_id, scheduled_ms, covers, priority, spec,
-        target_type, queue, payload,
+        target_type, queue, payload, not_before_ms=None,
     ) -> None:  # fmt: skip
         self.partition_id.append(partition_id)
         self.run_id.append(run_id)
@@ -155,6 +174,7 @@ class NewRuns:
         self.target_type.append(target_type)
         self.queue.append(queue)
         self.payload.append(payload)
+        self.not_before_ms.append(not_before_ms)
 
 
 def insert_runs(
@@ -172,7 +192,7 @@ def insert_runs(
             cols.add(
                 r["partition_id"], r["run_id"], r["tenant_id"], r["job_id"], r["scheduled_ms"],
                 r.get("covers"), r["priority"], json.dumps(spec), spec["target"]["type"],
-                spec["target"].get("queue"), spec["payload"],
+                spec["target"].get("queue"), spec["payload"], r.get("not_before_ms"),
             )  # fmt: skip
         runs = cols
     if not runs.run_id:
@@ -225,6 +245,7 @@ def insert_runs(
                 run_id.encode(),
                 value,
                 priority=PRIORITY_RANK.get(priority, outbox.NORMAL),
+                not_before_ms=runs.not_before_ms[i],
             )
         )
     return rows
@@ -233,10 +254,13 @@ def insert_runs(
 class JobTimers:
     """The handler of `job` timers: a job's next scheduled instant."""
 
-    def __init__(self, topics: Topics, cache: ScheduleCache | None = None):
+    def __init__(self, topics: Topics, cache: ScheduleCache | None = None, *, ahead_ms: int = 0):
         self.topics = topics
         self.cache = cache or ScheduleCache()
         self._catchups: dict[str, Catchup] = {}
+        # Firing ahead: instants due within this of `now` are fired now, their
+        # RunReady held by the relay until due (docs/architecture.md).
+        self.ahead_ms = ahead_ms
 
     def _catchup(self, text: str) -> Catchup:
         got = self._catchups.get(text)
@@ -258,6 +282,7 @@ class JobTimers:
         ).fetchall()
         by_id = {row[1]: row for row in jobs}
         new_runs = NewRuns()
+        horizon = now + self.ahead_ms
         adv: dict[str, list] = {k: [] for k in ("p", "id", "li", "m", "f", "o", "b")}
         resched: dict[str, list] = {"p": [], "id": [], "d": []}
         gone: dict[str, list] = {"p": [], "id": []}
@@ -276,7 +301,7 @@ class JobTimers:
                 self.cache.by_text(schedule, anchor_ms),
                 job_id=job_id,
                 last_instant_ms=last_ms,
-                now_ms=now,
+                now_ms=horizon,
                 catchup=self._catchup(catchup),
                 jitter_ms=jitter_ms,
                 overlap=overlap,
@@ -285,10 +310,11 @@ class JobTimers:
             if plan.runs:
                 spec = run_spec_text(target, payload, retry, timeout_ms, lease_ms)
                 for pr in plan.runs:
+                    due = due_at(job_id, pr.instant_ms, jitter_ms) if self.ahead_ms else now
                     new_runs.add(
                         partition_id, run_id_for_instant(job_id, pr.instant_ms), tenant_id,
                         job_id, pr.instant_ms, pr.covers, priority, spec, target_type, queue,
-                        payload,
+                        payload, not_before_ms=due if due > now else None,
                     )  # fmt: skip
                     report.lateness_ms.append(now - t.due_ms)
             report.missed += plan.missed
@@ -306,7 +332,7 @@ class JobTimers:
                 resched["p"].append(t.partition_id)
                 resched["id"].append(t.timer_id)
                 resched["d"].append(plan.next_due_ms)
-                report.next_due_ms.append(plan.next_due_ms)
+                report.job_due_ms.append(plan.next_due_ms)
         rows = insert_runs(conn, self.topics, new_runs, now)
         report.runs_created += len(rows)
         if adv["id"]:
@@ -362,9 +388,13 @@ class Firing:
         quotas: Buckets | None = None,
         rounds: int = 4,
         critical_batch: int | None = None,
+        ahead_ms: int = 0,
     ):
         self.topics = topics
-        self.handlers: dict[str, Handler] = {"job": JobTimers(topics)}
+        # Job timers are claimed up to ahead_ms before they are due (their runs
+        # published at the instant by the relay); every other kind when due.
+        self.ahead_ms = ahead_ms
+        self.handlers: dict[str, Handler] = {"job": JobTimers(topics, ahead_ms=ahead_ms)}
         self.handlers.update(handlers or {})
         self.quotas = quotas or Buckets("fire")
         self.rounds = rounds
@@ -379,6 +409,8 @@ class Firing:
         self._claimed_at = 0  # `now` of the last claim: upcoming() looks after it
         self._wake: list[int] = []  # quota refills and unfinished backlogs to wake for
         self._backlog = False  # the last pass left lanes open: claim by lanes first
+        self._owned_from: dict | None = None  # the leases' `owned` _owned_array was built from
+        self._owned_array = None
 
     def fire_due(
         self, conn: psycopg.Connection, leases: Leases, now: int, limit: int = 500
@@ -388,8 +420,13 @@ class Firing:
         if not leases.owned:
             return report
         # One binary array for every query of the pass (1024 elements through
-        # psycopg's list dumper cost ~1.5 ms a query).
-        partitions = pgarrays.int2_array(list(leases.owned))
+        # psycopg's list dumper cost ~1.5 ms a query), built again only when the
+        # leases changed (Leases.tick replaces `owned`): building it cost a
+        # steady trickle's firing pass ~15% of its CPU.
+        if self._owned_from is not leases.owned:
+            self._owned_from = leases.owned
+            self._owned_array = pgarrays.int2_array(list(leases.owned))
+        partitions = self._owned_array
         with conn.transaction():
             # Deterministic run ids make a firing lost in a database crash safe to
             # repeat (the same runs, the same records), so the commit need not
@@ -404,7 +441,7 @@ class Firing:
             else:
                 rows = conn.execute(
                     Q["claim_due"],
-                    {"now": to_dt(now), "partitions": partitions, "limit": limit},
+                    {**self._due_by(now), "partitions": partitions, "limit": limit},
                 ).fetchall()
                 if not rows:
                     self._note_wake(report)
@@ -448,7 +485,7 @@ class Firing:
         lanes = [
             (r[0], r[1])
             for r in conn.execute(
-                Q["due_lanes"], {"now": to_dt(now), "partitions": partitions}
+                Q["due_lanes"], {**self._due_by(now), "partitions": partitions}
             ).fetchall()
         ]
         report.lanes = len(lanes)
@@ -468,7 +505,7 @@ class Firing:
             rows = conn.execute(
                 Q["claim_lanes"],
                 {
-                    "now": to_dt(now),
+                    **self._due_by(now),
                     "partitions": partitions,
                     "prio": pgarrays.int2_array([lane[0] for lane in quota]),
                     "tenant": pgarrays.text_array([lane[1] for lane in quota]),
@@ -535,6 +572,10 @@ class Firing:
                 metrics.QUOTA_THROTTLED.labels("fire").inc()
         return kept, held
 
+    def _due_by(self, now: int) -> dict:
+        """The claim's bounds: every kind due by `now`, job timers by `ahead`."""
+        return {"now": to_dt(now), "ahead": to_dt(now + self.ahead_ms)}
+
     def _note_wake(self, report: FireReport) -> None:
         metrics.QUOTA_HELD.labels("fire").set(report.held)
         if self._wake:
@@ -559,13 +600,20 @@ class Firing:
                 "limit": limit,
             },
         ).fetchall()
-        per_class: dict[int, list[int]] = {}
-        for prio, due_at in rows:
-            per_class.setdefault(prio, []).append(to_ms(due_at))
+        per_class: dict[int, list[tuple[int, bool]]] = {}
+        for prio, due, is_job in rows:
+            per_class.setdefault(prio, []).append((to_ms(due), is_job))
         complete_until = horizon
         for dues in per_class.values():
             if len(dues) >= limit:
-                complete_until = min(complete_until, max(dues))
-        due = sorted(d for dues in per_class.values() for d in dues if d <= complete_until)
-        wake = [w for w in self._wake if w <= complete_until]
-        return Upcoming(sorted(due + wake), complete_until)
+                complete_until = min(complete_until, max(d for d, _j in dues))
+        # Wake times: a job timer's wake_lead before it is due.
+        lead = wake_lead(self.ahead_ms)
+        due = [
+            (d - lead if is_job else d, is_job)
+            for dues in per_class.values()
+            for d, is_job in dues
+            if d <= complete_until
+        ]
+        wake = [(w, False) for w in self._wake if w <= complete_until]
+        return Upcoming(sorted(due + wake), complete_until - lead)

@@ -147,6 +147,12 @@ class Lifecycle:
         answer per call, in order: what `start` returns, or the exception it
         would raise, as a value. (`start` has a statement of its own: see
         lifecycle.sql on why.)"""
+        if len(calls) == 1:  # the scalar statement: an array one is re-planned each call
+            c = calls[0]
+            try:
+                return [self.start(conn, c.tenant_id, c.run_id, c.worker_id, now, c.attempt)]
+            except (ValidationError, NotFound, Conflict) as e:
+                return [e]
         answers: list[dict | Exception | None] = [None] * len(calls)
         todo: list[tuple[int, int, str]] = []  # (call, partition, token)
         for i, c in enumerate(calls):
@@ -258,6 +264,17 @@ class Lifecycle:
         """CompleteRun for many runs (of any tenants) in one transaction: a
         statement per round (see _rounds), then one for the retry timers and one
         for the outbox. One answer per call, in order, as `start_many`."""
+        if len(calls) == 1:  # the scalar statement, as in start_many
+            c = calls[0]
+            try:
+                return [
+                    self.complete(
+                        conn, c.tenant_id, c.run_id, c.attempt, c.start_token, c.outcome,
+                        now, c.result, c.error, c.retryable,
+                    )
+                ]  # fmt: skip
+            except (ValidationError, NotFound, Conflict) as e:
+                return [e]
         answers: list[dict | Exception | None] = [None] * len(calls)
         todo: list[tuple[int, int, str | None]] = []  # (call, partition, result as JSON)
         for i, c in enumerate(calls):
@@ -438,6 +455,8 @@ class Lifecycle:
         run = {
             "partition_id": p, "run_id": run_id_for_instant(job_id, at), "tenant_id": got[1],
             "job_id": job_id, "scheduled_ms": at, "covers": None, "priority": got[7], "spec": spec,
+            # An instant fired ahead and buffered: published no earlier than it.
+            "not_before_ms": at if at > now else None,
         }  # fmt: skip
         return insert_runs(conn, self.topics, [run], now)
 

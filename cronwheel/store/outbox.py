@@ -21,9 +21,16 @@ from dataclasses import dataclass
 import psycopg
 
 from cronwheel.core.avro import default_registry
+from cronwheel.core.clock import to_dt
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
-from cronwheel.store.pgarrays import bytea_array, int2_array, text_array
+from cronwheel.store.pgarrays import (
+    bytea_array,
+    int2_array,
+    int8_array,
+    text_array,
+    timestamptz_array,
+)
 from cronwheel.store.quotas import fair_shares
 from cronwheel.store.sql_loader import queries
 
@@ -34,9 +41,11 @@ CLASSES = len(PRIORITIES)
 
 @dataclass(frozen=True)
 class RankedRow(OutboxRow):
-    """An outbox row that says its class, so append need not decode it."""
+    """An outbox row that says its class, so append need not decode it, and
+    (a run fired ahead of its instant) when it may be published."""
 
     priority: int = NORMAL
+    not_before_ms: int | None = None
 
 
 def rank_of(row: OutboxRow) -> int:
@@ -64,6 +73,7 @@ def append(conn: psycopg.Connection, rows: Sequence[OutboxRow]) -> None:
             "values": bytea_array([r.value for r in rows]),
             "headers": text_array([json.dumps(r.headers) if r.headers else None for r in rows]),
             "priorities": int2_array([rank_of(r) for r in rows]),
+            "not_before": timestamptz_array([getattr(r, "not_before_ms", None) for r in rows]),
         },
     )
     conn.execute(Q["notify"])
@@ -78,7 +88,9 @@ def read_batch(conn: psycopg.Connection, partitions: Sequence[int], limit: int) 
 
 @dataclass
 class FairBatch:
-    rows: list[tuple]  # (id, topic, key, value, headers, priority), in publishing order
+    # (id, topic, key, value, headers, priority, not_before_ms, partition_id),
+    # in publishing order
+    rows: list[tuple]
     lanes: int  # lanes that had rows
     more: bool  # some lane may hold more than this batch took
 
@@ -88,13 +100,20 @@ def read_small(
     partitions: Sequence[int],
     limit: int,
     exclude: Sequence[int] = (),
+    hold_until: int | None = None,
 ) -> FairBatch | None:
-    """Every pending row by class then age, except `exclude` (in flight), when
-    there are at most `limit`; None when there are more (a backlog: read_fair
-    decides who goes first)."""
+    """Every pending row by class then age, except `exclude` (in flight) and
+    rows not to be published before `hold_until` (ms; None: no such limit),
+    when there are at most `limit`; None when there are more (a backlog:
+    read_fair decides who goes first)."""
     rows = conn.execute(
         Q["read_small"],
-        {"partitions": list(partitions), "limit": limit + 1, "exclude": list(exclude)},
+        {
+            "partitions": int2_array(list(partitions)),
+            "limit": limit + 1,
+            "exclude": int8_array(list(exclude)),
+            "hold_until": _until(hold_until),
+        },
     ).fetchall()
     if len(rows) > limit:
         return None
@@ -108,12 +127,13 @@ def read_fair(
     limit: int,
     turn: int = 0,
     rounds: int = 3,
+    hold_until: int | None = None,
 ) -> FairBatch:
     """Up to `limit` rows by class, then an equal share per lane (fair_shares),
     in up to `rounds` rounds: a lane that holds less than its share leaves the
     rest to the others in the next round. Rows come back interleaved (each
     lane's first, then each lane's second, ...) within each class."""
-    parts = list(partitions)
+    parts = int2_array(list(partitions))
     lanes = [(r[0], r[1]) for r in conn.execute(Q["lanes"], {"partitions": parts}).fetchall()]
     n_lanes = len(lanes)
     after: dict[tuple[int, str], int] = {}
@@ -132,6 +152,7 @@ def read_fair(
                 "topic": [lane[1] for lane in quota],
                 "quota": list(quota.values()),
                 "after": [after.get(lane, 0) for lane in quota],
+                "hold_until": _until(hold_until),
             },
         ).fetchall()
         got: dict[tuple[int, str], int] = {}
@@ -148,6 +169,11 @@ def read_fair(
             break
     keyed.sort(key=lambda kr: kr[0])
     return FairBatch([row for _k, row in keyed], n_lanes, bool(lanes))
+
+
+def _until(ms: int | None):
+    """hold_until as a parameter: far in the future when there is no limit."""
+    return to_dt(ms if ms is not None else 253_402_300_799_000)  # 9999-12-31
 
 
 def delete_delivered(conn: psycopg.Connection, ids: Sequence[int]) -> int:

@@ -17,6 +17,9 @@ def main() -> None:
         config.kafka_bootstrap(),
         batch=int(os.environ.get("CRONWHEEL_RELAY_BATCH", "5000")),
         lease_ttl_ms=int(os.environ.get("CRONWHEEL_LEASE_TTL_MS", "10000")),
+        # Read held rows well before their time: a run fired ahead must be in
+        # memory by its instant, whatever the notifications did.
+        hold_ms=config.fire_ahead_ms() + 1_000,
     )
     log.info("relay %s starting", relay.leases.owner)
     relay.run(stop_on_signals())

@@ -7,6 +7,13 @@ and publishes in that order, so a tenant's flood delays neither critical runs
 nor another tenant's. Each RunReady goes to its class's partitions of the run
 topic (outbox.partition_for), which lets the dispatcher pause lower classes.
 
+A run the timer service fired ahead of its instant (docs/architecture.md,
+"Firing ahead") has a RunReady row that says when it may be published: the
+relay reads such rows up to `hold_ms` before then, holds them in memory (a heap
+by publishing time, then class), and produces each at its millisecond. Held
+rows stay in the outbox until acknowledged, like any other: a crash loses
+nothing, and the new owner of a partition reads them again.
+
 A crash between produce and delete publishes those rows again on restart, so a
 topic may hold duplicates; every consumer is idempotent by run_id (and attempt),
 and the database never holds two runs for one instant. The producer is
@@ -15,6 +22,7 @@ idempotent, so retries inside one session neither duplicate nor reorder.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import threading
@@ -23,6 +31,7 @@ import time
 import psycopg
 
 from cronwheel import kafka, metrics
+from cronwheel.core.clock import now_ms
 from cronwheel.store import outbox
 from cronwheel.store.db import connect
 from cronwheel.store.leases import Leases
@@ -39,6 +48,7 @@ class Relay:
         batch: int = 5000,
         lease_ttl_ms: int = 10_000,
         idle_ms: int = 500,
+        hold_ms: int = 1_000,
         instance: str | None = None,
     ):
         self.dsn = dsn
@@ -55,6 +65,12 @@ class Relay:
         self._backlog = False  # the last pass left rows behind: read by lanes
         self._inflight: set[int] = set()  # produced, not yet acknowledged
         self._acked: list[int] = []  # acknowledged, not yet deleted
+        self.hold_ms = hold_ms  # how far ahead of its publishing time a row is read
+        # heap: (not_before_ms, class, id, partition, produce()'s arguments)
+        self._held: list[tuple] = []
+        self._held_ids: set[int] = set()
+        self._settled_at = 0.0  # monotonic time of the last delete
+        self._read_at = 0.0  # monotonic time of the last read
         self._failed = 0
         self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
         self._partitions: dict[str, int] = {}  # topic -> partition count
@@ -71,6 +87,7 @@ class Relay:
                 while not stop.is_set():
                     if time.monotonic() >= next_lease:
                         self.leases.tick(conn)
+                        self._forget_unowned()
                         metrics.OWNED_PARTITIONS.labels("relay").set(len(self.leases.owned))
                         next_lease = time.monotonic() + self.leases.ttl_ms / 3000
                         read = True
@@ -79,17 +96,20 @@ class Relay:
                         if n >= self.batch or self.more:
                             continue
                     else:
-                        self._settle(conn)
+                        self._release_due()
+                        self._settle(conn, lazy=True)
+                    hold = self._until_held() / 1000
                     if self._inflight:
                         # Wait briefly for acknowledgements; read again only when a
                         # commit announced new rows (no query per turn otherwise).
-                        self.producer.poll(self.ack_wait_ms / 1000)
-                        read = any(True for _ in listen.notifies(timeout=0.0001, stop_after=1))
-                        continue
-                    # Wait for a notification; read anyway after idle_ms.
-                    for _ in listen.notifies(timeout=self.idle_ms / 1000, stop_after=1):
-                        pass
-                    read = True
+                        self.producer.poll(min(self.ack_wait_ms / 1000, hold))
+                        wait = 0.0001
+                    else:
+                        # Wait for a notification or a held row's time.
+                        wait = min(self.idle_ms / 1000, hold)
+                    notified = any(True for _ in listen.notifies(timeout=wait, stop_after=1))
+                    # Read anyway every idle_ms, whatever the notifications said.
+                    read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
             finally:
                 self.producer.flush(10)
                 try:
@@ -111,16 +131,21 @@ class Relay:
         acknowledgements first, as a batch of thousands amortises that wait."""
         self.more = False
         self._settle(conn)
+        self._release_due()
         if not self.leases.owned:
             return 0
         self._turn += 1
+        self._read_at = time.monotonic()
         owned = list(self.leases.owned)
+        hold_until = now_ms() + self.hold_ms
         fair = None
         if not self._backlog and len(self._inflight) < self.batch:
-            fair = outbox.read_small(conn, owned, self.batch, exclude=list(self._inflight))
+            fair = outbox.read_small(
+                conn, owned, self.batch, exclude=self._excluded(), hold_until=hold_until
+            )
         if fair is None:
             self._drain(conn)
-            fair = outbox.read_fair(conn, owned, self.batch, self._turn)
+            fair = outbox.read_fair(conn, owned, self.batch, self._turn, hold_until=hold_until)
         self._backlog = fair.more or len(fair.rows) >= self.batch
         rows = fair.rows
         if not rows:
@@ -128,32 +153,87 @@ class Relay:
         self.more = fair.more
         if fair.lanes > 1:
             metrics.FAIR_LANES.labels("relay").set(fair.lanes)
-        for row_id, topic, key, value, headers, rank in rows:
-            hdrs = (
-                list(headers.items())
-                if isinstance(headers, dict)
-                else (list(json.loads(headers).items()) if headers else None)
-            )
-            self._inflight.add(row_id)
-            while True:
-                try:
-                    self.producer.produce(
-                        topic,
-                        value=bytes(value),
-                        key=bytes(key) if key is not None else None,
-                        headers=hdrs,
-                        on_delivery=lambda err, _msg, rid=row_id: self._delivered(err, rid),
-                        **self._placement(topic, rank, key),
-                    )
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)  # local queue full: let deliveries drain
+        now = now_ms()
+        for row in rows:
+            row_id, not_before = row[0], row[6]
+            if row_id in self._held_ids:
+                continue  # read again by the fair read, which excludes nothing
+            if not_before is not None and not_before > now:
+                # Everything produce() needs is made now, so that releasing a
+                # thousand rows due at one instant costs only the calls.
+                item = (not_before, row[5], row_id, row[7], self._record(row))
+                heapq.heappush(self._held, item)
+                self._held_ids.add(row_id)
+            else:
+                self._produce(row_id, self._record(row))
         if self._backlog:
             self._drain(conn)
         else:
             self.producer.poll(0)
             self._settle(conn)
         return len(rows)
+
+    def _record(self, row: tuple) -> dict:
+        """produce()'s arguments for an outbox row."""
+        _row_id, topic, key, value, headers, rank = row[:6]
+        hdrs = (
+            list(headers.items())
+            if isinstance(headers, dict)
+            else (list(json.loads(headers).items()) if headers else None)
+        )
+        return {
+            "topic": topic,
+            "value": bytes(value),
+            "key": bytes(key) if key is not None else None,
+            "headers": hdrs,
+            **self._placement(topic, rank, key),
+        }
+
+    def _produce(self, row_id: int, record: dict) -> None:
+        self._inflight.add(row_id)
+        while True:
+            try:
+                self.producer.produce(
+                    **record, on_delivery=lambda err, _msg: self._delivered(err, row_id)
+                )
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def _release_due(self) -> int:
+        """Produce the held rows whose time has come (by time, then class)."""
+        if not self._held:
+            return 0
+        now = now_ms()
+        n = 0
+        while self._held and self._held[0][0] <= now:
+            _nb, _rank, row_id, _p, record = heapq.heappop(self._held)
+            self._held_ids.discard(row_id)
+            self._produce(row_id, record)
+            n += 1
+        if n:
+            self.producer.poll(0)
+        return n
+
+    def _until_held(self) -> int:
+        """Milliseconds until the first held row is due (a large number if none)."""
+        return max(0, self._held[0][0] - now_ms()) if self._held else 3_600_000
+
+    def _excluded(self) -> list[int]:
+        """Rows a read must not return: held, produced, or acknowledged and not
+        yet deleted."""
+        if not self._held_ids and not self._acked:
+            return list(self._inflight)
+        return list(self._inflight | self._held_ids | set(self._acked))
+
+    def _forget_unowned(self) -> None:
+        """After a lease change: drop held rows of partitions no longer ours (their
+        new owner reads them from the outbox)."""
+        owned = self.leases.owned
+        if any(item[3] not in owned for item in self._held):
+            self._held = [item for item in self._held if item[3] in owned]
+            heapq.heapify(self._held)
+            self._held_ids = {item[2] for item in self._held}
 
     def _delivered(self, err, row_id: int) -> None:
         """Delivery callback (inside producer.poll/flush, on this thread)."""
@@ -173,8 +253,13 @@ class Relay:
                 )
         self._settle(conn)
 
-    def _settle(self, conn: psycopg.Connection) -> None:
-        """Delete the acknowledged rows (one statement) and count the outcome."""
+    def _settle(self, conn: psycopg.Connection, lazy: bool = False) -> None:
+        """Delete the acknowledged rows (one statement) and count the outcome.
+        `lazy`: only once 256 are waiting or 20 ms have passed, so rows released
+        one at a time from the hold do not cost a statement each."""
+        if lazy and len(self._acked) < 256 and time.monotonic() - self._settled_at < 0.02:
+            return
+        self._settled_at = time.monotonic()
         acked, self._acked = self._acked, []
         if acked:
             outbox.delete_delivered(conn, acked)

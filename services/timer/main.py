@@ -20,6 +20,7 @@ def main() -> None:
         # > 0: a critical-first batch of that size (docs/priority.md); 0: off.
         critical_batch=int(os.environ.get("CRONWHEEL_TIMER_CRITICAL_BATCH", "0")),
         lease_ttl_ms=int(os.environ.get("CRONWHEEL_LEASE_TTL_MS", "10000")),
+        ahead_ms=config.fire_ahead_ms(),
     )
     log.info("timer %s starting", service.leases.owner)
     service.run(stop_on_signals())

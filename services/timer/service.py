@@ -5,6 +5,12 @@ times are loaded into memory ahead of time (the timing wheel), so it wakes at th
 due millisecond rather than on a polling tick; LISTEN/NOTIFY on `cw_timers` wakes
 it early when a nearer timer is written. The database stays the truth: the wheel
 only decides when to look, and every firing claims rows in a transaction.
+
+Firing ahead (`ahead_ms`, docs/architecture.md): a job timer is claimed that
+long before it is due, so a second's instants are created in a few large
+transactions rather than one small one each, and the relay publishes each run
+at its instant. The wheel holds wake times: a job timer's due time less half
+the lead (firing.wake_lead), any other timer's due time.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.runtime import keep_running
 from cronwheel.store.db import connect
-from cronwheel.store.firing import FireReport, Firing, Handler
+from cronwheel.store.firing import FireReport, Firing, Handler, wake_lead
 from cronwheel.store.leases import Leases
 from cronwheel.store.timer_kinds import timer_handlers
 
@@ -29,30 +35,40 @@ log = logging.getLogger("cronwheel.timer")
 
 
 class TimingWheel:
-    """The upcoming due times of owned partitions, earliest first (a heap).
+    """The upcoming wake times of owned partitions, earliest first (a heap).
 
     Refilled from the database every half lookahead (or when empty); between
     refills it learns new due times from the firing itself (the next instants
     of the timers it just moved) and from NOTIFY, so a busy loop does not
-    query for what it already knows."""
+    query for what it already knows. A job timer is woken for `lead_ms` before
+    it is due, and forgotten once a claim ahead took it (drop_through)."""
 
-    def __init__(self) -> None:
-        self._due: list[int] = []
+    def __init__(self, lead_ms: int = 0) -> None:
+        self.lead_ms = lead_ms
+        self._due: list[tuple[int, bool]] = []  # (wake time, a job timer's)
         self.loaded_at: int | None = None
-        self.complete_until: int | None = None  # the load knew every due time up to here
+        self.complete_until: int | None = None  # the load knew every wake time up to here
 
-    def load(self, due_times: list[int], now: int, complete_until: int) -> None:
-        self._due = list(due_times)
+    def load(self, entries: list[tuple[int, bool]], now: int, complete_until: int) -> None:
+        self._due = list(entries)
         heapq.heapify(self._due)
         self.loaded_at = now
         self.complete_until = complete_until
 
-    def add(self, due: int) -> None:
-        heapq.heappush(self._due, due)
+    def add(self, wake: int) -> None:
+        heapq.heappush(self._due, (wake, False))
 
-    def drop_through(self, now: int) -> None:
-        """Forget due times already handled by a firing at `now`."""
-        while self._due and self._due[0] <= now:
+    def add_job(self, due: int) -> None:
+        heapq.heappush(self._due, (due - self.lead_ms, True))
+
+    def drop_through(self, now: int, jobs_claimed_until: int | None = None) -> None:
+        """Forget what a firing at `now` handled: every wake time up to it, and
+        job timers due by `jobs_claimed_until` (the claim's lead)."""
+        jobs_until = now if jobs_claimed_until is None else jobs_claimed_until
+        while self._due:
+            wake, job = self._due[0]
+            if wake > now and not (job and wake + self.lead_ms <= jobs_until):
+                break
             heapq.heappop(self._due)
 
     def stale(self, now: int, lookahead_ms: int) -> bool:
@@ -64,9 +80,9 @@ class TimingWheel:
         )
 
     def next_wake(self) -> int | None:
-        """The earliest known due time, or the end of what the last load knew
+        """The earliest known wake time, or the end of what the last load knew
         (past it the wheel must look again: a load is capped per class)."""
-        candidates = [self._due[0]] if self._due else []
+        candidates = [self._due[0][0]] if self._due else []
         if self.complete_until is not None:
             candidates.append(self.complete_until)
         return min(candidates) if candidates else None
@@ -87,8 +103,10 @@ class TimerService:
         handlers: dict[str, Handler] | None = None,
         clock: Callable[[], int] = now_ms,
         instance: str | None = None,
+        ahead_ms: int = 0,
     ):
         self.dsn = dsn
+        self.ahead_ms = ahead_ms
         # The firing loop is the same for every feature; features add timer kinds.
         # critical_batch > 0: a storm led by critical timers starts with a
         # small batch of them alone (docs/priority.md, "Critical first"; off
@@ -97,6 +115,7 @@ class TimerService:
             topics,
             {**timer_handlers(topics), **(handlers or {})},
             critical_batch=critical_batch,
+            ahead_ms=ahead_ms,
         )
         self.leases = Leases("timer", ttl_ms=lease_ttl_ms)
         if instance:
@@ -106,7 +125,7 @@ class TimerService:
         self.idle_ms = idle_ms
         self.wheel_limit = wheel_limit  # due times per class one wheel load reads
         self.clock = clock
-        self.wheel = TimingWheel()
+        self.wheel = TimingWheel(wake_lead(ahead_ms))
         self.fired_total = 0
 
     def run(self, stop: threading.Event) -> None:
@@ -140,9 +159,11 @@ class TimerService:
 
     def fire_once(self, conn: psycopg.Connection, now: int) -> FireReport:
         report = self.firing.fire_due(conn, self.leases, now, self.batch)
-        self.wheel.drop_through(now)
+        self.wheel.drop_through(now, now + self.ahead_ms)
         for due in report.next_due_ms:
             self.wheel.add(due)
+        for due in report.job_due_ms:
+            self.wheel.add_job(due)
         if report.runs_created:
             self.fired_total += report.runs_created
             metrics.RUNS_FIRED.labels("job").inc(report.runs_created)
@@ -158,9 +179,9 @@ class TimerService:
     def _sleep(self, conn, listen, next_lease: int, stop: threading.Event) -> None:
         now = self.clock()
         if self.wheel.stale(now, self.lookahead_ms):
-            horizon = now + self.lookahead_ms
-            ahead = self.firing.upcoming(conn, list(self.leases.owned), horizon, self.wheel_limit)
-            self.wheel.load(ahead.due_ms, now, ahead.complete_until)
+            horizon = now + self.lookahead_ms + self.ahead_ms
+            coming = self.firing.upcoming(conn, list(self.leases.owned), horizon, self.wheel_limit)
+            self.wheel.load(coming.entries, now, coming.complete_until)
         wake = min(self.wheel.next_wake() or now + self.idle_ms, next_lease, now + self.idle_ms)
         while not stop.is_set():
             remaining = wake - self.clock()
@@ -172,5 +193,9 @@ class TimerService:
                     due = int(note.payload)
                 except ValueError:
                     due = self.clock()
+                # The payload does not say the kind: wake for a job timer (its
+                # lead before) and for any other (when due).
                 self.wheel.add(due)
-                wake = min(wake, due)
+                if self.ahead_ms:
+                    self.wheel.add_job(due)
+                wake = min(wake, due - self.wheel.lead_ms)

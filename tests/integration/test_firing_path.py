@@ -7,8 +7,6 @@ import json
 import psycopg
 import pytest
 
-from cronwheel import kafka
-from cronwheel.core import events
 from cronwheel.core.avro import default_registry, fast_writer
 from cronwheel.core.clock import iso, now_ms, to_ms
 from cronwheel.core.events import OutboxRow
@@ -19,7 +17,7 @@ from cronwheel.store.firing import Firing, run_spec, run_spec_text
 from cronwheel.store.jobs import Jobs, create_tenant
 from services.relay.service import Relay
 from services.timer.service import TimerService
-from tests.support.kafka import drain
+from tests.support.kafka import drain, run_topic_and_record
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -180,15 +178,7 @@ def test_relay__rows_trickling_in__each_published_once__none_reread_while_in_fli
 ):
     """The relay produces a pass and reads the next before the first is
     acknowledged: rows in flight must not be read (and published) again."""
-    topics = Topics(topic_prefix)
-    tenant = create_tenant(conn, "acme")
-    topic = topics.runs(tenant["tenant_id"])
-    kafka.ensure_topics([topic], bootstrap=kafka_bootstrap)
-    VALUE = events.run_ready(
-        run_id="r", tenant_id=tenant["tenant_id"], partition_id=0, attempt=1,
-        scheduled_ms=1, created_ms=1, priority="normal",
-        target={"type": "queue", "queue": "q"}, payload="{}",
-    )  # fmt: skip
+    topic, VALUE = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
     relay = Relay(database_url, kafka_bootstrap)
     with running(relay):
         for i in range(40):

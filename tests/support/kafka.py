@@ -52,3 +52,20 @@ def delete_topics(bootstrap: str, prefixes: list[str], timeout: float = 30.0) ->
     except Exception as exc:  # teardown must not fail a green session
         logging.getLogger("tests").warning("could not delete test topics: %s", exc)
         return 0
+
+
+def run_topic_and_record(conn, topics, bootstrap: str) -> tuple[str, bytes]:
+    """A new tenant's run topic, created, and a RunReady value to write to it
+    through the outbox (relay tests)."""
+    from cronwheel.core import events
+    from cronwheel.store.jobs import create_tenant
+
+    tenant = create_tenant(conn, "acme")
+    topic = topics.runs(tenant["tenant_id"])
+    kafka.ensure_topics([topic], bootstrap=bootstrap)
+    value = events.run_ready(
+        run_id="r", tenant_id=tenant["tenant_id"], partition_id=0, attempt=1,
+        scheduled_ms=1, created_ms=1, priority="normal",
+        target={"type": "queue", "queue": "q"}, payload="{}",
+    )  # fmt: skip
+    return topic, value

@@ -6,6 +6,11 @@
 -- up to 1024 owned partitions against each index, 1-7 ms of planning per claim,
 -- and may bitmap-AND the whole table's keys into a claim of a handful of rows.
 
+-- Firing ahead (docs/architecture.md): `ahead` >= `now`; a job timer is due
+-- by `ahead` (its run is created early and published at its instant), every
+-- other kind by `now` (a lease or retry acted on early would change a run's
+-- state early).
+
 -- name: claim_due
 -- Due timers of the caller's partitions, by priority class then due time. The
 -- lateral scan per class stops as soon as LIMIT rows are found, so lower classes
@@ -18,7 +23,8 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
  CROSS JOIN LATERAL (
        SELECT partition_id, timer_id, kind, owner_id, due_at, attempt, tenant_id, priority
          FROM timers
-        WHERE priority = c.prio AND due_at <= %(now)s
+        WHERE priority = c.prio AND due_at <= %(ahead)s
+          AND (due_at <= %(now)s OR kind = 'job')
           AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
         ORDER BY due_at
         LIMIT %(limit)s
@@ -47,7 +53,8 @@ SELECT l.priority, l.tenant_id
        -- planner may hash every due timer to answer it).
        SELECT 1 FROM timers t
         WHERE t.priority = l.priority AND t.tenant_id = l.tenant_id
-          AND t.due_at <= %(now)s AND (t.partition_id + 0) = ANY(%(partitions)b::smallint[])
+          AND t.due_at <= %(ahead)s AND (t.due_at <= %(now)s OR t.kind = 'job')
+          AND (t.partition_id + 0) = ANY(%(partitions)b::smallint[])
         LIMIT 1) due
  ORDER BY l.priority, l.tenant_id;
 
@@ -60,7 +67,8 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
  CROSS JOIN LATERAL (
        SELECT partition_id, timer_id, kind, owner_id, due_at, attempt, tenant_id, priority
          FROM timers
-        WHERE priority = l.prio AND tenant_id = l.tenant AND due_at <= %(now)s
+        WHERE priority = l.prio AND tenant_id = l.tenant AND due_at <= %(ahead)s
+          AND (due_at <= %(now)s OR kind = 'job')
           AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
           AND timer_id <> ALL(%(taken)b::text[])
         ORDER BY due_at
@@ -72,11 +80,12 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
 -- the timing wheel, up to LIMIT per class (with the class, so the caller knows
 -- how far each class's answer is complete). A timer due by that claim and
 -- still here is held by a quota or locked by another instance: the wheel does
--- not wake for it (the firing reports when a quota refills).
-SELECT c.prio, t.due_at
+-- not wake for it (the firing reports when a quota refills). Whether it is a
+-- job timer: those are woken for `ahead` early.
+SELECT c.prio, t.due_at, t.kind = 'job'
   FROM unnest('{0,1,2,3}'::smallint[]) AS c(prio)
  CROSS JOIN LATERAL (
-       SELECT due_at FROM timers
+       SELECT due_at, kind FROM timers
         WHERE priority = c.prio AND due_at > %(after)s AND due_at <= %(horizon)s
           AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
         ORDER BY due_at

@@ -3,11 +3,12 @@
 -- name: append
 -- Binary parameters: as text, every value's bytes were hex-escaped by the
 -- client and parsed back by the server (~60 us a row in a storm).
-INSERT INTO outbox (partition_id, topic, key, value, headers, priority)
-SELECT p, t, k, v, h::jsonb, pr
+INSERT INTO outbox (partition_id, topic, key, value, headers, priority, not_before)
+SELECT p, t, k, v, h::jsonb, pr, nb
   FROM unnest(%(partitions)b::smallint[], %(topics)b::text[], %(keys)b::bytea[],
-              %(values)b::bytea[], %(headers)b::text[], %(priorities)b::smallint[])
-       AS r(p, t, k, v, h, pr);
+              %(values)b::bytea[], %(headers)b::text[], %(priorities)b::smallint[],
+              %(not_before)b::timestamptz[])
+       AS r(p, t, k, v, h, pr, nb);
 
 -- name: notify
 SELECT pg_notify('cw_outbox', '');
@@ -26,12 +27,15 @@ SELECT id, topic, key, value, headers
 -- pending (LIMIT is one more than a batch, to tell a backlog apart). With
 -- fewer rows than a batch, fairness has nothing to decide, so the lane walk
 -- (two more queries) is skipped.
--- `exclude`: rows produced and awaiting their acknowledgement (a hashed
--- NOT IN, however many there are).
-SELECT id, topic, key, value, headers, priority
+-- `exclude`: rows held or produced and not yet deleted (a hashed NOT IN,
+-- however many there are). A row to be published after `hold_until` is left
+-- for a later pass (the relay holds rows only that far ahead).
+SELECT id, topic, key, value, headers, priority,
+       floor(extract(epoch FROM not_before) * 1000)::bigint, partition_id
   FROM outbox
  WHERE partition_id = ANY(%(partitions)b::smallint[])
    AND id NOT IN (SELECT unnest(%(exclude)b::bigint[]))
+   AND (not_before IS NULL OR not_before <= %(hold_until)s)
  LIMIT %(limit)s;
 
 -- name: lanes
@@ -57,13 +61,17 @@ SELECT priority, topic FROM lane;
 -- Up to `quota` rows of each lane, oldest first, after `after` (the last id an
 -- earlier round of the same pass read from it). Still no cursor across passes:
 -- a row that commits late is read by a later pass.
-SELECT o.id, o.topic, o.key, o.value, o.headers, o.priority
+-- Rows to be published after `hold_until` are left for a later pass, as in
+-- read_small.
+SELECT o.id, o.topic, o.key, o.value, o.headers, o.priority,
+       floor(extract(epoch FROM o.not_before) * 1000)::bigint, o.partition_id
   FROM unnest(%(prio)b::smallint[], %(topic)b::text[], %(quota)b::int[], %(after)b::bigint[])
        AS l(prio, topic, quota, after)
  CROSS JOIN LATERAL (
-       SELECT id, topic, key, value, headers, priority FROM outbox
+       SELECT id, topic, key, value, headers, priority, not_before, partition_id FROM outbox
         WHERE priority = l.prio AND topic = l.topic AND id > l.after
           AND partition_id = ANY(%(partitions)b::smallint[])
+          AND (not_before IS NULL OR not_before <= %(hold_until)s)
         ORDER BY id
         LIMIT l.quota) o;
 

@@ -1,0 +1,142 @@
+"""Firing ahead (docs/architecture.md): a job's run is created up to the lead
+before its instant, and the relay holds its record until the instant.
+
+What must hold: only job timers are claimed early (a lease, timeout or retry
+acted on early would change a run early); the record is never readable before
+its instant; held rows stay in the outbox until acknowledged; the wheel forgets
+job timers a claim ahead already took, so it does not wake once per timer."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
+from cronwheel.kafka import Topics
+from cronwheel.store import outbox
+from cronwheel.store.firing import Firing, wake_lead
+from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.store.leases import Leases
+from services.relay.service import Relay
+from services.timer.service import TimerService, TimingWheel
+from tests.support.kafka import drain, run_topic_and_record
+from tests.support.running import running
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def conn(database_url):
+    with psycopg.connect(database_url, autocommit=True) as c:
+        yield c
+
+
+def _once(conn, topics: Topics, tenant: dict, name: str, at: int, now: int) -> dict:
+    body = {"name": name, "schedule": {"at": iso(at)}, "target": {"type": "queue", "queue": "q"}}
+    return Jobs(topics).create(conn, tenant, body, now)
+
+
+def test_claim_ahead__job_within_the_lead_fired_now__retry_timer_and_far_job_wait(
+    conn, topic_prefix
+):
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    t0 = now_ms()
+    near, far = t0 + 300, t0 + 5_000
+    _once(conn, topics, tenant, "near", near, t0)
+    _once(conn, topics, tenant, "far", far, t0)
+    # A retry timer due as soon as the near job: not a job's, so not claimed early.
+    conn.execute(
+        "INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, attempt, tenant_id)"
+        " VALUES (7, 'retry:run_x', 'retry', 'run_x', %s, 2, %s)",
+        [to_dt(near), tenant["tenant_id"]],
+    )
+    leases = Leases("timer", ttl_ms=60_000)
+    leases.tick(conn, t0)
+
+    assert Firing(topics).fire_due(conn, leases, t0).runs_created == 0  # no lead: nothing due
+
+    report = Firing(topics, ahead_ms=1_000).fire_due(conn, leases, t0)
+    assert report.runs_created == 1
+    runs = conn.execute("SELECT scheduled_at, created_at FROM runs").fetchall()
+    assert [(to_ms(s), to_ms(c)) for s, c in runs] == [(near, t0)]
+    held = conn.execute("SELECT not_before FROM outbox").fetchall()
+    assert [to_ms(r[0]) for r in held] == [near]
+    left = conn.execute("SELECT kind, due_at FROM timers ORDER BY due_at").fetchall()
+    assert [(k, to_ms(d)) for k, d in left] == [("retry", near), ("job", far)]
+
+
+def test_relay__held_row__published_at_its_time_not_before__others_at_once(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
+    not_before = now_ms() + 1_500
+    with conn.transaction():
+        outbox.append(
+            conn,
+            [
+                outbox.RankedRow(3, topic, b"held", value, not_before_ms=not_before),
+                outbox.RankedRow(3, topic, b"now", value),
+            ],
+        )
+    relay = Relay(database_url, kafka_bootstrap)
+    with running(relay):
+        first = drain(kafka_bootstrap, topic, want=1, timeout=20)
+        assert [key for _t, key, *_ in first] == [b"now"]
+        assert now_ms() < not_before, "the test took too long to say anything"
+        records = drain(kafka_bootstrap, topic, want=2, timeout=20)
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0,
+            what="outbox drained",
+        )
+    stamps = {key: msg.timestamp()[1] for _t, key, _n, _d, msg in records}
+    assert set(stamps) == {b"held", b"now"}
+    assert stamps[b"now"] < not_before <= stamps[b"held"]
+
+
+def test_timer_and_relay_ahead__run_created_before_its_instant__record_not_before_it(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme")
+    instant = now_ms() + 2_500
+    _once(conn, topics, tenant, "once", instant, now_ms())
+    timer = TimerService(database_url, topics, lease_ttl_ms=10_000, ahead_ms=1_000)
+    relay = Relay(database_url, kafka_bootstrap)
+    with running(relay), running(timer):
+        records = drain(kafka_bootstrap, topics.runs(tenant["tenant_id"]), want=1, timeout=30)
+    assert len(records) == 1
+    stamp = records[0][4].timestamp()[1]
+    created, scheduled = conn.execute("SELECT created_at, scheduled_at FROM runs").fetchone()
+    assert to_ms(scheduled) == instant
+    assert to_ms(created) < instant  # fired ahead
+    assert stamp >= instant  # but published at its instant
+
+
+def test_wheel__claim_ahead_took_a_job_timer__forgotten__other_kinds_kept():
+    lead = wake_lead(1_000)
+    wheel = TimingWheel(lead)
+    wheel.add_job(10_000)
+    wheel.add_job(10_400)
+    wheel.add(9_600)  # a lease timer, say
+    assert wheel.next_wake() == 10_000 - lead
+    # A pass at 9_250 claimed job timers due by 10_250: the first job is done.
+    wheel.drop_through(9_250, 10_250)
+    assert wheel.next_wake() == 9_600
+    wheel.drop_through(9_600, 10_600)  # the lease timer's pass also took the second job
+    assert wheel.next_wake() is None
+
+
+def test_relay__lease_moved_away__held_rows_of_that_partition_dropped(
+    database_url, kafka_bootstrap
+):
+    relay = Relay(database_url, kafka_bootstrap)
+    relay.leases.owned = {1: 1, 2: 1}
+    later = now_ms() + 60_000
+    for row_id, partition in ((10, 1), (11, 2), (12, 2)):
+        relay._held.append((later, 2, row_id, partition, {}))
+        relay._held_ids.add(row_id)
+    relay.leases.owned = {1: 1}
+    relay._forget_unowned()
+    assert relay._held_ids == {10} and [item[2] for item in relay._held] == [10]
