@@ -212,7 +212,8 @@ _BULK_JOBS = """
 WITH src AS (
     SELECT g, 'job_' || substr(md5(%(seed)s || g::text), 1, 20) AS job_id,
            (%(tenants)s::text[])[1 + g %% cardinality(%(tenants)s::text[])] AS tenant_id,
-           %(created)s::timestamptz + interval '1 millisecond' * (g %% %(spread)s) AS created
+           %(created)s::timestamptz
+             + interval '1 millisecond' * (g * %(spread)s / %(count)s) AS created
       FROM generate_series(%(start)s::bigint, %(stop)s::bigint - 1) AS g
 ), ins AS (
     INSERT INTO jobs (partition_id, job_id, tenant_id, name, schedule, target, payload,
@@ -236,8 +237,9 @@ SELECT partition_id, 'job:' || job_id, 'job', job_id,
 @dataclass(frozen=True)
 class JobBatch:
     """`count` jobs of one shape. `at_ms` set: one-off jobs due then. Otherwise
-    every_ms jobs created at created_ms + (g mod spread_ms), each first due
-    every_ms after its own creation, as Jobs.create would make it."""
+    every_ms jobs created at created_ms + g * spread_ms / count (evenly over
+    spread_ms, whatever the count), each first due every_ms after its own
+    creation, as Jobs.create would make it."""
 
     count: int
     created_ms: int
@@ -273,6 +275,7 @@ def bulk_jobs(conn: psycopg.Connection, tenants: list[dict], batch: JobBatch) ->
         "tenants": [t["tenant_id"] for t in tenants],
         "created": to_dt(batch.created_ms),
         "spread": max(1, batch.spread_ms),
+        "count": batch.count,
         "at": None if batch.at_ms is None else to_dt(batch.at_ms),
         "every_ms": batch.every_ms or 0,
         "prio": PRIORITY_RANK[spec.priority],
@@ -437,6 +440,7 @@ class Arrival:
     received_ms: int
     scheduled_ms: int | None = None
     created_ms: int | None = None
+    produced_ms: int | None = None  # the record's timestamp: when its producer took it
 
 
 class Reader:
@@ -484,10 +488,11 @@ class Reader:
                 if key in self.arrivals:
                     self.duplicates += 1
                     continue
-                arrival = Arrival(at)
+                produced = m.timestamp()[1]
+                arrival = Arrival(at, produced_ms=produced)
                 if self.decode:
                     _name, datum = decode(m.value())
-                    arrival = Arrival(at, datum["scheduled_at"], datum["created_at"])
+                    arrival = Arrival(at, datum["scheduled_at"], datum["created_at"], produced)
                 with self._lock:
                     self.arrivals[key] = arrival
 
