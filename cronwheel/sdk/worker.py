@@ -31,6 +31,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from cronwheel.consuming import Pacer
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.sdk.api import Stopping, WorkerApi
 from cronwheel.sdk.completer import Completer
@@ -38,7 +39,6 @@ from cronwheel.sdk.heartbeats import Heartbeats
 from cronwheel.sdk.offsets import OffsetTracker
 
 log = logging.getLogger("cronwheel.sdk")
-COMMIT_EVERY_S = 0.2  # offset commits from the poll loop at most this often
 
 
 class Fail(Exception):
@@ -97,7 +97,7 @@ class Worker:
         self.consumer_config = consumer_config or {}
         self._stop = threading.Event()
         self._offsets = OffsetTracker()
-        self._committed_at = 0.0  # monotonic time of the last commit
+        self._pacer = Pacer()
         self._active: dict[str, Run] = {}  # started and not yet handed to the completer
         self._running = 0  # handlers holding a slot
         self._active_lock = threading.Lock()
@@ -203,14 +203,11 @@ class Worker:
             self._offsets.forget(p.topic, p.partition)
 
     def _commit(self, consumer: Consumer, force: bool = True) -> None:
-        """Commit the offsets finished runs moved. Unforced (the poll loop): at
-        most every COMMIT_EVERY_S, not once per poll, which cost the broker a
-        commit per record at a trickle; a record read again after a crash gets
-        ALREADY_STARTED or NOT_RUNNABLE, so committing later loses nothing."""
-        now = time.monotonic()
-        if not force and now - self._committed_at < COMMIT_EVERY_S:
+        """Commit the offsets finished runs moved; unforced (the poll loop)
+        paced (consuming.Pacer: a record read again after a crash gets
+        ALREADY_STARTED or NOT_RUNNABLE)."""
+        if not force and not self._pacer.due():
             return
-        self._committed_at = now
         moved = self._offsets.committable()
         if moved:
             parts = [TopicPartition(t, p, off) for (t, p), off in moved.items()]

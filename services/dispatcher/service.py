@@ -52,7 +52,6 @@ CONSUMER = "dispatcher"
 RECORD_HEADER = "record"  # every record the dispatcher writes names its Avro record here
 _NORMAL = PRIORITY_RANK["normal"]  # unknown classes are treated as normal (docs/events.md)
 _DEAD_LETTER_RANK = len(PRIORITY_RANK)
-COMMIT_EVERY_S = 0.2  # asynchronous offset commits at most this often
 
 
 class Poison(Exception):
@@ -145,8 +144,8 @@ class Dispatcher:
         self._db = Reconnecting(self.dsn, log)
         self._consumer: Consumer | None = None
         self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
-        self._committed_at = 0.0  # monotonic time of the last commit
-        self._uncommitted = False  # batches finished since then
+        self._pacer = consuming.Pacer()
+        self._uncommitted = False  # batches finished since the last commit
         self._known_topics: set[str] = set()  # destinations known to exist
         # Priority: partition counts of run topics, where each partition was
         # consumed to (next offset; committed offsets until the first record),
@@ -375,16 +374,11 @@ class Dispatcher:
 
     def _commit(self, *, asynchronous: bool) -> None:
         """Commit the offsets of finished batches on partitions still assigned
-        (a revoked partition's new owner commits its own). Asynchronous commits
-        go at most every COMMIT_EVERY_S: one per batch made a trickle of records
-        cost the broker a commit each, and a record consumed again after a
-        crash is skipped anyway (the processed table)."""
-        if self._consumer is None:
+        (a revoked partition's new owner commits its own); asynchronous ones
+        paced (consuming.Pacer: a record consumed again is skipped by the
+        processed table)."""
+        if self._consumer is None or (asynchronous and not self._pacer.due()):
             return
-        now = time.monotonic()
-        if asynchronous and now - self._committed_at < COMMIT_EVERY_S:
-            return
-        self._committed_at = now
         self._uncommitted = False
         consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
 

@@ -165,16 +165,15 @@ class Executor:
         )
         self._consumer = consumer
         consumer.subscribe([self.pattern], on_revoke=self._on_revoke)
-        next_commit = 0.0
+        pacer = consuming.Pacer(0.5)
         try:
             while not stop.is_set():
                 self._retry_held(consumer, stop)
                 msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
                 if msg is not None and not self._consumed(msg):
                     self._handle(consumer, msg, stop)
-                if self._done and time.monotonic() >= next_commit:
+                if self._done and pacer.due():
                     self._commit(asynchronous=True)
-                    next_commit = time.monotonic() + 0.5
         finally:
             self._wait_for_runners()
             self._commit(asynchronous=False)

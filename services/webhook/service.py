@@ -186,6 +186,7 @@ class WebhookService:
         )
         self._slots = asyncio.Semaphore(s.max_in_flight)
         self._offsets = OffsetTracker()
+        self._pacer = consuming.Pacer()  # asynchronous commits from the loop
         self._unfinished: Counter[tuple[str, int]] = Counter()
         self._paused: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -549,7 +550,8 @@ class WebhookService:
         if resume:
             consumer.resume([TopicPartition(t, p) for t, p in resume])
         self._producer.poll(0)
-        self._commit(consumer, asynchronous=True)
+        if self._pacer.due():
+            self._commit(consumer, asynchronous=True)
         if lag:
             consuming.report_lag(consumer, CONSUMER)
 
