@@ -23,6 +23,7 @@ idempotent, so retries inside one session neither duplicate nor reorder.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
 import threading
@@ -66,8 +67,9 @@ class Relay:
         self._inflight: set[int] = set()  # produced, not yet acknowledged
         self._acked: list[int] = []  # acknowledged, not yet deleted
         self.hold_ms = hold_ms  # how far ahead of its publishing time a row is read
-        # heap: (not_before_ms, class, id, partition, produce()'s arguments)
+        # heap: (publish at, class, read order, id, partition, produce()'s arguments)
         self._held: list[tuple] = []
+        self._seq = itertools.count()
         self._held_ids: set[int] = set()
         self._settled_at = 0.0  # monotonic time of the last delete
         self._read_at = 0.0  # monotonic time of the last read
@@ -153,19 +155,22 @@ class Relay:
         self.more = fair.more
         if fair.lanes > 1:
             metrics.FAIR_LANES.labels("relay").set(fair.lanes)
+        # Every row goes through the heap, so what is published now goes by
+        # time, then class: at a storm's instant, the critical rows held since
+        # before it are produced ahead of normal ones this read found already
+        # due. produce()'s arguments are made now, so that releasing a thousand
+        # rows due at one instant costs only the calls.
         now = now_ms()
         for row in rows:
             row_id, not_before = row[0], row[6]
             if row_id in self._held_ids:
                 continue  # read again by the fair read, which excludes nothing
-            if not_before is not None and not_before > now:
-                # Everything produce() needs is made now, so that releasing a
-                # thousand rows due at one instant costs only the calls.
-                item = (not_before, row[5], row_id, row[7], self._record(row))
-                heapq.heappush(self._held, item)
-                self._held_ids.add(row_id)
-            else:
-                self._produce(row_id, self._record(row))
+            at = now if not_before is None else not_before
+            # Within a time and class, the order read (the fair read's lanes).
+            item = (at, row[5], next(self._seq), row_id, row[7], self._record(row))
+            heapq.heappush(self._held, item)
+            self._held_ids.add(row_id)
+        self._release_due()
         if self._backlog:
             self._drain(conn)
         else:
@@ -207,7 +212,7 @@ class Relay:
         now = now_ms()
         n = 0
         while self._held and self._held[0][0] <= now:
-            _nb, _rank, row_id, _p, record = heapq.heappop(self._held)
+            _at, _rank, _seq, row_id, _p, record = heapq.heappop(self._held)
             self._held_ids.discard(row_id)
             self._produce(row_id, record)
             n += 1
@@ -230,10 +235,10 @@ class Relay:
         """After a lease change: drop held rows of partitions no longer ours (their
         new owner reads them from the outbox)."""
         owned = self.leases.owned
-        if any(item[3] not in owned for item in self._held):
-            self._held = [item for item in self._held if item[3] in owned]
+        if any(item[4] not in owned for item in self._held):
+            self._held = [item for item in self._held if item[4] in owned]
             heapq.heapify(self._held)
-            self._held_ids = {item[2] for item in self._held}
+            self._held_ids = {item[3] for item in self._held}
 
     def _delivered(self, err, row_id: int) -> None:
         """Delivery callback (inside producer.poll/flush, on this thread)."""

@@ -135,8 +135,8 @@ def test_relay__lease_moved_away__held_rows_of_that_partition_dropped(
     relay.leases.owned = {1: 1, 2: 1}
     later = now_ms() + 60_000
     for row_id, partition in ((10, 1), (11, 2), (12, 2)):
-        relay._held.append((later, 2, row_id, partition, {}))
+        relay._held.append((later, 2, row_id, row_id, partition, {}))
         relay._held_ids.add(row_id)
     relay.leases.owned = {1: 1}
     relay._forget_unowned()
-    assert relay._held_ids == {10} and [item[2] for item in relay._held] == [10]
+    assert relay._held_ids == {10} and [item[3] for item in relay._held] == [10]
