@@ -31,7 +31,7 @@ from cronwheel.core.events import OutboxRow
 from cronwheel.core.ids import partition_of_run, run_id_for_instant
 from cronwheel.core.runs import PRIORITY_RANK, RunState
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox
+from cronwheel.store import outbox, pgarrays
 from cronwheel.store.firing import FireReport, Timer, insert_runs
 from cronwheel.store.sql_loader import queries
 
@@ -169,13 +169,13 @@ class Lifecycle:
                 cs = [calls[i] for i, _p, _t in batch]
                 rows = conn.execute(
                     Q["start_many"],
-                    {
-                        "p": [p for _i, p, _t in batch],
-                        "run_id": [c.run_id for c in cs],
-                        "tenant_id": [c.tenant_id for c in cs],
-                        "worker_id": [c.worker_id for c in cs],
-                        "token": [t for _i, _p, t in batch],
-                        "attempt": [c.attempt for c in cs],
+                    {  # binary arrays: the list dumper cost ~2 us an element
+                        "p": pgarrays.int2_array([p for _i, p, _t in batch]),
+                        "run_id": pgarrays.text_array([c.run_id for c in cs]),
+                        "tenant_id": pgarrays.text_array([c.tenant_id for c in cs]),
+                        "worker_id": pgarrays.text_array([c.worker_id for c in cs]),
+                        "token": pgarrays.text_array([t for _i, _p, t in batch]),
+                        "attempt": pgarrays.int4_array([c.attempt for c in cs]),
                         "now": to_dt(now),
                     },
                 ).fetchall()
@@ -330,17 +330,19 @@ class Lifecycle:
     @staticmethod
     def _finish_args(calls: list[CompleteCall], batch, now: int) -> dict:
         cs = [calls[i] for i, _p, _r in batch]
-        return {
-            "p": [p for _i, p, _r in batch],
-            "run_id": [c.run_id for c in cs],
-            "tenant_id": [c.tenant_id for c in cs],
-            "attempt": [c.attempt for c in cs],
-            "token": [c.start_token for c in cs],
-            "outcome": [c.outcome for c in cs],
-            "retryable": [c.retryable for c in cs],
-            "result": [r for _i, _p, r in batch],
-            "error": [c.error[:MAX_ERROR_CHARS] if c.error else None for c in cs],
-            "attempt_error": [c.error for c in cs],
+        return {  # binary arrays, as in start_many
+            "p": pgarrays.int2_array([p for _i, p, _r in batch]),
+            "run_id": pgarrays.text_array([c.run_id for c in cs]),
+            "tenant_id": pgarrays.text_array([c.tenant_id for c in cs]),
+            "attempt": pgarrays.int4_array([c.attempt for c in cs]),
+            "token": pgarrays.text_array([c.start_token for c in cs]),
+            "outcome": pgarrays.text_array([c.outcome for c in cs]),
+            "retryable": pgarrays.bool_array([c.retryable for c in cs]),
+            "result": pgarrays.text_array([r for _i, _p, r in batch]),
+            "error": pgarrays.text_array(
+                [c.error[:MAX_ERROR_CHARS] if c.error else None for c in cs]
+            ),
+            "attempt_error": pgarrays.text_array([c.error for c in cs]),
             "now": to_dt(now),
         }
 

@@ -42,6 +42,8 @@ def _array_type(name: str, oid: int) -> type[PackedArray]:
 TextArray = _array_type("TextArray", 1009)
 ByteaArray = _array_type("ByteaArray", 1001)
 Int2Array = _array_type("Int2Array", 1005)
+Int4Array = _array_type("Int4Array", 1007)
+BoolArray = _array_type("BoolArray", 1000)
 Int8Array = _array_type("Int8Array", 1016)
 TimestamptzArray = _array_type("TimestamptzArray", 1185)
 
@@ -89,6 +91,14 @@ def bytea_array(values: Sequence[bytes | None]) -> PackedArray:
 
 def int2_array(values: Sequence[int | None]) -> PackedArray:
     return Int2Array(_fixed(values, 21, "h", 2))
+
+
+def int4_array(values: Sequence[int | None]) -> PackedArray:
+    return Int4Array(_fixed(values, 23, "i", 4))
+
+
+def bool_array(values: Sequence[bool | None]) -> PackedArray:
+    return BoolArray(_fixed(values, 16, "?", 1))
 
 
 def int8_array(values: Sequence[int | None]) -> PackedArray:

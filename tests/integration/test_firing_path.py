@@ -227,7 +227,8 @@ def test_packed_arrays__round_trip_through_postgres(conn):
     ms = [0, 1_700_000_000_123, None, -1]
     got = conn.execute(
         "SELECT %(t)b::text[], %(b)b::bytea[], %(s)b::smallint[], %(l)b::bigint[],"
-        " %(ts)b::timestamptz[], %(e)b::text[], %(n)b::smallint[]",
+        " %(ts)b::timestamptz[], %(e)b::text[], %(n)b::smallint[], %(i)b::int[],"
+        " %(q)b::bool[]",
         {
             "t": pgarrays.text_array(texts),
             "b": pgarrays.bytea_array([b"\x00\xff", None, b""]),
@@ -236,6 +237,8 @@ def test_packed_arrays__round_trip_through_postgres(conn):
             "ts": pgarrays.timestamptz_array(ms),
             "e": pgarrays.text_array([]),
             "n": pgarrays.int2_array([1, None]),
+            "i": pgarrays.int4_array([1, None, 2**31 - 1, -(2**31)]),
+            "q": pgarrays.bool_array([True, False, None]),
         },
     ).fetchone()
     assert got[0] == texts
@@ -244,6 +247,7 @@ def test_packed_arrays__round_trip_through_postgres(conn):
     assert got[3] == [2**62, -(2**63), None]
     assert [None if d is None else to_ms(d) for d in got[4]] == ms
     assert got[5] == [] and got[6] == [1, None]
+    assert got[7] == [1, None, 2**31 - 1, -(2**31)] and got[8] == [True, False, None]
 
 
 def test_run_spec_text__same_document_as_run_spec(conn):

@@ -215,8 +215,8 @@ SELECT pg_notify('cw_outbox', '');
 
 -- name: start_many
 WITH c AS (
-    SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[], %(tenant_id)s::text[],
-                         %(worker_id)s::text[], %(token)s::text[], %(attempt)s::int[])
+    SELECT * FROM unnest(%(p)b::smallint[], %(run_id)b::text[], %(tenant_id)b::text[],
+                         %(worker_id)b::text[], %(token)b::text[], %(attempt)b::int[])
            WITH ORDINALITY AS c(p, run_id, tenant_id, worker_id, token, attempt, i)),
 cur AS (
     SELECT c.i, r.state, r.attempt, r.scheduled_at
@@ -262,10 +262,10 @@ SELECT c.i, s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, 
 -- A job's buffered instant comes back on each of its runs that ended in the
 -- batch; the caller uses it once.
 WITH c AS (
-    SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[], %(tenant_id)s::text[],
-                         %(attempt)s::int[], %(token)s::text[], %(outcome)s::text[],
-                         %(retryable)s::bool[], %(result)s::text[], %(error)s::text[],
-                         %(attempt_error)s::text[])
+    SELECT * FROM unnest(%(p)b::smallint[], %(run_id)b::text[], %(tenant_id)b::text[],
+                         %(attempt)b::int[], %(token)b::text[], %(outcome)b::text[],
+                         %(retryable)b::bool[], %(result)b::text[], %(error)b::text[],
+                         %(attempt_error)b::text[])
            WITH ORDINALITY AS c(p, run_id, tenant_id, attempt, token, outcome, retryable,
                                 result, error, attempt_error, i)),
 cur AS (
