@@ -68,7 +68,11 @@ def plan_fire(
     jitter_ms: int = 0,
     overlap: str = "allow",
     has_active_run: bool = False,
+    due_by_ms: int | None = None,
 ) -> FirePlan:
+    """`due_by_ms` (default `now_ms`): fire the instants due by then, later than
+    now when the timer fires ahead; the misfire window stays relative to now."""
+    due_by = now_ms if due_by_ms is None else due_by_ms
     plan = FirePlan(last_instant_ms=last_instant_ms)
     # An instant is missed only when even its latest possible due time (instant +
     # jitter) is older than the window: a jittered fire on time is never missed,
@@ -80,7 +84,7 @@ def plan_fire(
     more_due = False
     while True:
         fire = schedule.next_after(cursor)
-        if fire is None or due_at(job_id, fire.at_ms, jitter_ms) > now_ms:
+        if fire is None or due_at(job_id, fire.at_ms, jitter_ms) > due_by:
             break
         walked += 1
         if walked > MAX_WALK:
@@ -98,7 +102,7 @@ def plan_fire(
     if not keep:
         if not more_due:
             plan.last_instant_ms = max(plan.last_instant_ms, cursor)
-        _set_next(plan, schedule, job_id, jitter_ms, now_ms, more_due)
+        _set_next(plan, schedule, job_id, jitter_ms, due_by, more_due)
         return plan
 
     if catchup.policy == "latest":
@@ -129,13 +133,15 @@ def plan_fire(
         plan.last_instant_ms = max(plan.last_instant_ms, keep[-1])
         more_due = False
     plan.runs = runs
-    _set_next(plan, schedule, job_id, jitter_ms, now_ms, more_due)
+    _set_next(plan, schedule, job_id, jitter_ms, due_by, more_due)
     return plan
 
 
-def _set_next(plan: FirePlan, schedule, job_id: str, jitter_ms: int, now_ms: int, more_due: bool):
+def _set_next(plan: FirePlan, schedule, job_id: str, jitter_ms: int, due_by: int, more_due: bool):
     if more_due:
-        plan.next_due_ms = now_ms + CATCHUP_PAUSE_MS
+        # The next catch-up batch after a pause, beyond what this claim could
+        # take (firing ahead claims up to due_by: it would come at once).
+        plan.next_due_ms = due_by + CATCHUP_PAUSE_MS
         return
     nxt = next_due(schedule, job_id, plan.last_instant_ms, jitter_ms)
     plan.next_due_ms = None if nxt is None else nxt[1]

@@ -137,6 +137,33 @@ def test_plan_fire__downtime_inside_window__policy_all_fires_every_instant_oldes
     assert p.next_due_ms == T0 + 11 * SEC
 
 
+def test_plan_fire__due_by_ahead__fires_instants_due_by_then__not_past_it():
+    p = plan(every(SEC), now=T0 + SEC - 300, due_by_ms=T0 + SEC + 700)
+    assert instants(p) == secs(1)  # due 300 ms from now: fired ahead
+    assert p.next_due_ms == T0 + 2 * SEC  # the next is past the lead: stays a timer
+
+
+def test_plan_fire__due_by_ahead__misfire_window_stays_relative_to_now():
+    # 200 ms short of the grace after instant 1: by `now` it still fires; judged
+    # at due_by (a second on) it would be counted missed.
+    now = T0 + SEC + MISFIRE_GRACE_MS - 200
+    window = Catchup(window_ms=0)
+    late = plan(every(SEC), now=now, catchup=window)
+    ahead = plan(every(SEC), now=now, due_by_ms=now + 1000, catchup=window)
+    assert late.missed == 0 and instants(late)[0] == T0 + SEC
+    assert ahead.missed == 0 and instants(ahead)[: len(instants(late))] == instants(late)
+    assert len(instants(ahead)) == len(instants(late)) + 1  # and the one due within the lead
+
+
+def test_plan_fire__due_by_ahead__next_catchup_batch_after_the_lead():
+    catchup = Catchup(window_ms=300 * SEC, max_runs=1000)
+    now = T0 + 25 * SEC
+    p = plan(every(100), now=now, last=T0, catchup=catchup, due_by_ms=now + 1000)
+    assert len(p.runs) == CATCHUP_BATCH
+    # Due within the lead, the claim that made this batch would take it at once.
+    assert p.next_due_ms == now + 1000 + CATCHUP_PAUSE_MS
+
+
 def test_plan_fire__long_catchup__batches_of_catchup_batch_drain_without_loss_or_duplicate():
     sched = every(100)
     catchup = Catchup(window_ms=300 * SEC, max_runs=1000)
