@@ -311,6 +311,7 @@ class JobTimers:
             if plan.runs:
                 spec = run_spec_text(target, payload, retry, timeout_ms, lease_ms)
                 for pr in plan.runs:
+                    # Fired ahead of its due time: the relay holds it until then.
                     due = due_at(job_id, pr.instant_ms, jitter_ms) if self.ahead_ms else now
                     new_runs.add(
                         partition_id, run_id_for_instant(job_id, pr.instant_ms), tenant_id,
@@ -410,8 +411,6 @@ class Firing:
         self._claimed_at = 0  # `now` of the last claim: upcoming() looks after it
         self._wake: list[int] = []  # quota refills and unfinished backlogs to wake for
         self._backlog = False  # the last pass left lanes open: claim by lanes first
-        self._owned_from: dict | None = None  # the leases' `owned` _owned_array was built from
-        self._owned_array = None
 
     def fire_due(
         self, conn: psycopg.Connection, leases: Leases, now: int, limit: int = 500
@@ -420,14 +419,7 @@ class Firing:
         report = FireReport()
         if not leases.owned:
             return report
-        # One binary array for every query of the pass (1024 elements through
-        # psycopg's list dumper cost ~1.5 ms a query), built again only when the
-        # leases changed (Leases.tick replaces `owned`): building it cost a
-        # steady trickle's firing pass ~15% of its CPU.
-        if self._owned_from is not leases.owned:
-            self._owned_from = leases.owned
-            self._owned_array = pgarrays.int2_array(list(leases.owned))
-        partitions = self._owned_array
+        partitions = leases.owned_array()  # one binary array for every query of the pass
         with conn.transaction():
             # Deterministic run ids make a firing lost in a database crash safe to
             # repeat (the same runs, the same records), so the commit need not
@@ -583,7 +575,11 @@ class Firing:
             report.next_due_ms.append(min(self._wake))
 
     def upcoming(
-        self, conn: psycopg.Connection, partitions: list[int], horizon: int, limit: int = 2048
+        self,
+        conn: psycopg.Connection,
+        partitions: list[int] | pgarrays.PackedArray,
+        horizon: int,
+        limit: int = 2048,
     ) -> Upcoming:
         """Due times after the last claim up to `horizon`, and the instants the
         last passes asked to be woken at (a quota refill, a backlog left).

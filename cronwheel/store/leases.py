@@ -18,6 +18,7 @@ import psycopg
 
 from cronwheel.core.clock import now_ms, to_dt
 from cronwheel.core.ids import PARTITIONS
+from cronwheel.store.pgarrays import PackedArray, int2_array
 from cronwheel.store.sql_loader import queries
 
 Q = queries("leases")
@@ -30,6 +31,17 @@ class Leases:
     owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     owned: dict[int, int] = field(default_factory=dict)  # partition -> epoch
     _seeded: bool = False
+    _array_of: dict[int, int] | None = field(default=None, repr=False)
+    _array: PackedArray | None = field(default=None, repr=False)
+
+    def owned_array(self) -> PackedArray:
+        """The owned partitions as one binary smallint[] parameter, built again
+        only when `owned` changes (tick and release_all replace it): through
+        psycopg's list dumper 1,024 partitions cost ~1.5 ms a query, and built
+        per firing pass they were 15% of a trickle's timer CPU."""
+        if self._array_of is not self.owned:
+            self._array_of, self._array = self.owned, int2_array(list(self.owned))
+        return self._array
 
     def _params(self, now: int, **extra) -> dict:
         return {

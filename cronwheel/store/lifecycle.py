@@ -149,10 +149,9 @@ class Lifecycle:
         lifecycle.sql on why.)"""
         if len(calls) == 1:  # the scalar statement: an array one is re-planned each call
             c = calls[0]
-            try:
-                return [self.start(conn, c.tenant_id, c.run_id, c.worker_id, now, c.attempt)]
-            except (ValidationError, NotFound, Conflict) as e:
-                return [e]
+            return _answer(
+                lambda: self.start(conn, c.tenant_id, c.run_id, c.worker_id, now, c.attempt)
+            )
         answers: list[dict | Exception | None] = [None] * len(calls)
         todo: list[tuple[int, int, str]] = []  # (call, partition, token)
         for i, c in enumerate(calls):
@@ -266,15 +265,12 @@ class Lifecycle:
         for the outbox. One answer per call, in order, as `start_many`."""
         if len(calls) == 1:  # the scalar statement, as in start_many
             c = calls[0]
-            try:
-                return [
-                    self.complete(
-                        conn, c.tenant_id, c.run_id, c.attempt, c.start_token, c.outcome,
-                        now, c.result, c.error, c.retryable,
-                    )
-                ]  # fmt: skip
-            except (ValidationError, NotFound, Conflict) as e:
-                return [e]
+            return _answer(
+                lambda: self.complete(
+                    conn, c.tenant_id, c.run_id, c.attempt, c.start_token, c.outcome,
+                    now, c.result, c.error, c.retryable,
+                )
+            )  # fmt: skip
         answers: list[dict | Exception | None] = [None] * len(calls)
         todo: list[tuple[int, int, str | None]] = []  # (call, partition, result as JSON)
         for i, c in enumerate(calls):
@@ -551,6 +547,15 @@ def _check_completion(attempt, start_token, outcome, result, error, retryable) -
         raise ValidationError(
             "result", "is larger than 64 KiB", code="PAYLOAD_TOO_LARGE", status=413
         )
+
+
+def _answer(call) -> list[dict | Exception]:
+    """A single call's answer as start_many/complete_many give it: its result,
+    or the refusal it raised, as a value."""
+    try:
+        return [call()]
+    except (ValidationError, NotFound, Conflict) as e:
+        return [e]
 
 
 def _refused(state: RunState, cur_attempt: int, scheduled: int, attempt, now: int) -> Conflict:

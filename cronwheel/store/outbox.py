@@ -25,6 +25,7 @@ from cronwheel.core.clock import to_dt
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
 from cronwheel.store.pgarrays import (
+    PackedArray,
     bytea_array,
     int2_array,
     int8_array,
@@ -97,7 +98,7 @@ class FairBatch:
 
 def read_small(
     conn: psycopg.Connection,
-    partitions: Sequence[int],
+    partitions: Sequence[int] | PackedArray,
     limit: int,
     exclude: Sequence[int] = (),
     hold_until: int | None = None,
@@ -109,7 +110,7 @@ def read_small(
     rows = conn.execute(
         Q["read_small"],
         {
-            "partitions": int2_array(list(partitions)),
+            "partitions": _partitions(partitions),
             "limit": limit + 1,
             "exclude": int8_array(list(exclude)),
             "hold_until": _until(hold_until),
@@ -123,7 +124,7 @@ def read_small(
 
 def read_fair(
     conn: psycopg.Connection,
-    partitions: Sequence[int],
+    partitions: Sequence[int] | PackedArray,
     limit: int,
     turn: int = 0,
     rounds: int = 3,
@@ -133,7 +134,7 @@ def read_fair(
     in up to `rounds` rounds: a lane that holds less than its share leaves the
     rest to the others in the next round. Rows come back interleaved (each
     lane's first, then each lane's second, ...) within each class."""
-    parts = int2_array(list(partitions))
+    parts = _partitions(partitions)
     lanes = [(r[0], r[1]) for r in conn.execute(Q["lanes"], {"partitions": parts}).fetchall()]
     n_lanes = len(lanes)
     after: dict[tuple[int, str], int] = {}
@@ -169,6 +170,11 @@ def read_fair(
             break
     keyed.sort(key=lambda kr: kr[0])
     return FairBatch([row for _k, row in keyed], n_lanes, bool(lanes))
+
+
+def _partitions(partitions: Sequence[int] | PackedArray) -> PackedArray:
+    """Partitions as a binary smallint[] (Leases.owned_array is one already)."""
+    return partitions if isinstance(partitions, PackedArray) else int2_array(list(partitions))
 
 
 def _until(ms: int | None):

@@ -138,7 +138,7 @@ class Relay:
             return 0
         self._turn += 1
         self._read_at = time.monotonic()
-        owned = list(self.leases.owned)
+        owned = self.leases.owned_array()
         hold_until = now_ms() + self.hold_ms
         fair = None
         if not self._backlog and len(self._inflight) < self.batch:

@@ -180,7 +180,9 @@ class TimerService:
         now = self.clock()
         if self.wheel.stale(now, self.lookahead_ms):
             horizon = now + self.lookahead_ms + self.ahead_ms
-            coming = self.firing.upcoming(conn, list(self.leases.owned), horizon, self.wheel_limit)
+            coming = self.firing.upcoming(
+                conn, self.leases.owned_array(), horizon, self.wheel_limit
+            )
             self.wheel.load(coming.entries, now, coming.complete_until)
         wake = min(self.wheel.next_wake() or now + self.idle_ms, next_lease, now + self.idle_ms)
         while not stop.is_set():
