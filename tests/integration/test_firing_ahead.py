@@ -71,7 +71,9 @@ def test_relay__held_row__published_at_its_time_not_before__others_at_once(
     database_url, kafka_bootstrap, topic_prefix, conn
 ):
     topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
-    not_before = now_ms() + 1_500
+    # The record timestamps (the relay's produce() calls) carry the proof, so a
+    # slow consumer join on a cold broker cannot fail the test.
+    not_before = now_ms() + 5_000
     with conn.transaction():
         outbox.append(
             conn,
@@ -82,10 +84,7 @@ def test_relay__held_row__published_at_its_time_not_before__others_at_once(
         )
     relay = Relay(database_url, kafka_bootstrap)
     with running(relay):
-        first = drain(kafka_bootstrap, topic, want=1, timeout=20)
-        assert [key for _t, key, *_ in first] == [b"now"]
-        assert now_ms() < not_before, "the test took too long to say anything"
-        records = drain(kafka_bootstrap, topic, want=2, timeout=20)
+        records = drain(kafka_bootstrap, topic, want=2, timeout=30)
         wait_for(
             lambda: conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0,
             what="outbox drained",
@@ -100,7 +99,7 @@ def test_timer_and_relay_ahead__run_created_before_its_instant__record_not_befor
 ):
     topics = Topics(topic_prefix)
     tenant = create_tenant(conn, "acme")
-    instant = now_ms() + 2_500
+    instant = now_ms() + 5_000  # room for a cold start before the lead
     _once(conn, topics, tenant, "once", instant, now_ms())
     timer = TimerService(database_url, topics, lease_ttl_ms=10_000, ahead_ms=1_000)
     relay = Relay(database_url, kafka_bootstrap)
