@@ -27,6 +27,11 @@ OWNED_PARTITIONS = Gauge(
 )
 OUTBOX_PUBLISHED = Counter("cronwheel_outbox_published_total", "Outbox rows acknowledged by Kafka")
 OUTBOX_FAILED = Counter("cronwheel_outbox_failed_total", "Outbox rows Kafka refused (retried)")
+CLASS_BARRIERS = Counter(
+    "cronwheel_relay_class_barriers_total",
+    "Times the relay waited for a class above normal to be acknowledged before producing"
+    " the lower classes due with it",
+)
 DEAD_LETTERS = Counter(
     "cronwheel_dead_letters_total", "Records set aside as undecodable", ["consumer", "reason"]
 )

@@ -2,14 +2,22 @@
 for byte and under the same key, to where its target executes (the queue topic,
 the webhook service's topic or the managed executor's topic).
 
-One batch at a time, in this order, so a crash never loses a record: consume up
-to `batch` records, skip those already in `processed` (run_id:attempt), produce
-the rest (higher priority classes first) and wait for the broker's ack, then
-record them as processed in one statement, then commit the offsets. A crash
-before the record is written forwards again; a duplicate on a queue topic is
-harmless because only one worker wins StartRun. Records that cannot be routed
-go to the dead-letter topic, acknowledged before their offset is committed, so
-a poison record neither crashes the service nor stalls its partition.
+Each batch goes through these steps, in this order, so a crash never loses a
+record: consume up to `batch` records, skip those already in `processed`
+(run_id:attempt) or on their way, produce the rest (higher priority classes
+first); once the broker acknowledged every record of the batch, record them as
+processed in one statement, then commit the offsets. A crash before the record
+is written forwards again; a duplicate on a queue topic is harmless because
+only one worker wins StartRun. Records that cannot be routed go to the
+dead-letter topic, acknowledged before their offset is committed, so a poison
+record neither crashes the service nor stalls its partition.
+
+Batches are pipelined: up to `in_flight` of them wait for their acks while the
+next is consumed and produced, and they are settled (marked, their offsets
+made committable) strictly in the order they were produced. Waiting for one
+batch's acks before reading the next put a critical record that arrived
+meanwhile behind the whole round trip of a herd's batch (hundreds of ms on a
+busy broker; bench_storm.py).
 
 Priority under a backlog (docs/priority.md): the relay puts each class in its
 own quarter of a run topic's partitions (cronwheel.store.outbox), so the
@@ -32,7 +40,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -108,6 +117,24 @@ class _Out:
     poison: Poison | None = None
 
 
+@dataclass
+class _Batch:
+    """A batch produced and not yet settled: settled once every record is
+    acknowledged (`unacked` 0) and none failed, records that failed produced
+    again after `backoff`."""
+
+    msgs: list[Message]
+    outs: list[_Out]
+    unacked: int = 0
+    failed: list[_Out] = field(default_factory=list)
+    retry_at: float = 0.0
+    backoff: float = 0.1
+
+    @property
+    def keys(self) -> list[str]:
+        return [o.done_key for o in self.outs if o.done_key]
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -117,6 +144,7 @@ class Dispatcher:
         *,
         group_id: str | None = None,
         batch: int = 500,
+        in_flight: int = 4,
         max_wait_ms: int = 5,
         idle_ms: int = 200,
         lag_every_ms: int = 5_000,
@@ -131,6 +159,7 @@ class Dispatcher:
         self.topics = topics
         self.group_id = group_id or f"{topics.prefix}.dispatcher"
         self.batch = batch
+        self.in_flight = max(1, in_flight)
         self.max_wait_ms = max_wait_ms
         self.idle_ms = idle_ms
         self.lag_every_ms = lag_every_ms
@@ -145,6 +174,9 @@ class Dispatcher:
         self._consumer: Consumer | None = None
         self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         self._pacer = consuming.Pacer()
+        self._batches: deque[_Batch] = deque()  # produced, not yet settled, oldest first
+        self._on_way: set[str] = set()  # their done keys (not yet in `processed`)
+        self._stop = threading.Event()
         self._uncommitted = False  # batches finished since the last commit
         self._known_topics: set[str] = set()  # destinations known to exist
         # Priority: partition counts of run topics, where each partition was
@@ -179,16 +211,17 @@ class Dispatcher:
         consumer.subscribe(
             [self.topics.runs_pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
         )
+        self._stop = stop
         next_lag = 0.0
         try:
             while not stop.is_set():
                 msgs = self._released(consumer) + self._consume(consumer)
                 if msgs:
                     msgs = self._within_quota(consumer, msgs, stop)
-                if msgs:
-                    if not self.dispatch(msgs, stop):
-                        break  # stopping mid-batch: uncommitted, so consumed again later
-                    self._uncommitted = True
+                if msgs and not self._send(msgs, stop):
+                    break  # stopping mid-batch: uncommitted, so consumed again later
+                if not self._settle(stop, until=self.in_flight - 1):
+                    break
                 if self._uncommitted:
                     self._commit(asynchronous=True)
                 self._prioritise(consumer)
@@ -198,7 +231,9 @@ class Dispatcher:
                     self._report_lag(consumer)
                     next_lag = time.monotonic() + self.lag_every_ms / 1000
         finally:
-            self._commit(asynchronous=False)  # only finished batches are in _done
+            if self._batches and stop.is_set():
+                self._settle(stop, until=0)  # within the shutdown grace
+            self._commit(asynchronous=False)  # only settled batches are in _done
             consumer.close()
             self._consumer = None
             self.close()
@@ -212,6 +247,8 @@ class Dispatcher:
         """Block until one record arrives, then take what else comes within
         `max_wait_ms`: batches under load, little added latency when quiet."""
         wait_ms = self.idle_ms
+        if self._batches:  # come back soon to settle them
+            wait_ms = self.max_wait_ms
         if self._held_until:
             wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
         msgs = consumer.consume(1, timeout=wait_ms / 1000)
@@ -235,8 +272,14 @@ class Dispatcher:
     # -- one batch ------------------------------------------------------------
 
     def dispatch(self, msgs: list[Message], stop: threading.Event) -> bool:
-        """Forward and dead-letter one batch, then record it; True when done (the
-        offsets may be committed), False if `stop` interrupted it first."""
+        """Forward and dead-letter one batch and record it, waiting for that;
+        True when done (the offsets may be committed), False if `stop`
+        interrupted it first. The loop does the same pipelined (_send, _settle)."""
+        return self._send(msgs, stop) and self._settle(stop, until=0)
+
+    def _send(self, msgs: list[Message], stop: threading.Event) -> bool:
+        """Route a batch and produce what is not already forwarded or on its way;
+        False if `stop` came while the database was away."""
         outs: list[_Out] = []
         for m in msgs:
             try:
@@ -254,10 +297,11 @@ class Dispatcher:
                     done_key=message_key(datum["run_id"], datum["attempt"]),
                 )
             )
-        keys = [o.done_key for o in outs if o.done_key]
+        keys = [o.done_key for o in outs if o.done_key and o.done_key not in self._on_way]
         seen = self._with_db(lambda c: self.processed.seen(c, keys), stop)
         if seen is None:
             return False
+        seen |= self._on_way
         todo: list[_Out] = []
         for o in outs:
             if o.done_key is not None:
@@ -268,19 +312,79 @@ class Dispatcher:
             todo.append(o)
         todo.sort(key=lambda o: o.rank)  # stable: equal classes keep their order
         self._ensure_topics({o.topic for o in todo})
-        if not self._deliver(todo, stop):
-            return False
-        forwarded = [o.done_key for o in todo if o.done_key]
+        batch = _Batch(msgs, todo)
+        self._on_way.update(batch.keys)
+        self._batches.append(batch)
+        for o in todo:
+            self._produce(batch, o)
+        self.producer.poll(0)
+        return True
+
+    def _settle(self, stop: threading.Event, *, until: int | None = None) -> bool:
+        """Record the batches whose records are all acknowledged, oldest first,
+        and make their offsets committable; with `until`, wait until no more
+        than that many are left (on stop, `shutdown_grace_ms` more, then what
+        is left is purged and comes again). False if `stop` cut it short."""
+        give_up: float | None = None
+        while True:
+            self.producer.poll(0)
+            ready: list[_Batch] = []
+            for b in self._batches:
+                if b.unacked or b.failed:
+                    break
+                ready.append(b)
+            if ready and not self._record(ready, stop):
+                return False
+            head = self._batches[0] if self._batches else None
+            if head is not None and head.failed and not head.unacked:
+                self._retry(head)
+            if until is None or len(self._batches) <= until:
+                return True
+            if stop.is_set():
+                give_up = give_up or time.monotonic() + self.shutdown_grace_ms / 1000
+                if time.monotonic() >= give_up:
+                    self.producer.purge()
+                    self.producer.flush(0)
+                    self._forget_unsettled()
+                    return False
+            self.producer.flush(0.05)
+
+    def _retry(self, batch: _Batch) -> None:
+        """Records the broker refused go again after a pause (doubling to 5 s)."""
+        now = time.monotonic()
+        if not batch.retry_at:
+            batch.retry_at = now + batch.backoff
+        elif now >= batch.retry_at:
+            log.warning("%d records not acknowledged; retrying", len(batch.failed))
+            again, batch.failed = batch.failed, []
+            for o in again:
+                self._produce(batch, o)
+            batch.retry_at = 0.0
+            batch.backoff = min(batch.backoff * 2, 5.0)
+
+    def _record(self, ready: list[_Batch], stop: threading.Event) -> bool:
+        """Mark settled batches processed in one statement; their offsets done."""
+        forwarded = [k for b in ready for k in b.keys]
         if self._with_db(lambda c: self.processed.mark(c, forwarded), stop) is None:
             return False
-        for m in msgs:
-            self._done[(m.topic(), m.partition())] = m.offset() + 1
-        self.forwarded_total += len(forwarded)
-        for o in todo:
-            if o.poison is not None:
-                self.dead_lettered_total += 1
-                metrics.DEAD_LETTERS.labels(CONSUMER, o.poison.kind).inc()
+        for b in ready:
+            self._batches.popleft()
+            self._on_way.difference_update(b.keys)
+            for m in b.msgs:
+                self._done[(m.topic(), m.partition())] = m.offset() + 1
+            self.forwarded_total += len(b.keys)
+            for o in b.outs:
+                if o.poison is not None:
+                    self.dead_lettered_total += 1
+                    metrics.DEAD_LETTERS.labels(CONSUMER, o.poison.kind).inc()
+        self._uncommitted = True
         return True
+
+    def _forget_unsettled(self) -> None:
+        """Stopping with batches unsettled: their offsets are not committed, so
+        their records are consumed again (and skipped where already forwarded)."""
+        self._batches.clear()
+        self._on_way.clear()
 
     def _ensure_topics(self, names: set[str]) -> None:
         """Create destination topics on first use (a new queue, a new tenant), so
@@ -319,31 +423,14 @@ class Dispatcher:
             poison=p,
         )
 
-    def _deliver(self, outs: list[_Out], stop: threading.Event) -> bool:
-        """Produce all and wait until the broker acknowledged every one; records
-        it refused are produced again after a pause. False if `stop` gave up."""
-        pending = outs
-        backoff = 0.1
-        while pending:
-            failed: list[_Out] = []
-            for o in pending:
-                self._produce(o, failed)
-            if not self._flush(stop):
-                return False
-            if failed:
-                log.warning("%d records not acknowledged; retrying", len(failed))
-                if stop.wait(backoff):
-                    return False
-                backoff = min(backoff * 2, 5.0)
-            pending = failed
-        return True
-
-    def _produce(self, o: _Out, failed: list[_Out]) -> None:
+    def _produce(self, batch: _Batch, o: _Out) -> None:
         def on_delivery(err, _msg, o=o):
+            batch.unacked -= 1
             if err is not None:
                 log.warning("delivery to %s failed: %s", o.topic, err)
-                failed.append(o)
+                batch.failed.append(o)
 
+        batch.unacked += 1
         while True:
             try:
                 self.producer.produce(
@@ -352,20 +439,6 @@ class Dispatcher:
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: let deliveries drain
-
-    def _flush(self, stop: threading.Event) -> bool:
-        """Wait for every delivery report. On stop, wait `shutdown_grace_ms` more,
-        then purge what is left (its callbacks report it failed)."""
-        give_up: float | None = None
-        while len(self.producer) > 0:
-            self.producer.flush(0.5)
-            if stop.is_set():
-                give_up = give_up or time.monotonic() + self.shutdown_grace_ms / 1000
-                if time.monotonic() >= give_up:
-                    self.producer.purge()
-                    self.producer.flush(0)
-                    return False
-        return True
 
     def _with_db(self, fn, stop: threading.Event):
         return self._db.call(fn, stop)
@@ -383,7 +456,10 @@ class Dispatcher:
         consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Hand over cleanly: commit what this instance finished before losing it."""
+        """Hand over cleanly: settle what is on its way, commit what this instance
+        finished, then forget the partitions."""
+        if self._batches:
+            self._settle(self._stop, until=0)
         for key in consuming.commit_revoked(consumer, self._done, partitions):
             self._next.pop(key, None)
             self._class_paused.discard(key)

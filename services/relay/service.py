@@ -74,6 +74,7 @@ class Relay:
         self._settled_at = 0.0  # monotonic time of the last delete
         self._read_at = 0.0  # monotonic time of the last read
         self._failed = 0
+        self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
         self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
         self._partitions: dict[str, int] = {}  # topic -> partition count
 
@@ -211,8 +212,17 @@ class Relay:
             return 0
         now = now_ms()
         n = 0
+        last: int | None = None
         while self._held and self._held[0][0] <= now:
-            _at, _rank, _seq, row_id, _p, record = heapq.heappop(self._held)
+            if last is not None and last < outbox.NORMAL and self._held[0][1] > last:
+                # A class above normal goes to the broker on its own: its
+                # acknowledgements first, then the lower classes due with it.
+                # Produced together they share produce requests, and the
+                # broker appends a herd's normal records before it answers
+                # (bench_storm.py: critical records readable +100..+600 ms).
+                self.producer.flush(self.barrier_s)
+                metrics.CLASS_BARRIERS.inc()
+            _at, last, _seq, row_id, _p, record = heapq.heappop(self._held)
             self._held_ids.discard(row_id)
             self._produce(row_id, record)
             n += 1

@@ -249,3 +249,31 @@ def test_processed__rows_past_retention__pruned_by_the_running_dispatcher__recen
         rows = conn.execute("SELECT consumer, message_key FROM processed ORDER BY 1").fetchall()
     assert rows == [("dispatcher", "recent"), ("workflow", "old-other-consumer")]
     assert dispatcher.pruner.pruned_total == 12000
+
+
+def test_pipelined_batches__record_again_while_its_forward_unacknowledged__forwarded_once__settled_in_order(
+    database_url, kafka_bootstrap, topics, broker
+):
+    """The loop produces a batch and consumes the next before the first is
+    acknowledged (_send, then _settle later). A record that comes again
+    meanwhile (the relay republished it) is on its way, not yet in `processed`:
+    it must not go twice, and offsets move only once both batches are recorded."""
+    source, dest = topics.runs("acme"), topics.queue("acme", "billing")
+    produce(kafka_bootstrap, source, [(f"r{i}".encode(), ready("acme", f"r{i}")) for i in range(3)],
+            partition=0)  # fmt: skip
+    msgs = [m for *_x, m in drain(kafka_bootstrap, source, want=3)]
+    dispatcher = Dispatcher(database_url, kafka_bootstrap, topics)
+    stop = threading.Event()
+    try:
+        assert dispatcher._send(msgs[:2], stop)
+        assert dispatcher._send(msgs[1:], stop)  # r1 again, r2 new; r1's first forward unsettled
+        assert dispatcher._done == {}  # nothing committable before the acks
+        assert dispatcher._settle(stop, until=0)
+        assert (dispatcher.forwarded_total, dispatcher.duplicates_total) == (3, 1)
+        assert dispatcher._done == {(source, 0): msgs[2].offset() + 1}
+    finally:
+        dispatcher.close()
+    wait_for(lambda: broker.count(dest) >= 3, timeout=30, what="forwards on the queue topic")
+    assert broker.count(dest) == 3
+    got = sorted(d["run_id"] for *_x, d, _m in drain(kafka_bootstrap, dest, want=3))
+    assert got == ["r0", "r1", "r2"]

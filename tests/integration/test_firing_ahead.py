@@ -11,6 +11,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from cronwheel import metrics
 from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox
@@ -139,3 +140,63 @@ def test_relay__lease_moved_away__held_rows_of_that_partition_dropped(
     relay.leases.owned = {1: 1}
     relay._forget_unowned()
     assert relay._held_ids == {10} and [item[3] for item in relay._held] == [10]
+
+
+def _produced_and_acked(relay: Relay) -> tuple[list[tuple[int, int]], list[int]]:
+    """Watch a relay: (row, rows acknowledged by then) at each produce(), and
+    the order of acknowledgements."""
+    produced: list[tuple[int, int]] = []
+    acked: list[int] = []
+    produce, delivered = relay._produce, relay._delivered
+
+    def watch_produce(row_id, record):
+        produced.append((row_id, len(acked)))
+        produce(row_id, record)
+
+    def watch_delivered(err, row_id):
+        acked.append(row_id)
+        delivered(err, row_id)
+
+    relay._produce, relay._delivered = watch_produce, watch_delivered
+    return produced, acked
+
+
+@pytest.mark.parametrize("with_critical", [True, False])
+def test_relay__critical_and_normal_due_together__critical_acknowledged_before_normal_produced(
+    database_url, kafka_bootstrap, topic_prefix, conn, with_critical
+):
+    """At a storm's instant the critical records go to the broker on their own:
+    in one produce request with the herd's they wait for all of it to be
+    appended. Normal rows alone pay no such wait."""
+    topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
+    ranks = ([0] * 3 if with_critical else []) + [2] * 3
+    with conn.transaction():
+        outbox.append(
+            conn,
+            [
+                outbox.RankedRow(3, topic, f"k{i}".encode(), value, priority=r)
+                for i, r in enumerate(ranks)
+            ],
+        )
+    ids = [
+        r[0] for r in conn.execute("SELECT id FROM outbox WHERE topic = %s ORDER BY id", [topic])
+    ]
+    critical = set(ids[: ranks.count(0)])
+    relay = Relay(database_url, kafka_bootstrap)
+    produced, acked = _produced_and_acked(relay)
+    barriers = metrics.CLASS_BARRIERS._value.get()
+    try:
+        relay.leases.tick(conn)
+        assert relay.relay_once(conn) == len(ids)
+        relay.producer.flush(30)
+    finally:
+        relay.close()
+    assert sorted(acked) == ids
+    first_normal = next(i for i, (row, _n) in enumerate(produced) if row not in critical)
+    assert all(row in critical for row, _n in produced[:first_normal])
+    if with_critical:
+        assert produced[first_normal][1] == len(critical)  # every critical row acknowledged
+        assert set(acked[: len(critical)]) == critical
+        assert metrics.CLASS_BARRIERS._value.get() == barriers + 1
+    else:
+        assert metrics.CLASS_BARRIERS._value.get() == barriers
