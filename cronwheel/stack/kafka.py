@@ -148,7 +148,7 @@ class LocalKafka:
         log4j.write_text(LOG4J2.format(log=self.log))
         classpath = f"{libs}/*"
         if not (self.data / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = _cluster_id()
             run(
                 [
                     java,
@@ -219,3 +219,14 @@ class LocalKafka:
         if pid:
             stop_pid(pid, timeout=30)
         self.pidfile.unlink(missing_ok=True)
+
+
+def _cluster_id() -> str:
+    """A random KRaft cluster id (URL-safe base64 of a UUID, as Kafka's own
+    `random-uuid`). One in 64 starts with "-", which the storage tool's argument
+    parser reads as an option ("--cluster-id: expected one argument"); Kafka's
+    Uuid.randomUuid draws again in that case, and so do we."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid

@@ -1,0 +1,14 @@
+"""The dev stack formats Kafka's storage with a random cluster id on the
+command line: one starting with "-" made `cronwheel up` fail one time in 64."""
+
+from __future__ import annotations
+
+import re
+
+from cronwheel.stack.kafka import _cluster_id
+
+
+def test_cluster_id__many_drawn__none_reads_as_an_option__all_kafka_shaped():
+    ids = [_cluster_id() for _ in range(3000)]  # without the redraw ~47 would start with "-"
+    assert all(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
