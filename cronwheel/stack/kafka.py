@@ -4,6 +4,8 @@ The broker's jars come from Maven Central via `mvn dependency:copy-dependencies`
 into a per-user cache, storage is formatted once, and the JVM runs detached on
 loopback. Kafka 4.1.1: both clients we use speak it (confluent-kafka 2.16 and
 aiokafka 0.14 under faust-streaming; checked by tests/integration/test_kafka_clients.py).
+CRONWHEEL_KAFKA_JVM_OPTS replaces the heap and collector options (`jvm_options`),
+for measuring the broker under other settings.
 """
 
 from __future__ import annotations
@@ -168,10 +170,7 @@ class LocalKafka:
             proc = subprocess.Popen(
                 [
                     java,
-                    "-Xms256m",
-                    "-Xmx1g",
-                    "-XX:+UseG1GC",
-                    "-XX:MaxGCPauseMillis=20",
+                    *jvm_options(),
                     "-Djava.awt.headless=true",
                     f"-Dlog4j2.configurationFile={log4j}",
                     "-cp",
@@ -230,3 +229,10 @@ def _cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
+
+
+def jvm_options() -> list[str]:
+    """The broker's heap and collector: CRONWHEEL_KAFKA_JVM_OPTS (split on
+    spaces) replaces the default."""
+    raw = os.environ.get("CRONWHEEL_KAFKA_JVM_OPTS", "").split()
+    return raw or ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
