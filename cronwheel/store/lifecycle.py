@@ -67,6 +67,21 @@ def _atomic(conn):
     return contextlib.nullcontext()
 
 
+def _generic_plans(conn) -> None:
+    """In the caller's transaction, plan the batch statements once per connection.
+
+    PostgreSQL plans a prepared statement afresh for each call while a plan for
+    the call's values looks cheaper than the generic one, and with the arrays'
+    lengths known (3 runs) it always does: planning start_many took 1.5 ms, as
+    long as running it. The generic plan (10 rows assumed per array, a nested
+    loop over the primary keys) is the right one for any batch, so it is forced
+    for the rest of the transaction (the statements after it are the batch's
+    own and primary-key ones). Without a transaction (autocommit) SET LOCAL
+    would do nothing; nothing is sent."""
+    if conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+
+
 def _timer(p: int, kind: str, run_id: str, due_ms: int, priority: str, attempt: int) -> dict:
     return {
         "p": p,
@@ -163,6 +178,7 @@ class Lifecycle:
                 answers[i] = e
         rounds = _rounds([(p, calls[i].run_id) for i, p, _t in todo])
         with _atomic(conn) if len(rounds) > 1 else contextlib.nullcontext():
+            _generic_plans(conn)
             for rnd in rounds:
                 batch = [todo[k] for k in rnd]
                 cs = [calls[i] for i, _p, _t in batch]
@@ -285,6 +301,7 @@ class Lifecycle:
         retries: list[dict] = []
         records: list[OutboxRow] = []
         with _atomic(conn):
+            _generic_plans(conn)
             for rnd in _rounds([(p, calls[i].run_id) for i, p, _r in todo]):
                 batch = [todo[k] for k in rnd]
                 rows = conn.execute(Q["finish_many"], self._finish_args(calls, batch, now))

@@ -203,3 +203,26 @@ def test_start_many__inside_an_open_transaction__rolls_back_with_it(conn, world)
         raise RuntimeError("the caller's transaction fails after the batch")
     assert [effects(conn, topics, x)[0][0] for x in r] == ["PENDING", "PENDING"]
     assert all(effects(conn, topics, x)[2] == [] for x in r)
+
+
+def test_batches__in_a_transaction__generic_plans_for_it_only__autocommit_untouched(conn, world):
+    """The batch statements are planned once per connection (a plan for three
+    runs' arrays always looked cheaper, so each call planned afresh): forced
+    for the caller's transaction, never beyond it."""
+    _topics, life, acme, _other, job, runs = world
+    r = runs(acme, job(acme), 4)
+    mode = lambda: conn.execute("SHOW plan_cache_mode").fetchone()[0]  # noqa: E731
+    assert mode() == "auto"
+    with conn.transaction():
+        started = life.start_many(conn, [StartCall(acme["tenant_id"], x, "w") for x in r[:2]], NOW)
+        assert mode() == "force_generic_plan"
+    assert mode() == "auto"
+    calls = [
+        CompleteCall(acme["tenant_id"], x, s["attempt"], s["start_token"], "SUCCEEDED")
+        for x, s in zip(r[:2], started, strict=True)
+    ]
+    assert [a["state"] for a in life.complete_many(conn, calls, NOW + 1)] == ["SUCCEEDED"] * 2
+    assert mode() == "auto"  # complete_many's own transaction ended with it
+    assert all(isinstance(a, dict) for a in life.start_many(
+        conn, [StartCall(acme["tenant_id"], x, "w") for x in r[2:]], NOW))  # fmt: skip
+    assert mode() == "auto"
