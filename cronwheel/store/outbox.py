@@ -14,6 +14,7 @@ classes' partitions while a higher class has records waiting.
 from __future__ import annotations
 
 import json
+import logging
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from cronwheel.store.pgarrays import (
 )
 from cronwheel.store.quotas import fair_shares
 from cronwheel.store.sql_loader import queries
+
+log = logging.getLogger("cronwheel.outbox")
 
 Q = queries("outbox")
 NORMAL = PRIORITY_RANK["normal"]
@@ -213,6 +216,34 @@ def partition_for(rank: int, key: bytes | None, n: int) -> int | None:
         return None
     span = class_partitions(rank, n)
     return span.start + zlib.crc32(key or b"") % len(span)
+
+
+class Placement:
+    """Where a producer puts a record of a class on a topic laid out by class
+    (`partition_for`), with each topic's partition count asked of the broker
+    once (one small metadata request per topic; the whole cluster's costs
+    ~100x). The relay places run topics' records, the dispatcher the webhook
+    and managed topics'; their consumers tell a partition's class by number."""
+
+    def __init__(self, producer) -> None:
+        self.producer = producer
+        self._counts: dict[str, int] = {}
+
+    def __call__(self, topic: str, rank: int, key) -> dict:
+        """{"partition": p} for produce(), or {} (the producer's partitioner)
+        while the topic's partition count is unknown or it is too small."""
+        n = self._counts.get(topic)
+        if n is None:
+            try:
+                meta = self.producer.list_topics(topic, timeout=5).topics.get(topic)
+            except Exception as exc:  # KafkaException: asked again next time
+                log.warning("no metadata for %s: %s", topic, exc)
+                return {}
+            if meta is None or meta.error is not None or not meta.partitions:
+                return {}
+            n = self._counts[topic] = len(meta.partitions)
+        p = partition_for(rank, bytes(key) if key is not None else None, n)
+        return {} if p is None else {"partition": p}
 
 
 def class_of_partition(partition: int, n: int) -> int | None:

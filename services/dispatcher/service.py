@@ -52,7 +52,7 @@ from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
-from cronwheel.store.outbox import class_of_partition
+from cronwheel.store.outbox import Placement, class_of_partition
 from cronwheel.store.quotas import Buckets
 
 log = logging.getLogger("cronwheel.dispatcher")
@@ -61,6 +61,11 @@ CONSUMER = "dispatcher"
 RECORD_HEADER = "record"  # every record the dispatcher writes names its Avro record here
 _NORMAL = PRIORITY_RANK["normal"]  # unknown classes are treated as normal (docs/events.md)
 _DEAD_LETTER_RANK = len(PRIORITY_RANK)
+# Destinations laid out by class (outbox.partition_for), as run topics are: the
+# topics of the platform's own workers, which admit by class and find a
+# record's class by its partition. Queue topics keep the producer's partitioner
+# (their consumers are the tenants' workers).
+CLASS_LAID_OUT = frozenset({"webhook", "managed"})
 
 
 class Poison(Exception):
@@ -115,6 +120,7 @@ class _Out:
     rank: int
     done_key: str | None = None
     poison: Poison | None = None
+    by_class: bool = False  # placed in its class's partitions (CLASS_LAID_OUT)
 
 
 @dataclass
@@ -167,6 +173,7 @@ class Dispatcher:
         self.processed = Processed(CONSUMER)
         self.pruner = Pruner(self.processed, processed_retention_ms or retention_ms())
         self.producer = kafka.producer(bootstrap)
+        self._placement = Placement(self.producer)
         self.forwarded_total = 0
         self.duplicates_total = 0
         self.dead_lettered_total = 0
@@ -287,14 +294,17 @@ class Dispatcher:
             except Poison as p:
                 outs.append(self._dead_letter(m, p))
                 continue
+            key = m.key() if m.key() is not None else datum["run_id"].encode()
+            rank = PRIORITY_RANK.get(datum["priority"], _NORMAL)
             outs.append(
                 _Out(
                     dest,
-                    m.key() if m.key() is not None else datum["run_id"].encode(),
+                    key,
                     m.value(),
                     _headers(m, "RunReady"),
-                    PRIORITY_RANK.get(datum["priority"], _NORMAL),
+                    rank,
                     done_key=message_key(datum["run_id"], datum["attempt"]),
+                    by_class=datum["target_type"] in CLASS_LAID_OUT,
                 )
             )
         keys = [o.done_key for o in outs if o.done_key and o.done_key not in self._on_way]
@@ -431,10 +441,17 @@ class Dispatcher:
                 batch.failed.append(o)
 
         batch.unacked += 1
+        # After _ensure_topics: the topic exists, its partition count is known.
+        placement = self._placement(o.topic, o.rank, o.key) if o.by_class else {}
         while True:
             try:
                 self.producer.produce(
-                    o.topic, value=o.value, key=o.key, headers=o.headers, on_delivery=on_delivery
+                    o.topic,
+                    value=o.value,
+                    key=o.key,
+                    headers=o.headers,
+                    on_delivery=on_delivery,
+                    **placement,
                 )
                 return
             except BufferError:

@@ -29,6 +29,7 @@ killed and completed FAILED retryable ("interrupted"), so the run is retried.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
@@ -45,6 +46,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.ids import partition_of_run
+from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
@@ -58,6 +60,7 @@ from services.executor.sandbox import (
 )
 
 log = logging.getLogger("cronwheel.executor")
+_NORMAL = PRIORITY_RANK["normal"]
 
 CONSUMER = "executor"
 RUNS = Counter(
@@ -143,6 +146,8 @@ class Executor:
         # A partition parked at a cap: its next record, held here, and paused
         # (pausing drops what was fetched after it; resuming continues after it).
         self._held: dict[tuple[str, int], Message] = {}
+        self._held_order: dict[tuple[str, int], tuple[int, int]] = {}  # (class, seq)
+        self._held_seq = itertools.count()
         self._room = threading.Event()
         self._runners: set[threading.Thread] = set()
         self._stop = threading.Event()
@@ -211,6 +216,10 @@ class Executor:
             # At a cap: park this partition at this record until a slot frees.
             consumer.pause([TopicPartition(*where)])
             self._held[where] = msg
+            self._held_order[where] = (
+                PRIORITY_RANK.get(datum.get("priority"), _NORMAL),
+                next(self._held_seq),
+            )
             return
         try:
             begun = self._with_db(lambda conn: self._start(conn, datum), stop)
@@ -418,8 +427,12 @@ class Executor:
         if not self._held or not self._room.is_set():
             return
         self._room.clear()
-        for where, msg in list(self._held.items()):
-            del self._held[where]
+        # By class, then the order they were held: the dispatcher puts each
+        # class in partitions of its own, so a critical record waits held in
+        # its own partition and takes the first slot that frees.
+        for where in sorted(self._held, key=self._held_order.__getitem__):
+            msg = self._held.pop(where)
+            del self._held_order[where]
             self._handle(consumer, msg, stop)
             if where not in self._held:
                 consumer.resume([TopicPartition(*where)])
@@ -432,6 +445,7 @@ class Executor:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for key in consuming.commit_revoked(consumer, self._done, partitions):
             self._held.pop(key, None)  # its new owner reads it again
+            self._held_order.pop(key, None)
 
     def _with_db(self, fn, stop: threading.Event):
         return self._db.call(fn, stop, _STOPPED)

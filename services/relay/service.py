@@ -76,7 +76,7 @@ class Relay:
         self._failed = 0
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
         self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
-        self._partitions: dict[str, int] = {}  # topic -> partition count
+        self._placement = outbox.Placement(self.producer)  # class partitions of run topics
 
     def run(self, stop: threading.Event) -> None:
         with (
@@ -289,22 +289,6 @@ class Relay:
             # Nothing queued or awaiting an answer: a row still marked in flight
             # was lost without a callback (it cannot be), so read it again.
             self._inflight.clear()
-
-    def _placement(self, topic: str, rank: int, key) -> dict:
-        """{"partition": p} inside the class's partitions of the topic, or {} (the
-        producer's partitioner) while its partition count is unknown."""
-        n = self._partitions.get(topic)
-        if n is None:
-            try:  # one small request per topic, once (the whole cluster's costs ~100x)
-                meta = self.producer.list_topics(topic, timeout=5).topics.get(topic)
-            except Exception as exc:  # KafkaException: metadata is retried next pass
-                log.warning("no metadata for %s: %s", topic, exc)
-                return {}
-            if meta is None or meta.error is not None or not meta.partitions:
-                return {}
-            n = self._partitions[topic] = len(meta.partitions)
-        p = outbox.partition_for(rank, bytes(key) if key is not None else None, n)
-        return {} if p is None else {"partition": p}
 
     def close(self) -> None:
         self.producer.flush(10)

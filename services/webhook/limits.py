@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from cronwheel.core.runs import PRIORITY_RANK
 from services.webhook.breaker import Admission, Breaker, State
+
+NORMAL = PRIORITY_RANK["normal"]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -30,9 +35,50 @@ def endpoint_of(url: str) -> str:
     return f"{parts.scheme}://{host}:{port}"
 
 
+class Slots:
+    """A semaphore that hands a freed slot to the waiter of the highest class
+    (lowest rank), then the longest waiting: when deliveries pile up at an
+    endpoint (or at the service's max_in_flight), critical runs go first
+    (docs/priority.md)."""
+
+    def __init__(self, limit: int):
+        self.free = limit
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []  # heap
+        self._seq = itertools.count()
+
+    async def acquire(self, rank: int = NORMAL) -> None:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (rank, next(self._seq), fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed a slot, then cancelled
+                self.release()
+            raise  # a cancelled waiter stays in the heap; release() skips it
+
+    @contextlib.asynccontextmanager
+    async def held(self, rank: int = NORMAL):
+        await self.acquire(rank)
+        try:
+            yield
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        while self._waiters:
+            _rank, _seq, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)  # the slot passes on; `free` stays
+                return
+        self.free += 1
+
+
 class _Endpoint:
     def __init__(self, limit: int, breaker: Breaker):
-        self.slots = asyncio.Semaphore(limit)
+        self.slots = Slots(limit)
         self.limit = limit
         self.breaker = breaker
         self.busy = 0
@@ -107,14 +153,15 @@ class Endpoints:
     def open_count(self) -> int:
         return sum(1 for ep in self._eps.values() if ep.breaker.state != State.CLOSED)
 
-    async def acquire(self, key: str) -> Permit:
-        """Wait until the breaker admits this delivery and a slot is free."""
+    async def acquire(self, key: str, rank: int = NORMAL) -> Permit:
+        """Wait until the breaker admits this delivery and a slot is free; slots
+        go by class (`rank`, 0 critical), then arrival."""
         ep = self._get(key)
         ep.waiting += 1
         try:
             while True:
                 if ep.breaker.would_admit(self.clock()):
-                    await ep.slots.acquire()
+                    await ep.slots.acquire(rank)
                     before = ep.breaker.state
                     admission = ep.breaker.admit(self.clock())
                     if admission is not None:

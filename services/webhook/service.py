@@ -57,6 +57,7 @@ from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
+from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
 from cronwheel.sdk.offsets import OffsetTracker
@@ -68,7 +69,7 @@ from services.webhook.breaker import State
 from services.webhook.database import Database, Stopping
 from services.webhook.guard import Guard
 from services.webhook.http import Client, Response
-from services.webhook.limits import Endpoints, endpoint_of
+from services.webhook.limits import Endpoints, Slots, endpoint_of
 
 log = logging.getLogger("cronwheel.webhook")
 
@@ -184,7 +185,7 @@ class WebhookService:
             s.breaker_cooldown_ms / 1000,
             on_change=_breaker_moved,
         )
-        self._slots = asyncio.Semaphore(s.max_in_flight)
+        self._slots = Slots(s.max_in_flight)
         self._offsets = OffsetTracker()
         self._pacer = consuming.Pacer()  # asynchronous commits from the loop
         self._unfinished: Counter[tuple[str, int]] = Counter()
@@ -277,7 +278,8 @@ class WebhookService:
                 self._finish(where)
                 continue
             self._active.add(key)
-            task = asyncio.create_task(self._deliver(where, target, m))
+            rank = PRIORITY_RANK.get(rec.get("priority"), PRIORITY_RANK["normal"])
+            task = asyncio.create_task(self._deliver(where, target, m, rank))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(lambda _t, key=key: self._active.discard(key))
@@ -336,17 +338,19 @@ class WebhookService:
 
     # -- one delivery ------------------------------------------------------------
 
-    async def _deliver(self, where: tuple[str, int, int], t: DeliveryTarget, m: Message) -> None:
+    async def _deliver(
+        self, where: tuple[str, int, int], t: DeliveryTarget, m: Message, rank: int
+    ) -> None:
         task = asyncio.current_task()
         self._waiting.add(task)
         try:
-            permit = await self.endpoints.acquire(endpoint_of(t.target["url"]))
+            permit = await self.endpoints.acquire(endpoint_of(t.target["url"]), rank)
         finally:
             self._waiting.discard(task)
         result: str | None = None
         hold_s = 0.0
         try:
-            async with self._slots:
+            async with self._slots.held(rank):
                 try:
                     started = await self._db.submit_many(self._start_many, t)
                 except Stopping:

@@ -13,7 +13,9 @@ from prometheus_client import REGISTRY
 
 from cronwheel import kafka
 from cronwheel.core import events
+from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
+from cronwheel.store.outbox import class_of_partition
 from services.dispatcher.service import Dispatcher
 from tests.support.kafka import drain
 from tests.support.running import running
@@ -277,3 +279,24 @@ def test_pipelined_batches__record_again_while_its_forward_unacknowledged__forwa
     assert broker.count(dest) == 3
     got = sorted(d["run_id"] for *_x, d, _m in drain(kafka_bootstrap, dest, want=3))
     assert got == ["r0", "r1", "r2"]
+
+
+def test_webhook_and_managed_forwards__placed_in_their_class_partitions(
+    database_url, kafka_bootstrap, topics
+):
+    """The webhook service and the executor admit by class; a record's class is
+    its partition's (outbox.partition_for), as on run topics."""
+    hook, managed = {"type": "webhook", "url": "https://x"}, {"type": "managed", "command": ["t"]}
+    sent = {
+        f"r-{kind}-{c}": ready("acme", f"r-{kind}-{c}", target=target, priority=c)
+        for kind, target in (("hook", hook), ("managed", managed))
+        for c in ("critical", "high", "normal", "low")
+    }
+    produce(kafka_bootstrap, topics.runs("acme"), [(k.encode(), v) for k, v in sent.items()])
+    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
+        got = drain(kafka_bootstrap, f"^{topics.prefix}\\.(webhook|managed)\\..*", want=len(sent))
+    n = len(kafka.admin(kafka_bootstrap).list_topics(topics.webhook("acme")).topics[
+        topics.webhook("acme")].partitions)  # fmt: skip
+    assert n >= 4
+    classes = {key.decode(): class_of_partition(msg.partition(), n) for _t, key, _n, _d, msg in got}
+    assert classes == {r: PRIORITY_RANK[r.rsplit("-", 1)[1]] for r in sent}

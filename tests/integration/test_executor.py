@@ -258,3 +258,21 @@ def test_tenant_cap__a_third_run_waits__another_tenant_does_not(platform):
     (s1, e1), (s2, e2), (s3, _e3) = sorted(spans[r] for r in busy_runs)
     assert s3 >= min(e1, e2)  # the cap is 2 per tenant: the third waited for a slot
     assert spans[other_run][0] < s3  # ... and the other tenant did not wait behind it
+
+
+def test_tenant_cap__held_runs__critical_takes_the_freed_slot_before_an_earlier_normal(platform):
+    """docs/priority.md: the dispatcher places each class in its own partitions
+    of the managed topic, so a critical run waits held in its own partition and
+    the first freed slot goes to it, not to the normal run held before it."""
+    tenant = create_tenant(
+        platform.conn, f"team-{uuid.uuid4().hex[:8]}", priority_classes=["critical", "normal"]
+    )
+    busy = [platform.trigger(tenant, ["sleep", s]) for s in ("1.5", "2.5")]  # the cap is 2
+    wait_for(lambda: all(platform.run(tenant, r)["state"] == "RUNNING" for r in busy), 30)
+    normal = platform.trigger(tenant, ["true"])
+    wait_for(lambda: len(platform.executor._held) == 1, 30, what="the normal run held")
+    critical = platform.trigger(tenant, ["true"], priority="critical")
+    wait_for(lambda: len(platform.executor._held) == 2, 30, what="the critical run held")
+    done = {r: platform.finished(tenant, r) for r in (normal, critical)}
+    assert all(run["state"] == "SUCCEEDED" for run in done.values())
+    assert done[critical]["started_at"] < done[normal]["started_at"]

@@ -112,6 +112,45 @@ def test_endpoints__open_breaker_holds_callers_until_the_probe_succeeds():
     asyncio.run(scenario())
 
 
+def test_endpoints__slots_pile_up__freed_slot_goes_by_class_then_arrival__cancelled_skipped():
+    """docs/priority.md: when deliveries wait for an endpoint, critical first."""
+
+    async def scenario():
+        eps = Endpoints(per_endpoint=1)
+        key = "http://a:80"
+        held = await eps.acquire(key)
+        order: list[str] = []
+
+        async def wait(name: str, rank: int):
+            permit = await eps.acquire(key, rank)
+            order.append(name)
+            return permit
+
+        tasks = {}
+        for name, rank in (
+            ("normal-1", 2),
+            ("low", 3),
+            ("gone", 0),
+            ("critical", 0),
+            ("normal-2", 2),
+        ):
+            tasks[name] = asyncio.create_task(wait(name, rank))
+            want = len(tasks)
+            await until(lambda want=want: eps.waiting() == want)
+        tasks.pop("gone").cancel()  # e.g. shutdown: its place is skipped, not held
+        await until(lambda: eps.waiting() == 4)
+        for _ in range(4):
+            want = len(order) + 1
+            held.release("success")
+            await until(lambda want=want: len(order) == want)
+            held = tasks[order[-1]].result()
+        held.release("success")
+        assert order == ["critical", "normal-1", "normal-2", "low"]
+        assert eps._eps == {}  # every slot came back
+
+    asyncio.run(scenario())
+
+
 def test_endpoints__permit_released_twice_counts_once():
     async def scenario():
         eps = Endpoints(per_endpoint=1, failure_threshold=1)
