@@ -1,5 +1,6 @@
 """Webhook deliveries: `cronwheel serve webhook` as a process, delivering to a
-local receiver. Target: at least 2,000 deliveries/s; p99 delivery latency.
+local receiver. Target: at least 2,000 deliveries/s; p99 delivery latency; and
+critical runs delivered ahead of a backlog of normal ones.
 
 Runs are created in the database as the timer creates them (insert_runs, one
 webhook job with a signing secret) and their RunReady records are produced to
@@ -13,11 +14,15 @@ up, StartRun, sign, POST, classify, CompleteRun.
   latency = receiver got the request - record produced (as the dispatcher
   forwards a due run: what the webhook service adds), and completion latency
   = run's finished_at - record produced.
+- backlog: `--backlog` normal records produced at once, then 50 critical, each
+  in its class's partitions as the dispatcher places them: how long after
+  they were produced the critical ones reach the receiver, and how many normal
+  ones go first (docs/priority.md).
 
 The receiver is a raw asyncio protocol in a process of its own, its CPU
 printed apart: it must not be what limits the figures.
 
-Usage: bench_webhook.py [--burst N] [--paced N] [--rate R] [--instances K]
+Usage: bench_webhook.py [--burst N] [--paced N] [--rate R] [--backlog N] [--instances K]
                         [--service-root CHECKOUT (services from another tree, to compare)]
 """
 
@@ -52,11 +57,14 @@ from standardwebhooks import Webhook
 from cronwheel import config, kafka
 from cronwheel.core.clock import now_ms, to_ms
 from cronwheel.core.ids import partition_of, run_id_for_trigger
+from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
 from cronwheel.store.firing import insert_runs
 from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.store.outbox import partition_for
 
 TARGET = 2_000
+PARTITIONS = 8  # of the webhook topic
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = ROOT / ".venv" / "bin" / "python"
 RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok"
@@ -178,7 +186,7 @@ class Bench:
         self.conn = psycopg.connect(url, autocommit=True)
         self.tenant = create_tenant(self.conn, "bench")
         self.topic = self.topics.webhook(self.tenant["tenant_id"])
-        kafka.ensure_topics([self.topic], partitions=8)
+        kafka.ensure_topics([self.topic], partitions=PARTITIONS)
         body = {
             "name": "bench-hook",
             "schedule": {"every_ms": 86_400_000},
@@ -198,7 +206,7 @@ class Bench:
         self.producer = kafka.producer()
         self._at = now_ms() - 60_000  # distinct trigger instants, all due
 
-    def runs(self, n: int) -> list[tuple[str, bytes]]:
+    def runs(self, n: int, priority: str = "normal") -> list[tuple[str, bytes]]:
         """n PENDING runs (as the timer inserts them); their RunReady records."""
         job_id = self.job["job_id"]
         out = []
@@ -214,7 +222,7 @@ class Bench:
                         "job_id": job_id,
                         "scheduled_ms": self._at,
                         "covers": None,
-                        "priority": "normal",
+                        "priority": priority,
                         "spec": self.spec,
                     }
                 )
@@ -224,9 +232,10 @@ class Bench:
         return out
 
     def produce(
-        self, records: list[tuple[str, bytes]], rate: float | None = None
+        self, records: list[tuple[str, bytes]], rate: float | None = None, rank: int | None = None
     ) -> dict[str, float]:
-        """Produce (as the dispatcher forwards), paced at `rate`/s if given;
+        """Produce (as the dispatcher forwards), paced at `rate`/s if given, in
+        the partitions of class `rank` if given (as the dispatcher places them);
         returns when each record was handed to the producer (time.time)."""
         sent: dict[str, float] = {}
         t0 = time.monotonic()
@@ -238,8 +247,13 @@ class Bench:
             sent[run_id] = time.time()
             while True:
                 try:
+                    where = (
+                        {}
+                        if rank is None
+                        else {"partition": partition_for(rank, run_id.encode(), PARTITIONS)}
+                    )
                     self.producer.produce(self.topic, key=run_id.encode(), value=value,
-                                          headers=[("record", b"RunReady")])  # fmt: skip
+                                          headers=[("record", b"RunReady")], **where)  # fmt: skip
                     break
                 except BufferError:
                     self.producer.poll(0.01)
@@ -393,6 +407,7 @@ def main() -> None:
         "--rate", type=float, default=0, help="paced records/s (default: half the burst rate)"
     )
     ap.add_argument("--instances", type=int, default=1)
+    ap.add_argument("--backlog", type=int, default=3_000, help="normal runs ahead of critical ones")
     ap.add_argument(
         "--service-root",
         type=Path,
@@ -480,6 +495,24 @@ def main() -> None:
             )
             say(f"paced: machine after: {machine_load()}")
 
+            # Priority under a backlog (docs/priority.md): normal runs queued,
+            # then critical ones produced behind them in their class's partitions.
+            backlog = bench.runs(args.backlog)
+            urgent = bench.runs(50, priority="critical")
+            sent = bench.produce(backlog, rank=PRIORITY_RANK["normal"])
+            sent.update(bench.produce(urgent, rank=PRIORITY_RANK["critical"]))
+            bench.wait_done([r for r, _ in backlog + urgent], procs)
+            receiver.collect()
+            crit = [receiver.arrived[r] for r, _ in urgent]
+            crit_sent = min(sent[r] for r, _ in urgent)
+            normal_at = sorted(receiver.arrived[r] for r, _ in backlog)
+            behind = sum(1 for t in normal_at if crit_sent <= t <= max(crit))
+            say(
+                f"backlog: {len(backlog):,} normal deliveries produced at once, then 50"
+                f" critical: critical delivered {describe([1000 * (t - crit_sent) for t in crit])}"
+                f" after they were produced; {behind:,} normal delivered in that time, the last"
+                f" normal {1000 * (normal_at[-1] - crit_sent):,.0f} ms after"
+            )
             for headers, body in receiver.samples:
                 Webhook(bench.secret).verify(body, headers, json_parse=False)
             say(f"check: {len(receiver.samples)} sampled requests verify with standardwebhooks")
