@@ -42,3 +42,10 @@ ACTIVE = frozenset({RunState.PENDING, RunState.RUNNING, RunState.RETRY_WAIT})
 
 PRIORITIES = ("critical", "high", "normal", "low")
 PRIORITY_RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+NORMAL_RANK = PRIORITY_RANK["normal"]
+
+
+def priority_rank(name: str | None) -> int:
+    """A class's rank (0 critical .. 3 low); an unknown or missing class counts
+    as normal (docs/events.md), so a newer producer cannot stall an older reader."""
+    return PRIORITY_RANK.get(name, NORMAL_RANK)

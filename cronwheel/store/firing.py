@@ -20,7 +20,7 @@ from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import due_at, plan_fire
 from cronwheel.core.ids import run_id_for_instant
 from cronwheel.core.jobs import Catchup
-from cronwheel.core.runs import PRIORITY_RANK
+from cronwheel.core.runs import PRIORITY_RANK, priority_rank
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays
@@ -244,7 +244,7 @@ def insert_runs(
                 topic,
                 run_id.encode(),
                 value,
-                priority=PRIORITY_RANK.get(priority, outbox.NORMAL),
+                priority=priority_rank(priority),
                 not_before_ms=runs.not_before_ms[i],
             )
         )

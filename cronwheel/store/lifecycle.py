@@ -29,7 +29,7 @@ from cronwheel.core.clock import iso, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.ids import partition_of_run, run_id_for_instant
-from cronwheel.core.runs import PRIORITY_RANK, RunState
+from cronwheel.core.runs import RunState, priority_rank
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays
 from cronwheel.store.firing import FireReport, Timer, insert_runs
@@ -89,7 +89,7 @@ def _timer(p: int, kind: str, run_id: str, due_ms: int, priority: str, attempt: 
         "kind": kind,
         "owner": run_id,
         "due": to_dt(due_ms),
-        "prio": PRIORITY_RANK.get(priority, 2),
+        "prio": priority_rank(priority),
         "attempt": attempt,
     }
 

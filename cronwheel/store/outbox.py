@@ -24,7 +24,7 @@ import psycopg
 from cronwheel.core.avro import default_registry
 from cronwheel.core.clock import to_dt
 from cronwheel.core.events import OutboxRow
-from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
+from cronwheel.core.runs import NORMAL_RANK, PRIORITIES, priority_rank
 from cronwheel.store.pgarrays import (
     PackedArray,
     bytea_array,
@@ -39,7 +39,7 @@ from cronwheel.store.sql_loader import queries
 log = logging.getLogger("cronwheel.outbox")
 
 Q = queries("outbox")
-NORMAL = PRIORITY_RANK["normal"]
+NORMAL = NORMAL_RANK
 CLASSES = len(PRIORITIES)
 
 
@@ -61,7 +61,7 @@ def rank_of(row: OutboxRow) -> int:
     if bytes(row.value[:10]) != registry.latest("RunReady").header:
         return NORMAL
     _name, datum = registry.decode(row.value)
-    return PRIORITY_RANK.get(datum["priority"], NORMAL)
+    return priority_rank(datum["priority"])
 
 
 def append(conn: psycopg.Connection, rows: Sequence[OutboxRow]) -> None:

@@ -32,7 +32,7 @@ from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import next_due, plan_fire
 from cronwheel.core.ids import new_id, partition_of, partition_of_run, run_id_for_node
 from cronwheel.core.jobs import Catchup
-from cronwheel.core.runs import PRIORITY_RANK, RunState
+from cronwheel.core.runs import PRIORITY_RANK, RunState, priority_rank
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.core.workflows import (
     WorkflowSpec,
@@ -472,7 +472,7 @@ class Workflows:
                 target=spec["target"], payload=spec["payload"],
                 workflow_run_id=ctx.workflow_run_id, node=node, covers=ctx.covers,
             )  # fmt: skip
-            rank = PRIORITY_RANK.get(ctx.priority, outbox.NORMAL)
+            rank = priority_rank(ctx.priority)
             rows.append(outbox.RankedRow(ctx.p, topic, run_id.encode(), value, priority=rank))
         return rows
 

@@ -42,13 +42,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
-from cronwheel.core.runs import PRIORITY_RANK
+from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
@@ -59,7 +60,6 @@ log = logging.getLogger("cronwheel.dispatcher")
 
 CONSUMER = "dispatcher"
 RECORD_HEADER = "record"  # every record the dispatcher writes names its Avro record here
-_NORMAL = PRIORITY_RANK["normal"]  # unknown classes are treated as normal (docs/events.md)
 _DEAD_LETTER_RANK = len(PRIORITY_RANK)
 # Destinations laid out by class (outbox.partition_for), as run topics are: the
 # topics of the platform's own workers, which admit by class and find a
@@ -136,8 +136,9 @@ class _Batch:
     retry_at: float = 0.0
     backoff: float = 0.1
 
-    @property
+    @cached_property
     def keys(self) -> list[str]:
+        """The forwards' done keys (not the dead letters'): marked when settled."""
         return [o.done_key for o in self.outs if o.done_key]
 
 
@@ -295,7 +296,7 @@ class Dispatcher:
                 outs.append(self._dead_letter(m, p))
                 continue
             key = m.key() if m.key() is not None else datum["run_id"].encode()
-            rank = PRIORITY_RANK.get(datum["priority"], _NORMAL)
+            rank = priority_rank(datum["priority"])
             outs.append(
                 _Out(
                     dest,
@@ -594,7 +595,7 @@ class Dispatcher:
 
         def order(m: Message):
             rank = self._class_of(m.topic(), m.partition())
-            return (_NORMAL if rank is None else rank, m.topic(), m.partition(), m.offset())
+            return (NORMAL_RANK if rank is None else rank, m.topic(), m.partition(), m.offset())
 
         for m in sorted(msgs, key=order):
             tenant = self._tenant_of(m.topic())

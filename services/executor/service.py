@@ -46,7 +46,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.ids import partition_of_run
-from cronwheel.core.runs import PRIORITY_RANK
+from cronwheel.core.runs import priority_rank
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
@@ -60,7 +60,6 @@ from services.executor.sandbox import (
 )
 
 log = logging.getLogger("cronwheel.executor")
-_NORMAL = PRIORITY_RANK["normal"]
 
 CONSUMER = "executor"
 RUNS = Counter(
@@ -145,8 +144,8 @@ class Executor:
         self._done: dict[tuple[str, int], int] = {}
         # A partition parked at a cap: its next record, held here, and paused
         # (pausing drops what was fetched after it; resuming continues after it).
-        self._held: dict[tuple[str, int], Message] = {}
-        self._held_order: dict[tuple[str, int], tuple[int, int]] = {}  # (class, seq)
+        # Held with its class and the order it was held in: offered in that order.
+        self._held: dict[tuple[str, int], tuple[int, int, Message]] = {}
         self._held_seq = itertools.count()
         self._room = threading.Event()
         self._runners: set[threading.Thread] = set()
@@ -215,11 +214,7 @@ class Executor:
         if not self.slots.take(tenant):
             # At a cap: park this partition at this record until a slot frees.
             consumer.pause([TopicPartition(*where)])
-            self._held[where] = msg
-            self._held_order[where] = (
-                PRIORITY_RANK.get(datum.get("priority"), _NORMAL),
-                next(self._held_seq),
-            )
+            self._held[where] = (priority_rank(datum.get("priority")), next(self._held_seq), msg)
             return
         try:
             begun = self._with_db(lambda conn: self._start(conn, datum), stop)
@@ -430,9 +425,8 @@ class Executor:
         # By class, then the order they were held: the dispatcher puts each
         # class in partitions of its own, so a critical record waits held in
         # its own partition and takes the first slot that frees.
-        for where in sorted(self._held, key=self._held_order.__getitem__):
-            msg = self._held.pop(where)
-            del self._held_order[where]
+        for where in sorted(self._held, key=self._held.__getitem__):
+            *_order, msg = self._held.pop(where)
             self._handle(consumer, msg, stop)
             if where not in self._held:
                 consumer.resume([TopicPartition(*where)])
@@ -445,7 +439,6 @@ class Executor:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for key in consuming.commit_revoked(consumer, self._done, partitions):
             self._held.pop(key, None)  # its new owner reads it again
-            self._held_order.pop(key, None)
 
     def _with_db(self, fn, stop: threading.Event):
         return self._db.call(fn, stop, _STOPPED)

@@ -57,7 +57,7 @@ from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
-from cronwheel.core.runs import PRIORITY_RANK
+from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
 from cronwheel.sdk.offsets import OffsetTracker
@@ -278,7 +278,7 @@ class WebhookService:
                 self._finish(where)
                 continue
             self._active.add(key)
-            rank = PRIORITY_RANK.get(rec.get("priority"), PRIORITY_RANK["normal"])
+            rank = priority_rank(rec.get("priority"))
             task = asyncio.create_task(self._deliver(where, target, m, rank))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
