@@ -451,7 +451,7 @@ class Reader:
     def __init__(self, topics: list[str], decode: bool = False):
         kafka.ensure_topics(topics)
         self.consumer = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}")
-        meta = self.consumer.list_topics(timeout=10).topics
+        meta = self._metadata(topics)
         self.consumer.assign(
             [
                 TopicPartition(t, p, OFFSET_BEGINNING)
@@ -466,6 +466,19 @@ class Reader:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-reader")
+
+    def _metadata(self, topics: list[str], timeout: float = 30) -> dict:
+        """The topics' metadata once the broker lists them all with partitions:
+        just after creation a restarted broker may not (a KeyError before)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            meta = self.consumer.list_topics(timeout=10).topics
+            missing = [t for t in topics if t not in meta or not meta[t].partitions]
+            if not missing:
+                return meta
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no metadata for {missing[:3]} after {timeout:.0f} s")
+            time.sleep(0.2)  # polling the broker's metadata with a deadline
 
     def __enter__(self) -> Reader:
         self._thread.start()
