@@ -1,8 +1,12 @@
-"""Connections for the services' loops."""
+"""Connections for the services' loops, and transactions in pipeline mode."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import psycopg
+from psycopg import pq
 
 
 def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Connection:
@@ -50,3 +54,25 @@ class Reconnecting:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+
+
+@contextlib.contextmanager
+def pipelined_transaction(conn) -> Iterator[psycopg.Pipeline]:
+    """BEGIN ... COMMIT in psycopg's pipeline mode. Not `conn.transaction()`: in a
+    pipeline it syncs after BEGIN and again after COMMIT, two more round trips.
+    BEGIN goes out with the caller's first statement, which it should end with
+    the pipeline's `sync()` (libpq learns it is in a transaction only then);
+    COMMIT with what nobody reads (outbox row, notify) in the final sync."""
+    try:
+        with conn.pipeline() as pipeline:
+            conn.execute(_BEGIN)
+            yield pipeline
+            conn.execute(_COMMIT)
+    except BaseException:
+        if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(_ROLLBACK)
+        raise
+
+
+_BEGIN, _COMMIT, _ROLLBACK = b"BEGIN", b"COMMIT", b"ROLLBACK"

@@ -13,23 +13,21 @@ notify) with the COMMIT: a StartRun or CompleteRun is three round trips.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import pq
 from psycopg_pool import ConnectionPool
 from starlette.responses import Response
 
 from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Topics
+from cronwheel.store.db import pipelined_transaction
 from cronwheel.store.jobs import Jobs, hash_key, tenant_for_key
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import parse_blocks
@@ -216,28 +214,6 @@ class Gateway:
             md = self._admin.list_topics(timeout=2.0)
         if not md.brokers:
             raise RuntimeError("no Kafka broker answered")
-
-
-@contextlib.contextmanager
-def pipelined_transaction(conn) -> Iterator[psycopg.Pipeline]:
-    """BEGIN ... COMMIT in psycopg's pipeline mode. Not `conn.transaction()`: in a
-    pipeline it syncs after BEGIN and again after COMMIT, two more round trips.
-    BEGIN goes out with the caller's first statement, which it should end with
-    the pipeline's `sync()` (libpq learns it is in a transaction only then);
-    COMMIT with what nobody reads (outbox row, notify) in the final sync."""
-    try:
-        with conn.pipeline() as pipeline:
-            conn.execute(_BEGIN)
-            yield pipeline
-            conn.execute(_COMMIT)
-    except BaseException:
-        if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute(_ROLLBACK)
-        raise
-
-
-_BEGIN, _COMMIT, _ROLLBACK = b"BEGIN", b"COMMIT", b"ROLLBACK"
 
 
 def _unwrap(status: int, result: Any) -> tuple[int, Any]:

@@ -34,6 +34,8 @@ from typing import Any
 import psycopg
 from prometheus_client import Histogram
 
+from cronwheel.store.db import pipelined_transaction
+
 log = logging.getLogger("cronwheel.webhook")
 
 GROUP_CALLS = Histogram(
@@ -201,7 +203,12 @@ class Database:
             if batched:
                 batches.setdefault(fn, []).append(i)
         try:
-            with conn.transaction():
+            with pipelined_transaction(conn) as pipeline:
+                # libpq learns of the BEGIN at a sync: the Lifecycle calls then
+                # see the open transaction (no nested one, generic plans set).
+                # Their statements that nobody reads (SET LOCAL, the outbox's
+                # rows, the notify, COMMIT) ride with the next one that is read.
+                pipeline.sync()
                 for i, (fn, args, batched) in enumerate(calls):
                     if not batched:
                         answers[i] = (True, fn(conn, *args))
