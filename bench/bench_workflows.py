@@ -387,8 +387,10 @@ def _faust_agent(bootstrap, topic, seen, first, stop) -> None:
 
     import faust
 
+    datadir = tempfile.mkdtemp(prefix="cw-bench-faust-")  # not `<app id>-data` in the cwd
     app = faust.App(
         f"hop-{uuid.uuid4().hex[:8]}",
+        datadir=datadir,
         broker=f"kafka://{bootstrap}",
         value_serializer="raw",
         key_serializer="raw",
@@ -415,6 +417,7 @@ def _faust_agent(bootstrap, topic, seen, first, stop) -> None:
         loop.run_until_complete(main())
     finally:
         loop.close()
+        shutil.rmtree(datadir, ignore_errors=True)
 
 
 def _free_port() -> int:
