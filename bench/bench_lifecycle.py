@@ -521,7 +521,7 @@ def worker_process(out: str, concurrency: int) -> None:
     Both go to `out` every half second; SIGTERM stops and drains every Worker."""
     from cronwheel.sdk import Worker
 
-    entries: deque[tuple[str, int]] = deque()  # append and popleft are thread-safe
+    entries: deque[tuple] = deque()  # append and popleft are thread-safe
 
     class Timed(Worker):
         def _read(self, consumer, n: int, timeout: float):
@@ -613,8 +613,9 @@ def warm_up(conn, platform: Platform, tenants: list[dict], topics: Topics) -> No
 def hops(since_due, created: dict, reader: Reader, runs_reader: Reader) -> None:
     """`--readers`: the latency split between the relay's and the dispatcher's
     hops, from two plain consumers of every queue and runs topic."""
-    arrivals = {k: a for k in created if (a := reader.arrivals.get(k.encode()))}
-    on_runs = {k: a for k in arrivals if (a := runs_reader.arrivals.get(k.encode()))}
+    queue, runs = reader.arrivals, runs_reader.arrivals
+    arrivals = {k: a for k in created if (a := queue.get(k.encode()))}
+    on_runs = {k: a for k in arrivals if (a := runs.get(k.encode()))}
     to_queue = since_due({k: a.received_ms for k, a in arrivals.items()})
     relay_hop = [on_runs[k].received_ms - created[k] for k in on_runs]
     relay_read = [on_runs[k].produced_ms - created[k] for k in on_runs]
@@ -686,7 +687,8 @@ def steady(
         held = read_entries(platform.entry_files, held=True)
         have = [sum(1 for k in keys if k in got) for got in (entries, held)]
         if reader is not None:
-            have.append(sum(1 for k in keys if k.encode() in reader.arrivals))
+            arrived = reader.arrivals
+            have.append(sum(1 for k in keys if k.encode() in arrived))
         if min(have) >= len(keys) or now_ms() > settle:
             break
         time.sleep(0.5)
