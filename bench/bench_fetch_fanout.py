@@ -36,6 +36,7 @@ from common import (
     kafka_broker_pid,
     machine_load,
     say,
+    topics_ready,
 )
 from confluent_kafka import TopicPartition
 
@@ -88,29 +89,11 @@ class Consumer:
         self.consumer.close()
 
 
-def led(topics: list[str], timeout: float = 30) -> None:
-    """Until every partition has a leader: records sent before wait in the
-    producer and would count against the case."""
-    admin = kafka.admin()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(timeout=10).topics
-        if all(
-            t in meta
-            and len(meta[t].partitions) == PARTITIONS
-            and all(p.leader >= 0 for p in meta[t].partitions.values())
-            for t in topics
-        ):
-            return
-        time.sleep(0.2)  # polling the broker's metadata with a deadline
-    raise RuntimeError(f"partitions without a leader after {timeout:.0f} s")
-
-
 def case(label: str, topics_n: int, members: int) -> None:
     prefix = f"benchfan{uuid.uuid4().hex[:8]}"
     topics = [f"{prefix}.t{i}" for i in range(topics_n)]
     kafka.ensure_topics(topics, partitions=PARTITIONS)
-    led(topics)
+    topics_ready(kafka.admin(), topics)  # records sent before would wait
     targets = [(t, p) for t in topics for p in range(PARTITIONS)]
     group = f"{prefix}-group"
     broker = kafka_broker_pid()

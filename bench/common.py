@@ -443,6 +443,28 @@ class Arrival:
     produced_ms: int | None = None  # the record's timestamp: when its producer took it
 
 
+def topics_ready(client, topics: list[str], timeout: float = 30) -> dict:
+    """The topics' metadata (from a consumer, producer or admin client) once the
+    broker lists every one with partitions that all have a leader: just after
+    creation, or a broker restart, some are missing or leaderless, and records
+    sent to them wait in the producer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = client.list_topics(timeout=10).topics
+        missing = [
+            t
+            for t in topics
+            if t not in meta
+            or not meta[t].partitions
+            or any(p.leader < 0 for p in meta[t].partitions.values())
+        ]
+        if not missing:
+            return meta
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no leaders for {missing[:3]} after {timeout:.0f} s")
+        time.sleep(0.2)  # polling the broker's metadata with a deadline
+
+
 class Reader:
     """Reads every partition of `topics` from the beginning in a thread and notes,
     per record key (run_id), the wall clock at which it was first readable.
@@ -454,7 +476,7 @@ class Reader:
     def __init__(self, topics: list[str], decode: bool = False):
         kafka.ensure_topics(topics)
         self.consumer = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}")
-        meta = self._metadata(topics)
+        meta = topics_ready(self.consumer, topics)
         self.consumer.assign(
             [
                 TopicPartition(t, p, OFFSET_BEGINNING)
@@ -470,19 +492,6 @@ class Reader:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-reader")
-
-    def _metadata(self, topics: list[str], timeout: float = 30) -> dict:
-        """The topics' metadata once the broker lists them all with partitions:
-        just after creation a restarted broker may not (a KeyError before)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            meta = self.consumer.list_topics(timeout=10).topics
-            missing = [t for t in topics if t not in meta or not meta[t].partitions]
-            if not missing:
-                return meta
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no metadata for {missing[:3]} after {timeout:.0f} s")
-            time.sleep(0.2)  # polling the broker's metadata with a deadline
 
     def __enter__(self) -> Reader:
         self._thread.start()
