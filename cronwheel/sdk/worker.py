@@ -1,11 +1,15 @@
 """The worker loop: consume a queue topic, StartRun, heartbeat while the handler
 runs, CompleteRun with its outcome.
 
-The records of a poll (up to the free handler slots) are started with one
-start-batch request; completions go through a Completer, one complete-batch
-at a time with whatever queued meanwhile; one thread heartbeats for every run
-held (api.py, completer.py, heartbeats.py). Per run that is a share of two
-requests instead of two requests and a thread.
+Three threads carry a worker's traffic, each one request at a time with
+whatever queued while the previous one was out: the starter (start-batch, as
+many of the records read as there are free handler slots), the completer
+(complete-batch) and the heartbeats (api.py, completer.py, heartbeats.py). Per
+run that is a share of two requests instead of two requests and a thread.
+The consumer's poll loop only reads: it used to send the start-batch itself,
+and every record that arrived meanwhile waited in librdkafka's queue for that
+request's answer (tens of milliseconds on a busy gateway) before this worker
+even looked at it; now it is read at once and goes in the next start-batch.
 
 A record's offset is committed once StartRun answered (won, or refused because
 another worker has it or it is stale): from then on the platform tracks the run,
@@ -101,7 +105,12 @@ class Worker:
         self._active: dict[str, Run] = {}  # started and not yet handed to the completer
         self._running = 0  # handlers holding a slot
         self._active_lock = threading.Lock()
-        self._backlog: list[Message] = []  # read, begun in _offsets, not yet started
+        # Read and begun in _offsets, not yet started; the poll loop appends, the
+        # starter takes (under _cond, which also wakes the starter when a
+        # handler slot frees).
+        self._backlog: list[Message] = []
+        self._starting = 0  # records in the starter's request
+        self._cond = threading.Condition(self._active_lock)
         self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
         self.completed = 0
 
@@ -133,28 +142,43 @@ class Worker:
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cronwheel-run")
         self._completer = Completer(self._api, self._answered)
         self._beats = Heartbeats(self._api)
+        starter = threading.Thread(
+            target=self._starting_loop, args=(pool,), daemon=True, name="cronwheel-start"
+        )
+        starter.start()
         paused = False
         try:
             while not self._stop.is_set():
-                free = self._free_slots()
-                room = free - len(self._backlog)
+                with self._cond:
+                    # Read ahead up to two batches. Beyond that, wait a moment
+                    # for the starter to take some; pause the partitions only
+                    # when the handlers keep every slot longer (a paused
+                    # partition fetches again once resumed: pausing around
+                    # every start-batch halved a storm's rate).
+                    self._cond.wait_for(self._room_or_stop, timeout=0.5)
+                    room = 2 * self.concurrency - len(self._backlog)
                 full = room <= 0
                 if full != paused and consumer.assignment():
                     (consumer.pause if full else consumer.resume)(consumer.assignment())
                     paused = full
-                for msg in self._read(consumer, max(room, 1), 0.005 if self._backlog else 0.05):
+                read = []
+                for msg in self._read(consumer, max(room, 1), 0.05):
                     if msg.error():
                         if msg.error().code() != KafkaError._PARTITION_EOF:
                             log.warning("consumer error: %s", msg.error())
                         continue
                     self._offsets.begin(msg.topic(), msg.partition(), msg.offset())
-                    self._backlog.append(msg)
-                free = self._free_slots()
-                if self._backlog and free > 0:
-                    batch, self._backlog = self._backlog[:free], self._backlog[free:]
-                    self._start(batch, pool)
+                    read.append(msg)
+                if read:
+                    with self._cond:
+                        self._backlog += read
+                        self._cond.notify_all()
                 self._commit(consumer, force=False)
         finally:
+            self._stop.set()  # also when the loop raised: the starter must end
+            with self._cond:
+                self._cond.notify_all()
+            starter.join()
             self._drain(pool)
             self._commit(consumer)
             consumer.close()
@@ -170,13 +194,37 @@ class Worker:
         return [first, *consumer.consume(n - 1, 0)] if n > 1 else [first]
 
     def _free_slots(self) -> int:
-        with self._active_lock:
-            return self.concurrency - self._running
+        """Handler slots not taken; the caller holds _active_lock (_cond's lock)."""
+        return self.concurrency - self._running
+
+    def _room_or_stop(self) -> bool:
+        return len(self._backlog) < 2 * self.concurrency or self._stop.is_set()
+
+    def _starting_loop(self, pool: ThreadPoolExecutor) -> None:
+        """The starter: as many records of the backlog as there are free slots, in
+        one start-batch, until the worker stops (what is left is not started:
+        its offsets stay uncommitted and the next consumer reads it again)."""
+        while True:
+            with self._cond:
+                while not self._stop.is_set() and not (self._backlog and self._free_slots() > 0):
+                    self._cond.wait()
+                if self._stop.is_set():
+                    return
+                free = self._free_slots()
+                batch, self._backlog = self._backlog[:free], self._backlog[free:]
+                self._starting = len(batch)
+                self._cond.notify_all()  # room for the poll loop
+            try:
+                self._start(batch, pool)
+            finally:
+                with self._cond:
+                    self._starting = 0
 
     def _drain(self, pool: ThreadPoolExecutor) -> None:
         """Records read but not started stay uncommitted (the next consumer reads
         them again); runs held get `drain_seconds` to finish, then are handed back."""
-        self._backlog.clear()
+        with self._cond:
+            self._backlog.clear()
         deadline = time.monotonic() + self.drain_seconds
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -198,7 +246,8 @@ class Worker:
     def _on_revoke(self, consumer: Consumer, partitions) -> None:
         self._commit(consumer)
         gone = {(p.topic, p.partition) for p in partitions}
-        self._backlog = [m for m in self._backlog if (m.topic(), m.partition()) not in gone]
+        with self._cond:
+            self._backlog = [m for m in self._backlog if (m.topic(), m.partition()) not in gone]
         for p in partitions:
             self._offsets.forget(p.topic, p.partition)
 
@@ -237,8 +286,9 @@ class Worker:
             return  # not started, not finished: the next consumer gets them again
         except Exception:
             log.exception("could not start %d runs; trying again", len(runs))
-            self._backlog[:0] = [m for m, _r in runs]
             self._stop.wait(1.0)
+            with self._cond:
+                self._backlog[:0] = [m for m, _r in runs]
             return
         for (msg, run), (status, body) in zip(runs, answers, strict=True):
             if status == 200:  # ALREADY_STARTED, NOT_RUNNABLE, STALE_ATTEMPT, gone: not ours
@@ -270,8 +320,9 @@ class Worker:
             if still_ours:
                 self._complete(run, outcome, result, error, retryable)
         finally:
-            with self._active_lock:
+            with self._cond:
                 self._running -= 1
+                self._cond.notify_all()  # a slot for the starter
 
     def _complete(
         self, run: Run, outcome: str, result: Any, error: str | None, retryable: bool
