@@ -433,6 +433,10 @@ def main() -> None:
     )
     ap.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if min(args.burst, args.paced, args.backlog) < 1:
+        ap.error(
+            "--burst, --paced and --backlog each need at least one run (the RESULT reports all three)"
+        )
     if args.receiver:
         return serve_receiver()
     header("bench_webhook: deliveries to a local receiver")
