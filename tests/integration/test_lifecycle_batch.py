@@ -11,6 +11,7 @@ import pytest
 from cronwheel.core.clock import to_dt, to_ms
 from cronwheel.core.errors import ValidationError
 from cronwheel.kafka import Topics
+from cronwheel.store import lifecycle
 from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
 
@@ -226,3 +227,57 @@ def test_batches__in_a_transaction__generic_plans_for_it_only__autocommit_untouc
     assert all(isinstance(a, dict) for a in life.start_many(
         conn, [StartCall(acme["tenant_id"], x, "w") for x in r[2:]], NOW))  # fmt: skip
     assert mode() == "auto"
+
+
+def _scans_of(plan: dict, relation: str) -> list[dict]:
+    """The plan nodes (EXPLAIN FORMAT JSON) that read `relation`."""
+    found = [plan] if plan.get("Relation Name") == relation and "Scan" in plan["Node Type"] else []
+    for child in plan.get("Plans", []):
+        found += _scans_of(child, relation)
+    return found
+
+
+def test_complete__a_busy_jobs_partition__its_timers_deleted_by_whole_key(conn, world, monkeypatch):
+    """Every run of a job shares its partition, and so do their lease timers:
+    CompleteRun must find a run's two timers by (partition_id, timer_id), not
+    read every lease of the partition (or the whole table) for each run."""
+    _topics, life, acme, _other, job, runs = world
+    t = acme["tenant_id"]
+    r = runs(acme, job(acme), 600)  # leases on more pages than a scan per run could afford
+    started = life.start_many(conn, [StartCall(t, run, "w") for run in r], NOW)
+    conn.execute("ANALYZE timers")  # statistics that know of the leases
+    plans: list[dict] = []
+    execute = conn.execute
+
+    def explaining(query, params=None, **kw):
+        if query in (lifecycle.Q["finish_many"], lifecycle.Q["finish_attempt"]):
+            plans.append(execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()[0][0])
+        return execute(query, params, **kw)
+
+    monkeypatch.setattr(conn, "execute", explaining)
+    done = life.complete_many(
+        conn,
+        [CompleteCall(t, r[i], 1, started[i]["start_token"], "SUCCEEDED") for i in range(20)],
+        NOW + 5,
+    )
+    life.complete(conn, t, r[20], 1, started[20]["start_token"], "SUCCEEDED", NOW + 5)
+    monkeypatch.undo()
+
+    assert [d["state"] for d in done] == ["SUCCEEDED"] * 20
+    assert len(plans) == 2
+    for plan in plans:
+        scans = _scans_of(plan["Plan"], "timers")
+        assert scans, plan
+        for scan in scans:
+            assert scan["Node Type"] == "Index Scan", scan
+            assert "timer_id" in scan["Index Cond"] and "partition_id" in scan["Index Cond"], scan
+    assert (
+        conn.execute("SELECT count(*) FROM timers WHERE owner_id = ANY(%s)", [r[:21]]).fetchone()[0]
+        == 0
+    )
+    assert (
+        conn.execute(
+            "SELECT count(*) FROM timers WHERE owner_id = ANY(%s) AND kind = 'lease'", [r[21:]]
+        ).fetchone()[0]
+        == 579
+    )

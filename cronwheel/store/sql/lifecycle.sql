@@ -164,11 +164,19 @@ a AS (
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
+ended_timers AS MATERIALIZED (
+    SELECT u.partition_id, k.timer_id
+      FROM u CROSS JOIN LATERAL (VALUES ('lease:' || u.run_id), ('timeout:' || u.run_id))
+           AS k(timer_id)),
 d AS (
+    -- Each timer by its whole primary key. With `timer_id IN (two expressions)`
+    -- the key was searched on partition_id alone (or the table scanned), and
+    -- every timer of the partition -- all the leases of a busy job -- was read
+    -- for each run; the materialized list keeps the planner from folding the
+    -- ids back in as a filter.
     DELETE FROM timers t
-     USING u
-     WHERE t.partition_id = u.partition_id
-       AND t.timer_id IN ('lease:' || u.run_id, 'timeout:' || u.run_id)),
+     USING ended_timers e
+     WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id),
 old AS (
     SELECT j.partition_id, j.job_id, j.buffered_at
       FROM jobs j JOIN u ON j.partition_id = u.partition_id AND j.job_id = u.job_id
@@ -295,11 +303,19 @@ a AS (
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
+ended_timers AS MATERIALIZED (
+    SELECT u.partition_id, k.timer_id
+      FROM u CROSS JOIN LATERAL (VALUES ('lease:' || u.run_id), ('timeout:' || u.run_id))
+           AS k(timer_id)),
 d AS (
+    -- Each timer by its whole primary key. With `timer_id IN (two expressions)`
+    -- the key was searched on partition_id alone (or the table scanned), and
+    -- every timer of the partition -- all the leases of a busy job -- was read
+    -- for each run; the materialized list keeps the planner from folding the
+    -- ids back in as a filter.
     DELETE FROM timers t
-     USING u
-     WHERE t.partition_id = u.partition_id
-       AND t.timer_id IN ('lease:' || u.run_id, 'timeout:' || u.run_id)),
+     USING ended_timers e
+     WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id),
 old AS (
     SELECT j.partition_id, j.job_id, j.buffered_at
       FROM jobs j
