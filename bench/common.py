@@ -443,6 +443,23 @@ class Arrival:
     produced_ms: int | None = None  # the record's timestamp: when its producer took it
 
 
+def group_spread(group: str, members: int, timeout: float = 60) -> list[int]:
+    """Partitions held by each member of consumer group `group` once it has
+    `members` members that each hold some: a process that joins seconds after
+    the others may find them holding every partition, and a burst measured then
+    is one process's rate."""
+    client = kafka.admin()
+    deadline = time.monotonic() + timeout
+    while True:
+        desc = client.describe_consumer_groups([group])[group].result(timeout=10)
+        held = sorted(len(m.assignment.topic_partitions) for m in desc.members)
+        if len(held) >= members and all(held):
+            return held
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"group {group}: partitions held {held} after {timeout:.0f} s")
+        time.sleep(0.2)  # polling the group's state with a deadline
+
+
 def topics_ready(client, topics: list[str], timeout: float = 30) -> dict:
     """The topics' metadata (from a consumer, producer or admin client) once the
     broker lists every one with partitions that all have a leader: just after
