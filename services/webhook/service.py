@@ -117,7 +117,7 @@ class Settings:
     max_response_bytes: int = 64 * 1024  # read at most this much of a response
     retry_after_cap_ms: int = 3_600_000
     db_workers: int = 2  # connections for lifecycle groups (more: wall time vs PG CPU)
-    db_group: int = 48  # at most this many lifecycle calls in one transaction (<= 48)
+    db_group: int = 128  # at most this many lifecycle calls in one transaction (<= 128)
     batch: int = 500
     max_waiting_per_partition: int = 1000  # then the partition is paused
     shutdown_grace_ms: int = 10_000

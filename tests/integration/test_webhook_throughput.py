@@ -19,7 +19,7 @@ from cronwheel.core.errors import ValidationError
 from cronwheel.store import webhooks
 from cronwheel.store.lifecycle import Lifecycle
 from services.webhook import delivery
-from services.webhook.database import MAX_GROUP, Database
+from services.webhook.database import Database
 from services.webhook.service import WebhookService
 from tests.integration import test_webhook_delivery as wd
 from tests.support.wait import wait_for
@@ -52,7 +52,7 @@ def test_group__calls_of_one_turn_share_transactions__each_caller_gets_its_own_a
     taken = targets[5]
     Lifecycle(topics).start(conn, tenant["tenant_id"], taken.run_id, "someone-else", now_ms())
     service = WebhookService(database_url, "unused:9092", topics, instance="g1", allow=[])
-    db = Database(database_url, 1, threading.Event())
+    db = Database(database_url, 1, threading.Event(), max_group=48)
     try:
         got = asyncio.run(_submit_all(db, [(service._start, (t,)) for t in targets]))
     finally:
@@ -61,8 +61,7 @@ def test_group__calls_of_one_turn_share_transactions__each_caller_gets_its_own_a
     started = [g for i, g in enumerate(got) if i != 5]
     assert all(isinstance(g, dict) for g in started), got
     assert len({g["start_token"] for g in started}) == len(started)
-    assert db.grouped == 70 and db.groups == 2  # 70 calls, groups of at most MAX_GROUP
-    assert MAX_GROUP < 64  # each call's savepoint is a subtransaction: stay under 64
+    assert db.grouped == 70 and db.groups == 2  # 70 calls, groups of at most max_group
     ours = conn.execute(
         "SELECT count(*) FROM runs WHERE run_id = ANY(%s) AND state = 'RUNNING'"
         " AND worker_id = 'webhook:g1'",
@@ -119,14 +118,14 @@ def test_batch__starts_then_completes_of_one_turn__one_lifecycle_call_per_group(
         sizes.append(len(items))
         return service._complete_many(c, items)
 
-    db = Database(database_url, 1, threading.Event())
+    db = Database(database_url, 1, threading.Event(), max_group=48)
     ok = delivery.classify_status(200)
     try:
         got = asyncio.run(_submit_all_many(db, start_many, targets))
         assert got[7] == "already_started"
         mine = [(t, g) for t, g in zip(targets, got, strict=True) if t is not taken]
         assert all(isinstance(g, dict) for _t, g in mine)
-        assert sizes == [48, 12]  # 60 calls in groups of at most MAX_GROUP, one batch each
+        assert sizes == [48, 12]  # 60 calls in groups of at most max_group, one batch each
         items = [(t, g, ok, {"status": 200}) for t, g in mine]
         stale = (mine[0][0], {**mine[0][1], "start_token": "not-the-token"}, ok, None)
         sizes.clear()
