@@ -7,7 +7,11 @@ for, two broker round trips).
 The dispatcher runs in this process, on its thread (the measuring loop sleeps
 between records); the database is a fresh one, the topics this run's own.
 No target: bench_lifecycle.py measures dispatch under load; this one shows
-the floor, e.g. the batching window a lone record used to wait out (5 ms).
+the floor. Of it, 5 ms is the batching window (`max_wait_ms`) that a lone
+record waits out: `consume(batch - 1, timeout)` waits for a full batch. Taking
+only what is fetched already halved the p50 here (10 -> 5 ms), but it is not
+in: it makes smaller batches under a herd, and bench_storm.py's critical p99
+was not shown to hold with it.
 
 Usage: bench_dispatch_quiet.py [--records N]
 """

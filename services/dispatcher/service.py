@@ -252,11 +252,8 @@ class Dispatcher:
         self._db.close()
 
     def _consume(self, consumer: Consumer) -> list[Message]:
-        """Block until one record arrives, then take what is fetched already; only
-        when that was more than the one record (records arriving faster than
-        batches go) wait up to `max_wait_ms` for the batch to fill. A lone
-        record goes at once: waiting out the window added its 5 ms to every
-        dispatch of a quiet system, where the window batched nothing."""
+        """Block until one record arrives, then take what else comes within
+        `max_wait_ms`: batches under load, little added latency when quiet."""
         wait_ms = self.idle_ms
         if self._batches:  # come back soon to settle them
             wait_ms = self.max_wait_ms
@@ -264,10 +261,7 @@ class Dispatcher:
             wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
         msgs = consumer.consume(1, timeout=wait_ms / 1000)
         if msgs and self.batch > 1:
-            more = consumer.consume(self.batch - 1, timeout=0)
-            msgs += more
-            if more and len(msgs) < self.batch:
-                msgs += consumer.consume(self.batch - len(msgs), timeout=self.max_wait_ms / 1000)
+            msgs += consumer.consume(self.batch - 1, timeout=self.max_wait_ms / 1000)
         good = []
         for m in msgs:
             err = m.error()
