@@ -109,7 +109,6 @@ class Worker:
         # starter takes (under _cond, which also wakes the starter when a
         # handler slot frees).
         self._backlog: list[Message] = []
-        self._starting = 0  # records in the starter's request
         self._cond = threading.Condition(self._active_lock)
         self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
         self.completed = 0
@@ -212,13 +211,8 @@ class Worker:
                     return
                 free = self._free_slots()
                 batch, self._backlog = self._backlog[:free], self._backlog[free:]
-                self._starting = len(batch)
                 self._cond.notify_all()  # room for the poll loop
-            try:
-                self._start(batch, pool)
-            finally:
-                with self._cond:
-                    self._starting = 0
+            self._start(batch, pool)
 
     def _drain(self, pool: ThreadPoolExecutor) -> None:
         """Records read but not started stay uncommitted (the next consumer reads
