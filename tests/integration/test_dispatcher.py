@@ -8,7 +8,7 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import REGISTRY
 
 from cronwheel import kafka
@@ -49,6 +49,13 @@ def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]
     assert p.flush(30) == 0
 
 
+NO_LEADER_YET = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
 class Broker:
     """What the tests read back: record counts and a consumer group's progress."""
 
@@ -67,12 +74,19 @@ class Broker:
         return total
 
     def caught_up(self, topic: str) -> bool:
-        """The group committed up to the end of every non-empty partition of `topic`."""
+        """The group committed up to the end of every non-empty partition of `topic`.
+        Not yet, while a fresh topic's partition has no leader the broker will
+        answer for (NOT_LEADER_FOR_PARTITION): the caller polls again."""
         parts = self.partitions(topic)
         if not parts:
             return False
         for tp in self.c.committed(parts, timeout=10):
-            _low, high = self.c.get_watermark_offsets(tp, timeout=10)
+            try:
+                _low, high = self.c.get_watermark_offsets(tp, timeout=10)
+            except KafkaException as e:
+                if e.args[0].code() in NO_LEADER_YET:
+                    return False
+                raise
             if high > 0 and tp.offset != high:
                 return False
         return True
