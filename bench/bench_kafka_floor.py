@@ -1,0 +1,205 @@
+"""The floor under the latency targets: what Kafka alone, on this machine, with
+the clients and settings cronwheel uses, takes to move a record, with no
+cronwheel code, no database and no Python work per record beyond the client.
+
+Each stage is its own process, as the services are:
+
+- one hop (issue 3's steady case: 1k runs/s, p99 lateness <= 25 ms): a
+  producer sends 1,000 records/s to 10 topics of 8 partitions (10 tenants'
+  run topics), `spread` evenly over each second or `aligned` (all 1,000 at
+  the top of the second); one consumer reads all 80 partitions, as the
+  bench's reader does. Latency: the producer's produce() call -> the
+  consumer's poll returning the record.
+- two hops (issue 4's dispatch latency: 200 runs/s, p99 <= 50 ms): the same
+  producer at 200/s spread; a forwarder (consumer of the 80 partitions and
+  producer, like the dispatcher, without its database) sends each record on
+  to 10 queue topics of 8 partitions; a last consumer reads those 80, as the
+  tenants' SDK workers do between them. Latency: first produce() -> last poll.
+
+Producers are cronwheel.kafka.producer() (idempotent, acks=all, lz4) with the
+relay's linger of 1 ms; consumers are cronwheel.kafka.consumer() polled the
+way bench/common.py's Reader polls. Records carry 200 bytes, about a RunReady.
+Topics are fresh per case, and the stages run WARMUP_S before the window
+opens: fresh partitions written at the same time stall the broker's request
+handlers once, for 100-1,700 ms, 8-15 s after their first records, in writes
+to their memory-mapped index files (page faults on this disk; none on tmpfs),
+and then not again in 90 s (docs/architecture.md, "Fresh partitions stall
+once").
+
+If the floor's p99 is above a target, no change to cronwheel's own code can
+meet that target on this machine. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+import uuid
+
+from common import (
+    cpu_seconds,
+    delete_topics,
+    describe,
+    header,
+    kafka_broker_pid,
+    machine_load,
+    percentile,
+    say,
+    topics_ready,
+)
+
+TOPICS = 10
+PARTITIONS = 8
+WARMUP_S = 20  # past the fresh partitions' one-time stall (docstring)
+WINDOW_S = 30
+PAD = b"x" * 190  # the record: "<produce ms>|" + padding, about 200 bytes
+
+
+def _produce_loop(topics: list[str], rate: int, aligned: bool, until: float) -> None:
+    from cronwheel import kafka
+    from cronwheel.core.clock import now_ms
+
+    producer = kafka.producer(**{"linger.ms": 1})
+    topics_ready(producer, topics)
+    targets = [(t, p) for t in topics for p in range(PARTITIONS)]
+    i = 0
+    start = time.time()
+    while time.time() < until:
+        if aligned:
+            second = start + i // rate + 1
+            time.sleep(max(0.0, second - time.time()))  # the pace itself: the next second
+            for _ in range(rate):
+                topic, partition = targets[i % len(targets)]
+                producer.produce(topic, b"%d|" % now_ms() + PAD, partition=partition)
+                i += 1
+        else:
+            topic, partition = targets[i % len(targets)]
+            producer.produce(topic, b"%d|" % now_ms() + PAD, partition=partition)
+            i += 1
+            time.sleep(max(0.0, start + i / rate - time.time()))  # the pace itself
+        producer.poll(0)
+    producer.flush(10)
+
+
+def _consume_loop(topics: list[str], until: float, out, forward_to: list[str] | None) -> None:
+    """Read every partition of `topics`; with forward_to, produce each record on
+    (same value, partition by its index) and report nothing; else report
+    (sent ms, read ms) pairs."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+
+    from cronwheel import kafka
+    from cronwheel.core.clock import now_ms
+
+    consumer = kafka.consumer(f"floor-{uuid.uuid4().hex[:8]}")
+    meta = topics_ready(consumer, topics)
+    consumer.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in meta[t].partitions])
+    producer = None
+    if forward_to:
+        producer = kafka.producer()
+        topics_ready(producer, forward_to)
+    seen: list[tuple[int, int]] = []
+    n = 0
+    while time.time() < until:
+        first = consumer.poll(0.05)
+        if first is None:
+            continue
+        at = now_ms()
+        for m in [first, *consumer.consume(num_messages=2000, timeout=0)]:
+            if m.error():
+                continue
+            if producer is not None:
+                out_topic = forward_to[n % len(forward_to)]
+                producer.produce(
+                    out_topic, m.value(), partition=(n // len(forward_to)) % PARTITIONS
+                )
+                n += 1
+            else:
+                seen.append((int(m.value().split(b"|", 1)[0]), at))
+        if producer is not None:
+            producer.poll(0)
+    if producer is not None:
+        producer.flush(10)
+    consumer.close()
+    out.put((producer is not None, seen))
+
+
+def case(label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1) -> float:
+    from cronwheel import kafka
+
+    prefix = f"floor{uuid.uuid4().hex[:8]}"
+    first = [f"{prefix}.runs.t{i}" for i in range(TOPICS)]
+    second = [f"{prefix}.q.t{i}" for i in range(TOPICS)] if hops == 2 else []
+    kafka.ensure_topics(first + second, partitions=PARTITIONS)
+    topics_ready(kafka.admin(), first + second)
+    ctx = mp.get_context("spawn")  # no librdkafka handle crosses a fork
+    out = ctx.Queue()
+    t0 = time.time() + 3  # the processes' start-up, then the warm-up
+    window = (t0 + WARMUP_S, t0 + WARMUP_S + window_s)
+    end = window[1] + 2
+    procs = [ctx.Process(target=_consume_loop, args=(second or first, end, out, None))]
+    if hops == 2:
+        procs.append(ctx.Process(target=_consume_loop, args=(first, end, out, second)))
+    procs.append(ctx.Process(target=_produce_loop, args=(first, rate, aligned, window[1])))
+    broker = kafka_broker_pid()
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(max(0.0, window[0] - time.time()))  # until the window opens
+        cpu0 = {p.pid: cpu_seconds(p.pid) for p in procs} | {
+            0: cpu_seconds(broker) if broker else 0
+        }
+        time.sleep(max(0.0, window[1] - time.time()))  # the window itself
+        cpu1 = {p.pid: cpu_seconds(p.pid) for p in procs} | {
+            0: cpu_seconds(broker) if broker else 0
+        }
+        results = [out.get(timeout=60) for _ in range(hops)]
+        for p in procs:
+            p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        delete_topics(first + second)
+    seen = next(pairs for forwarded, pairs in results if not forwarded)
+    lo, hi = int(window[0] * 1000), int(window[1] * 1000)
+    late = [read - sent for sent, read in seen if lo <= sent < hi]
+    expected = rate * window_s
+    names = ["consumer", "forwarder", "producer"] if hops == 2 else ["consumer", "producer"]
+    shares = [
+        f"{name} {100 * (cpu1[p.pid] - cpu0[p.pid]) / window_s:.0f}%"
+        for name, p in zip(names, procs, strict=True)
+    ] + [f"broker {100 * (cpu1[0] - cpu0[0]) / window_s:.0f}%"]
+    say(
+        f"{label}: {len(late):,} of ~{expected:,} records in the {window_s} s window;"
+        f" produce() -> readable {describe(late)}"
+    )
+    say(f"{label}:   CPU share of one core: {', '.join(shares)}")
+    return percentile(late, 99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", choices=["spread", "aligned", "two-hops"], action="append")
+    parser.add_argument("--window", type=int, default=WINDOW_S, help="seconds measured per case")
+    args = parser.parse_args()
+    w = args.window
+    cases = args.case or ["spread", "aligned", "two-hops"]
+    header("bench_kafka_floor: Kafka alone, the stages as processes")
+    figures = []
+    if "spread" in cases:
+        figures.append(("one hop, 1,000/s spread", case("spread", 1000, w), 25))
+    if "aligned" in cases:
+        figures.append(("one hop, 1,000/s aligned", case("aligned", 1000, w, aligned=True), 25))
+    if "two-hops" in cases:
+        figures.append(("two hops, 200/s spread", case("two hops", 200, w, hops=2), 50))
+    say(f"machine after: {machine_load()}")
+    for label, p99, target in figures:
+        say(
+            f"RESULT floor {label}: p99 {p99:.0f} ms"
+            f" (cronwheel's target on this path: <= {target} ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()
