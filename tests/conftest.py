@@ -39,11 +39,22 @@ def kafka_bootstrap(servers: Servers) -> str:
     return servers.kafka_bootstrap
 
 
+def _new_topic_prefix() -> str:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    _prefixes.append(prefix)
+    return prefix
+
+
 @pytest.fixture
 def topic_prefix() -> str:
     """Topics of this test start with this, so tests never read each other's records.
     They are deleted when the session ends (a broker that kept every test's topics
     ran out of file descriptors after a day of runs)."""
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    _prefixes.append(prefix)
-    return prefix
+    return _new_topic_prefix()
+
+
+@pytest.fixture(scope="session")
+def new_topic_prefix():
+    """topic_prefix for fixtures wider than a test: call it for a prefix whose
+    topics are deleted when the session ends."""
+    return _new_topic_prefix

@@ -76,11 +76,11 @@ class Platform:
 
 
 @pytest.fixture(scope="module")
-def platform(servers, db_template):
+def platform(servers, db_template, new_topic_prefix):
     name = dbsupport.clone(servers.database_url, db_template)
     url = dbsupport.with_dbname(servers.database_url, name)
     bootstrap = servers.kafka_bootstrap
-    topics = Topics(f"t{uuid.uuid4().hex[:10]}")
+    topics = Topics(new_topic_prefix())
     executor = Executor(
         url,
         bootstrap,
