@@ -1,9 +1,10 @@
 """Steady: 1k jobs firing every second for 30 s, after 20 s of warm-up (every
 topic is new, and fresh partitions stall the broker once, 8-15 s after their
-first records: docs/architecture.md, "Fresh partitions stall once"). Lateness is the record's
-scheduled_at to the wall clock at which a consumer could read it. Target: p99
-at most 25 ms. Two cases, each in a fresh database: anchors spread over the
-second (about one job due per millisecond) and aligned (all 1k due at once)."""
+first records: docs/architecture.md, "Fresh partitions stall once").
+Lateness is the record's scheduled_at to the wall clock at which a consumer
+could read it. Target: p99 at most 25 ms. Two cases, each in a fresh
+database: anchors spread over the second (about one job due per millisecond)
+and aligned (all 1k due at once)."""
 
 from __future__ import annotations
 
