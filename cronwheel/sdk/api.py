@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-import httpx
+from cronwheel.sdk.http import Client, HttpError, Response
 
 log = logging.getLogger("cronwheel.sdk")
 
@@ -35,11 +35,11 @@ Answer = tuple[int, Any]  # (status, body on 200 or the problem document)
 class WorkerApi:
     def __init__(self, base_url: str, api_key: str, stop: threading.Event, max_connections: int):
         self._stop = stop
-        self._http = httpx.Client(
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}"},
+        self._http = Client(
+            base_url,
+            {"Authorization": f"Bearer {api_key}"},
             timeout=10.0,
-            limits=httpx.Limits(max_connections=max_connections),
+            max_connections=max_connections,
         )
         self.batch_routes = True  # False once the gateway showed it has none
 
@@ -59,11 +59,15 @@ class WorkerApi:
         even while stopping (a drain hands its runs back this way)."""
         return self._many("complete", {"runs": items}, items, {}, False)
 
-    def heartbeat(self, run_id: str, attempt: int, start_token: str) -> httpx.Response:
+    def heartbeat(self, run_id: str, attempt: int, start_token: str) -> Response:
         body = {"attempt": attempt, "start_token": start_token}
         return self.post(f"/v1/runs/{run_id}/heartbeat", body, retry=False)
 
     # -- underneath ------------------------------------------------------------------
+    def _send(self, path: str, body: dict) -> Response:
+        """One POST, no retries (tests stand in for the gateway here)."""
+        return self._http.post_json(path, body)
+
     def _many(
         self, verb: str, batch: dict, items: list[dict], common: dict, give_up_on_stop: bool
     ) -> list[Answer]:
@@ -92,19 +96,17 @@ class WorkerApi:
 
     def post(
         self, path: str, body: dict, retry: bool = True, give_up_on_stop: bool = True
-    ) -> httpx.Response:
+    ) -> Response:
         """POST with retries on network errors, 429 and 5xx (bounded backoff)."""
         delay = 0.05
         deadline = time.monotonic() + RETRY_FOR_S
         while True:
             try:
-                resp = self._http.post(path, json=body)
+                resp = self._send(path, body)
                 if resp.status_code < 500 and resp.status_code != 429:
                     return resp
-                err: Exception = httpx.HTTPStatusError(
-                    f"{resp.status_code}", request=resp.request, response=resp
-                )
-            except httpx.HTTPError as e:
+                err: Exception = HttpError(f"POST {path}: HTTP {resp.status_code}: {resp.text}")
+            except HttpError as e:
                 err = e
             if not retry or time.monotonic() > deadline:
                 raise err
@@ -114,7 +116,7 @@ class WorkerApi:
             delay = min(delay * 2, 2.0)
 
 
-def _json(resp: httpx.Response) -> Any:
+def _json(resp: Response) -> Any:
     try:
         return resp.json()
     except ValueError:

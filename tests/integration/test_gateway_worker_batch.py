@@ -14,6 +14,7 @@ import pytest
 
 from cronwheel.kafka import Topics
 from cronwheel.sdk.api import WorkerApi
+from cronwheel.sdk.http import Response
 from services.gateway.app import create_app
 from tests.support.gateway import ManualClock, new_run, tenant_client
 
@@ -282,32 +283,25 @@ def test_batch__documented_in_openapi_and_counted_in_metrics(client):
 # -- the SDK's side of it (cronwheel.sdk.api.WorkerApi) ---------------------------------
 
 
-class NoBatchRoutes(httpx.BaseTransport):
-    """A gateway from before the batch routes: they answer 405; the rest passes."""
+class NoBatchRoutes(WorkerApi):
+    """The SDK against a gateway from before the batch routes: they answer 405;
+    the rest goes to the real gateway."""
 
-    def __init__(self) -> None:
-        self.inner = httpx.HTTPTransport()
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
         self.paths: list[str] = []
 
-    def close(self) -> None:
-        self.inner.close()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.paths.append(request.url.path)
-        if request.url.path.endswith("-batch"):
-            return httpx.Response(405, json={"code": "METHOD_NOT_ALLOWED"})
-        return self.inner.handle_request(request)
+    def _send(self, path: str, body: dict) -> Response:
+        self.paths.append(path)
+        if path.endswith("-batch"):
+            return Response(405, b'{"code": "METHOD_NOT_ALLOWED"}')
+        return super()._send(path, body)
 
 
 @contextmanager
-def _api(client, transport=None) -> Iterator[WorkerApi]:
+def _api(client, kind: type[WorkerApi] = WorkerApi) -> Iterator[WorkerApi]:
     key = client.headers["Authorization"].split(" ", 1)[1]
-    api = WorkerApi(str(client.base_url), key, threading.Event(), 4)
-    if transport is not None:
-        api._http.close()
-        api._http = httpx.Client(
-            base_url=str(client.base_url), headers=api._http.headers, transport=transport
-        )
+    api = kind(str(client.base_url), key, threading.Event(), 4)
     try:
         yield api
     finally:
@@ -330,14 +324,14 @@ def test_sdk_api__batches__answers_per_item(client):
 
 def test_sdk_api__gateway_without_batch_routes__single_routes_alike(client):
     a, b = new_run(client), new_run(client)
-    transport = NoBatchRoutes()
-    with _api(client, transport) as api:
+    with _api(client, NoBatchRoutes) as api:
         got = api.start_many("sdk", [(a, 1), (b, 2)])
         assert [s for s, _ in got] == [200, 409] and not api.batch_routes
         items = [{"run_id": a, "attempt": 1, "start_token": got[0][1]["start_token"],
                   "outcome": "FAILED", "error": "x", "retryable": False}]  # fmt: skip
         assert api.complete_many(items)[0][1]["state"] == "FAILED"
-    assert transport.paths == [
+        paths = api.paths
+    assert paths == [
         "/v1/runs/start-batch", f"/v1/runs/{a}/start", f"/v1/runs/{b}/start",
         f"/v1/runs/{a}/complete",  # no second try of a batch route
     ]  # fmt: skip
