@@ -48,6 +48,10 @@ from common import (
     say,
     topics_ready,
 )
+from confluent_kafka import OFFSET_END, TopicPartition
+
+from cronwheel import kafka
+from cronwheel.core.clock import now_ms
 
 TOPICS = 10
 PARTITIONS = 8
@@ -57,9 +61,6 @@ PAD = b"x" * 190  # the record: "<produce ms>|" + padding, about 200 bytes
 
 
 def _produce_loop(topics: list[str], rate: int, aligned: bool, until: float) -> None:
-    from cronwheel import kafka
-    from cronwheel.core.clock import now_ms
-
     producer = kafka.producer(**{"linger.ms": 1})
     topics_ready(producer, topics)
     targets = [(t, p) for t in topics for p in range(PARTITIONS)]
@@ -86,11 +87,6 @@ def _consume_loop(topics: list[str], until: float, out, forward_to: list[str] | 
     """Read every partition of `topics`; with forward_to, produce each record on
     (same value, partition by its index) and report nothing; else report
     (sent ms, read ms) pairs."""
-    from confluent_kafka import OFFSET_END, TopicPartition
-
-    from cronwheel import kafka
-    from cronwheel.core.clock import now_ms
-
     consumer = kafka.consumer(f"floor-{uuid.uuid4().hex[:8]}")
     meta = topics_ready(consumer, topics)
     consumer.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in meta[t].partitions])
@@ -125,8 +121,6 @@ def _consume_loop(topics: list[str], until: float, out, forward_to: list[str] | 
 
 
 def case(label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1) -> float:
-    from cronwheel import kafka
-
     prefix = f"floor{uuid.uuid4().hex[:8]}"
     first = [f"{prefix}.runs.t{i}" for i in range(TOPICS)]
     second = [f"{prefix}.q.t{i}" for i in range(TOPICS)] if hops == 2 else []
@@ -142,17 +136,20 @@ def case(label: str, rate: int, window_s: int, aligned: bool = False, hops: int 
         procs.append(ctx.Process(target=_consume_loop, args=(first, end, out, second)))
     procs.append(ctx.Process(target=_produce_loop, args=(first, rate, aligned, window[1])))
     broker = kafka_broker_pid()
+
+    def cpu() -> dict[int, float]:
+        """CPU seconds per stage process, and the broker's under key 0."""
+        return {p.pid: cpu_seconds(p.pid) for p in procs} | {
+            0: cpu_seconds(broker) if broker else 0
+        }
+
     try:
         for p in procs:
             p.start()
         time.sleep(max(0.0, window[0] - time.time()))  # until the window opens
-        cpu0 = {p.pid: cpu_seconds(p.pid) for p in procs} | {
-            0: cpu_seconds(broker) if broker else 0
-        }
+        cpu0 = cpu()
         time.sleep(max(0.0, window[1] - time.time()))  # the window itself
-        cpu1 = {p.pid: cpu_seconds(p.pid) for p in procs} | {
-            0: cpu_seconds(broker) if broker else 0
-        }
+        cpu1 = cpu()
         results = [out.get(timeout=60) for _ in range(hops)]
         for p in procs:
             p.join(30)

@@ -66,18 +66,14 @@ class Client:
         data = json.dumps(body, separators=(",", ":")).encode()
         with self._slots:
             conn, reused = self._take()
-            try:
-                return self._exchange(conn, path, data)
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                if not (reused and _closed_while_idle(e)):
-                    raise HttpError(f"POST {path}: {e!r}") from e
-            conn = self._new()
-            try:
-                return self._exchange(conn, path, data)
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                raise HttpError(f"POST {path}: {e!r}") from e
+            while True:
+                try:
+                    return self._exchange(conn, path, data)
+                except (OSError, http.client.HTTPException) as e:
+                    conn.close()
+                    if not (reused and _closed_while_idle(e)):
+                        raise HttpError(f"POST {path}: {e!r}") from e
+                conn, reused = self._new(), False
 
     def _exchange(self, conn: http.client.HTTPConnection, path: str, data: bytes) -> Response:
         # One send() for headers and a bytes body (http.client joins them): no
