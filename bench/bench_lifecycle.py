@@ -9,7 +9,10 @@ run and complete it over the gateway's HTTP worker protocol.
    ahead: the run is created before its instant and the relay publishes it at
    the instant) -- to (a) an SDK worker holding the record (its consumer's
    poll handed it over, before StartRun), and (b) the SDK handler's entry,
-   i.e. after the worker's StartRun answered. Target: p99 <= 50 ms.
+   i.e. after the worker's StartRun answered. Target: p99 <= 50 ms. The time
+   to (a) is split by the records' timestamps (the relay's produce, the
+   dispatcher's), read after the window, and each process's wait for a CPU
+   is printed beside its CPU share. BENCH_STEADY_RATE sets another rate.
 2. Full cycles per second: a storm of one-off jobs due at one instant (30k, or
    if the steady case could not keep up with 200/s, 1.5x what it managed over
    the 45 s of measuring, so a backlog stands throughout without firing runs
@@ -75,6 +78,7 @@ from common import (
     percentile,
     say,
     vacuum_analyze,
+    waited_seconds,
 )
 
 from cronwheel import config, kafka
@@ -90,7 +94,9 @@ WORKER_PROCS = int(os.environ.get("BENCH_WORKER_PROCS", "2"))
 # slot at once, so slots cost nothing but bound the batch (RESULTS-lifecycle.md).
 CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "64"))
 WARMUP_RUNS = 200
-STEADY_JOBS, STEADY_EVERY_MS = 200, 1_000
+STEADY_EVERY_MS = 1_000
+# The target's rate is 200/s; BENCH_STEADY_RATE shows how the latency grows with it.
+STEADY_JOBS = int(os.environ.get("BENCH_STEADY_RATE", "200"))
 # 20 s warm-up: past fresh partitions' one-time stall (docs/architecture.md).
 STEADY_WARMUP_MS, STEADY_WINDOW_MS, SETTLE_MS = 20_000, 30_000, 15_000
 STORM_MAX = 30_000
@@ -232,11 +238,13 @@ class Platform:
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far per process, backends summed per service, and the
-        whole machine's busy CPU seconds as `machine`."""
+        whole machine's busy CPU seconds as `machine`; `wait:<name>` the seconds
+        its threads waited for a CPU."""
         out: dict[str, float] = {"machine": machine_busy_seconds()}
         for name, pid in self.pids().items():
             key = re.sub(r"-pg\d+$", "-pg", re.sub(r"-w\d+", "", name))
             out[key] = out.get(key, 0.0) + cpu_seconds(pid)
+            out[f"wait:{key}"] = out.get(f"wait:{key}", 0.0) + waited_seconds(pid)
         return out
 
     def stop(self, names: list[str]) -> None:
@@ -300,14 +308,22 @@ class CpuTimeline:
             if self._stop.wait(self.every_s):
                 return
 
-    def used(self, start_ms: int, end_ms: int) -> tuple[float, dict[str, float]]:
+    def used(
+        self, start_ms: int, end_ms: int, waited: bool = False
+    ) -> tuple[float, dict[str, float]]:
         """(wall seconds, CPU seconds per process) between the samples nearest the
-        interval's ends; `machine` is every core's busy time."""
+        interval's ends; `machine` is every core's busy time. With `waited`, the
+        seconds each process's threads waited for a CPU instead."""
         if len(self.samples) < 2:
             return 0.0, {}
         a = min(self.samples, key=lambda s: abs(s[0] - start_ms))
         b = min(self.samples, key=lambda s: abs(s[0] - end_ms))
-        return (b[0] - a[0]) / 1000, {n: b[1][n] - a[1].get(n, 0.0) for n in b[1]}
+        delta = {n: b[1][n] - a[1].get(n, 0.0) for n in b[1]}
+        if waited:
+            delta = {n[5:]: c for n, c in delta.items() if n.startswith("wait:")}
+        else:
+            delta = {n: c for n, c in delta.items() if not n.startswith("wait:")}
+        return (b[0] - a[0]) / 1000, delta
 
     def share(self, start_ms: int, end_ms: int) -> str:
         """Cores used per process over the interval (one core = 100%)."""
@@ -319,6 +335,17 @@ class CpuTimeline:
         return (
             f"whole machine {100 * machine / wall:.0f}% of {100 * (os.cpu_count() or 1)}%;"
             f" {', '.join(parts)} (one core = 100%, {wall:.0f} s)"
+        )
+
+    def waits(self, start_ms: int, end_ms: int) -> str:
+        """Per process over the interval: how long its threads were runnable but
+        waited for a CPU, per second of CPU they got. On a saturated machine every
+        wake-up queues, and each hop of a run's way is a few wake-ups."""
+        _wall, used = self.used(start_ms, end_ms)
+        _wall, waited = self.used(start_ms, end_ms, waited=True)
+        busy = [n for n in waited if used.get(n, 0) > 0.3]
+        return ", ".join(
+            f"{n} {waited[n] / used[n]:.1f}" for n in sorted(busy, key=lambda n: -used[n])
         )
 
     def per_unit(self, start_ms: int, end_ms: int, units: int) -> str:
@@ -528,7 +555,11 @@ def worker_process(out: str, concurrency: int) -> None:
         def _read(self, consumer, n: int, timeout: float):
             msgs = Worker._read(consumer, n, timeout)
             ms = now_ms()
-            entries.extend(("held", m.key().decode(), ms) for m in msgs if m.error() is None)
+            for m in msgs:
+                if m.error() is None:
+                    key = m.key().decode()
+                    # The queue record's timestamp: when the dispatcher produced it.
+                    entries.extend((("held", key, ms), ("queued", key, m.timestamp()[1])))
             return msgs
 
     def handle(run) -> None:
@@ -554,17 +585,53 @@ def worker_process(out: str, concurrency: int) -> None:
             threads[0].join(0.5)  # wakes for SIGTERM's handler in this (main) thread
 
 
-def read_entries(files: list[Path], held: bool = False) -> dict[str, int]:
-    """run_id -> the first handler entry (ms) the workers noted so far, or with
-    `held` the first time a worker's poll handed it the run's record."""
+def read_entries(files: list[Path], kind: str = "") -> dict[str, int]:
+    """run_id -> the first handler entry (ms) the workers noted so far; with kind
+    "held" the first time a worker's poll handed it the run's record, with
+    "queued" that record's timestamp (the dispatcher's produce)."""
     got: dict[str, int] = {}
     for path in files:
         with contextlib.suppress(FileNotFoundError):
             for line in path.read_text().splitlines():
-                *kind, run_id, ms = line.split()
-                if bool(kind) == held:
+                *noted, run_id, ms = line.split()
+                if (noted[0] if noted else "") == kind:
                     got.setdefault(run_id, int(ms))
     return got
+
+
+def produced_at(keys: list[str], platform: Platform, runs: list[str]) -> dict[str, dict]:
+    """Per run: when the relay produced it (the run topic record's timestamp, read
+    after the window so that no extra consumer loads the machine during it) and
+    when the dispatcher did (the queue record's, as the SDK worker read it)."""
+    relayed: dict[str, int] = {}
+    with Reader(runs) as after:
+        deadline = time.monotonic() + 30
+        while len(relayed) < len(keys) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            relayed = {k.decode(): a.produced_ms for k, a in after.arrivals.items()}
+    return {"relay": relayed, "dispatcher": read_entries(platform.entry_files, "queued")}
+
+
+def dump_runs(path: Path, keys: list[str], times: dict[str, dict[str, int]]) -> None:
+    """One line per run, tab-separated: run_id, then ms (empty if never seen):
+    due, the relay's produce, the dispatcher's produce, held, handler entry."""
+    columns = ("due", "relay", "dispatcher", "held", "entry")
+    with path.open("w") as f:
+        for k in keys:
+            f.write("\t".join([k, *(str(times[c].get(k, "")) for c in columns)]) + "\n")
+
+
+def split(times: dict[str, dict[str, int]], keys: list[str]) -> None:
+    """Where the time from due to held went, per stage, from the timestamps."""
+    stages = [
+        ("due -> the relay's produce() (timer, relay)", "due", "relay"),
+        ("the relay's produce() -> the dispatcher's", "relay", "dispatcher"),
+        ("the dispatcher's produce() -> held (SDK poll)", "dispatcher", "held"),
+    ]
+    seen = [k for k in keys if all(k in times[c] for c in ("due", "relay", "dispatcher", "held"))]
+    say(f"steady:   where it went, by the records' timestamps ({len(seen):,} runs):")
+    for label, a, b in stages:
+        say(f"steady:     {label:48} {_describe([times[b][k] - times[a][k] for k in seen])}")
 
 
 # -- the benchmark ---------------------------------------------------------------
@@ -646,6 +713,7 @@ def steady(
     runs_reader: Reader | None,
     tenants,
     topics,
+    dump: Path | None = None,
 ) -> float:
     """200 every-second jobs, anchors spread over the second: dispatch latency.
     Returns the completions per second the window saw."""
@@ -685,7 +753,7 @@ def steady(
     settle = now_ms() + SETTLE_MS
     while True:  # the window's last runs, up to SETTLE_MS after it
         entries = read_entries(platform.entry_files)
-        held = read_entries(platform.entry_files, held=True)
+        held = read_entries(platform.entry_files, "held")
         have = [sum(1 for k in keys if k in got) for got in (entries, held)]
         if reader is not None:
             arrived = reader.arrivals
@@ -713,22 +781,28 @@ def steady(
     )
     say(f"steady: due -> an SDK worker holds the record (its poll):   {describe(to_worker)}")
     say(f"steady: due -> SDK handler entry (after StartRun):              {describe(to_handler)}")
+    times = {"due": created, "held": held, "entry": entries}
+    times |= produced_at(keys, platform, [topics.runs(t["tenant_id"]) for t in tenants])
+    split(times, keys)
+    if dump is not None:
+        dump_runs(dump, keys, times)
     if reader is not None and runs_reader is not None:
         hops(since_due, created, reader, runs_reader)
     say(f"steady:   for context, scheduled_at -> created_at (firing):      {_describe(firing)}")
     say(f"steady:   requests in the window: {http_delta(http0, http1)}")
     say(f"steady:   CPU over the window: {cpu.share(start, end)}")
+    say(f"steady:   seconds waiting for a CPU per second on one: {cpu.waits(start, end)}")
     say(f"steady: machine after: {machine_load()}")
     w99, h99 = percentile(to_worker, 99), percentile(to_handler, 99)
     verdict = "met" if w99 <= TARGET_P99_MS else "MISSED"
     say(
-        f"RESULT dispatch latency at 200 runs/s, due -> an SDK worker holds the record:"
+        f"RESULT dispatch latency at {STEADY_JOBS} runs/s, due -> an SDK worker holds the record:"
         f" p50 {percentile(to_worker, 50):.0f} ms, p99 {w99:.0f} ms"
         f" (target p99 <= {TARGET_P99_MS} ms: {verdict})"
     )
     verdict = "met" if h99 <= TARGET_P99_MS else "MISSED"
     say(
-        f"RESULT dispatch latency at 200 runs/s, due -> SDK handler entry:"
+        f"RESULT dispatch latency at {STEADY_JOBS} runs/s, due -> SDK handler entry:"
         f" p50 {percentile(to_handler, 50):.0f} ms, p99 {h99:.0f} ms"
         f" (target p99 <= {TARGET_P99_MS} ms: {verdict})"
     )
@@ -879,6 +953,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the gateway process")
     parser.add_argument("--steady-only", action="store_true", help="skip the storm")
     parser.add_argument(
+        "--dump",
+        type=Path,
+        help="write each steady run's due, queued, held and entry ms here (TSV)",
+    )
+    parser.add_argument(
         "--readers",
         action="store_true",
         help="split the steady latency by hop with two plain consumers of every runs and"
@@ -928,7 +1007,15 @@ def main() -> None:
                         Reader(runs) if args.readers else _none() as runs_reader,
                     ):
                         rate = steady(
-                            conn, url, platform, cpu, reader, runs_reader, tenants, topics
+                            conn,
+                            url,
+                            platform,
+                            cpu,
+                            reader,
+                            runs_reader,
+                            tenants,
+                            topics,
+                            args.dump,
                         )
                     if not args.steady_only:
                         storm(conn, url, platform, cpu, tenants, topics, rate)

@@ -94,6 +94,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def waited_seconds(pid: int) -> float:
+    """Seconds the process's live threads spent runnable but waiting for a CPU
+    (schedstat run_delay; threads that already exited are not counted)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(Path(task.path, "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def local_ports(pid: int) -> set[int]:
     """Local TCP ports of the sockets a process holds: how its PostgreSQL backends
     are found (pg_stat_activity.client_port)."""
