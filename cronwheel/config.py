@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PG_PORT = int(os.environ.get("CRONWHEEL_PG_PORT", "55432"))
-KAFKA_PORT = int(os.environ.get("CRONWHEEL_KAFKA_PORT", "39092"))
-KAFKA_CONTROLLER_PORT = int(os.environ.get("CRONWHEEL_KAFKA_CONTROLLER_PORT", "39093"))
+# Below Linux's ephemeral range (32768-60999): a client that keeps reconnecting
+# to a stopped server on a port inside it can be handed that very port as its
+# own, connect to itself, and hold the port (then TIME_WAIT for 60 s), so the
+# next `cronwheel up` fails with "Address already in use".
+PG_PORT = int(os.environ.get("CRONWHEEL_PG_PORT", "25432"))
+KAFKA_PORT = int(os.environ.get("CRONWHEEL_KAFKA_PORT", "29092"))
+KAFKA_CONTROLLER_PORT = int(os.environ.get("CRONWHEEL_KAFKA_CONTROLLER_PORT", "29093"))
 PG_USER = "cronwheel"
 PG_PASSWORD = "cronwheel"
 PG_DATABASE = "cronwheel"
