@@ -35,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from cronwheel import config
 from cronwheel.consuming import Pacer
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.sdk.api import Stopping, WorkerApi
@@ -93,7 +94,7 @@ class Worker:
             api_url or os.environ.get("CRONWHEEL_URL") or "http://127.0.0.1:8080"
         ).rstrip("/")
         self.api_key = api_key or os.environ.get("CRONWHEEL_API_KEY", "")
-        self.bootstrap = bootstrap or os.environ.get("KAFKA_BOOTSTRAP") or "127.0.0.1:29092"
+        self.bootstrap = bootstrap or config.kafka_bootstrap()
         self.group_id = group_id or f"cronwheel-worker.{topic}"
         self.concurrency = max(1, concurrency)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
