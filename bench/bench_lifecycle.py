@@ -343,10 +343,8 @@ class CpuTimeline:
         wake-up queues, and each hop of a run's way is a few wake-ups."""
         _wall, used = self.used(start_ms, end_ms)
         _wall, waited = self.used(start_ms, end_ms, waited=True)
-        busy = [n for n in waited if used.get(n, 0) > 0.3]
-        return ", ".join(
-            f"{n} {waited[n] / used[n]:.1f}" for n in sorted(busy, key=lambda n: -used[n])
-        )
+        busy = sorted((n for n in waited if used.get(n, 0) > 0.3), key=lambda n: -used[n])
+        return ", ".join(f"{n} {waited[n] / used[n]:.1f}" for n in busy)
 
     def per_unit(self, start_ms: int, end_ms: int, units: int) -> str:
         """CPU milliseconds per unit of work (a run, a request) per process."""
@@ -599,16 +597,20 @@ def read_entries(files: list[Path], kind: str = "") -> dict[str, int]:
     return got
 
 
-def produced_at(keys: list[str], platform: Platform, runs: list[str]) -> dict[str, dict]:
+def produced_at(
+    keys: list[str], platform: Platform, runs: list[str], runs_reader: Reader | None
+) -> dict[str, dict]:
     """Per run: when the relay produced it (the run topic record's timestamp, read
-    after the window so that no extra consumer loads the machine during it) and
-    when the dispatcher did (the queue record's, as the SDK worker read it)."""
-    relayed: dict[str, int] = {}
-    with Reader(runs) as after:
+    after the window so that no extra consumer loads the machine during it, or
+    from `--readers`' consumer, which has them already) and when the dispatcher
+    did (the queue record's, as the SDK worker read it)."""
+    with contextlib.nullcontext(runs_reader) if runs_reader else Reader(runs) as reader:
         deadline = time.monotonic() + 30
-        while len(relayed) < len(keys) and time.monotonic() < deadline:
+        while True:
+            relayed = {k.decode(): a.produced_ms for k, a in reader.arrivals.items()}
+            if len(relayed) >= len(keys) or time.monotonic() > deadline:
+                break
             time.sleep(0.2)
-            relayed = {k.decode(): a.produced_ms for k, a in after.arrivals.items()}
     return {"relay": relayed, "dispatcher": read_entries(platform.entry_files, "queued")}
 
 
@@ -782,7 +784,8 @@ def steady(
     say(f"steady: due -> an SDK worker holds the record (its poll):   {describe(to_worker)}")
     say(f"steady: due -> SDK handler entry (after StartRun):              {describe(to_handler)}")
     times = {"due": created, "held": held, "entry": entries}
-    times |= produced_at(keys, platform, [topics.runs(t["tenant_id"]) for t in tenants])
+    runs = [topics.runs(t["tenant_id"]) for t in tenants]
+    times |= produced_at(keys, platform, runs, runs_reader)
     split(times, keys)
     if dump is not None:
         dump_runs(dump, keys, times)
@@ -955,7 +958,7 @@ def main() -> None:
     parser.add_argument(
         "--dump",
         type=Path,
-        help="write each steady run's due, queued, held and entry ms here (TSV)",
+        help="write each steady run's due, produce (relay, dispatcher), held and entry ms (TSV)",
     )
     parser.add_argument(
         "--readers",
