@@ -30,6 +30,12 @@ core and this process from 4% to 10% at 200 runs/s, on a machine the steady
 case keeps busy. The steady case runs first, so they read only its records. Each
 figure is printed beside the CPU share of every process (PostgreSQL backends
 per service), the CPU each spent per completed run, and the machine's load.
+`--hold-only` measures (1) with the worker protocol's CPU taken off the machine:
+after the warm-up the SDK workers take each record and start nothing. At 200
+runs/s StartRun and CompleteRun (gateway, its PostgreSQL backends, the SDK's
+HTTP) take about a core of this machine's two, which a deployment spends on
+other hosts (the workers' own, a gateway scaled out); the dispatch path is the
+same processes either way.
 `--profile` runs the gateway under cProfile (each thread on its own CPU clock)
 and prints where its CPU went.
 
@@ -181,6 +187,12 @@ class Platform:
                 [sys.executable, __file__, "--worker", str(out), "--concurrency", str(concurrency)],
                 BENCH_WORKER_TARGETS=json.dumps(targets),
             )
+
+    def hold_only(self) -> None:
+        """From now on the SDK workers start nothing (worker_process, SIGUSR1)."""
+        for name, p in self.procs.items():
+            if name.startswith("worker"):
+                p.send_signal(signal.SIGUSR1)
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         """Timer and relay hold all 1024 partitions (the database is ours); the
@@ -544,10 +556,13 @@ def worker_process(out: str, concurrency: int) -> None:
     """One process, one SDK Worker per (topic, key) in BENCH_WORKER_TARGETS, each in
     a thread; the handler notes (run_id, entry ms) and returns, and each Worker
     notes when its consumer's poll handed it a record ("held", before StartRun).
-    Both go to `out` every half second; SIGTERM stops and drains every Worker."""
+    Both go to `out` every half second; SIGTERM stops and drains every Worker.
+    After SIGUSR1 (--hold-only) the Workers take each record and start nothing:
+    its offset is done, the run stays PENDING."""
     from cronwheel.sdk import Worker
 
     entries: deque[tuple] = deque()  # append and popleft are thread-safe
+    hold_only = threading.Event()
 
     class Timed(Worker):
         def _read(self, consumer, n: int, timeout: float):
@@ -560,6 +575,12 @@ def worker_process(out: str, concurrency: int) -> None:
                     entries.extend((("held", key, ms), ("queued", key, m.timestamp()[1])))
             return msgs
 
+        def _start(self, msgs, pool) -> None:
+            if not hold_only.is_set():
+                return super()._start(msgs, pool)
+            for m in msgs:
+                self._offsets.finish(m.topic(), m.partition(), m.offset())
+
     def handle(run) -> None:
         entries.append((run.run_id, now_ms()))
 
@@ -569,6 +590,7 @@ def worker_process(out: str, concurrency: int) -> None:
     ]
     signal.signal(signal.SIGTERM, lambda *_: [w.stop() for w in workers])
     signal.signal(signal.SIGINT, lambda *_: [w.stop() for w in workers])
+    signal.signal(signal.SIGUSR1, lambda *_: hold_only.set())
     threads = [threading.Thread(target=w.run, name=f"worker-{i}") for i, w in enumerate(workers)]
     for t in threads:
         t.start()
@@ -716,9 +738,11 @@ def steady(
     tenants,
     topics,
     dump: Path | None = None,
+    hold_only: bool = False,
 ) -> float:
     """200 every-second jobs, anchors spread over the second: dispatch latency.
-    Returns the completions per second the window saw."""
+    Returns the completions per second the window saw. `hold_only`: the workers
+    start nothing (Platform.hold_only), so only the time to held is measured."""
     batch = JobBatch(  # first due from 1.5 s on: check_like_create sees them unfired
         STEADY_JOBS,
         now_ms() - STEADY_EVERY_MS + 1500,
@@ -754,8 +778,8 @@ def steady(
     keys = [r[0] for r in rows]
     settle = now_ms() + SETTLE_MS
     while True:  # the window's last runs, up to SETTLE_MS after it
-        entries = read_entries(platform.entry_files)
         held = read_entries(platform.entry_files, "held")
+        entries = held if hold_only else read_entries(platform.entry_files)
         have = [sum(1 for k in keys if k in got) for got in (entries, held)]
         if reader is not None:
             arrived = reader.arrivals
@@ -782,7 +806,10 @@ def steady(
         " the window (a missing one counts as infinitely late)"
     )
     say(f"steady: due -> an SDK worker holds the record (its poll):   {describe(to_worker)}")
-    say(f"steady: due -> SDK handler entry (after StartRun):              {describe(to_handler)}")
+    if not hold_only:
+        say(
+            f"steady: due -> SDK handler entry (after StartRun):              {describe(to_handler)}"
+        )
     times = {"due": created, "held": held, "entry": entries}
     runs = [topics.runs(t["tenant_id"]) for t in tenants]
     times |= produced_at(keys, platform, runs, runs_reader)
@@ -798,11 +825,14 @@ def steady(
     say(f"steady: machine after: {machine_load()}")
     w99, h99 = percentile(to_worker, 99), percentile(to_handler, 99)
     verdict = "met" if w99 <= TARGET_P99_MS else "MISSED"
+    without = ", no StartRun on these cores (--hold-only)" if hold_only else ""
     say(
-        f"RESULT dispatch latency at {STEADY_JOBS} runs/s, due -> an SDK worker holds the record:"
-        f" p50 {percentile(to_worker, 50):.0f} ms, p99 {w99:.0f} ms"
+        f"RESULT dispatch latency at {STEADY_JOBS} runs/s, due -> an SDK worker holds the record"
+        f"{without}: p50 {percentile(to_worker, 50):.0f} ms, p99 {w99:.0f} ms"
         f" (target p99 <= {TARGET_P99_MS} ms: {verdict})"
     )
+    if hold_only:
+        return 0.0
     verdict = "met" if h99 <= TARGET_P99_MS else "MISSED"
     say(
         f"RESULT dispatch latency at {STEADY_JOBS} runs/s, due -> SDK handler entry:"
@@ -956,6 +986,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the gateway process")
     parser.add_argument("--steady-only", action="store_true", help="skip the storm")
     parser.add_argument(
+        "--hold-only",
+        action="store_true",
+        help="after the warm-up the SDK workers take each record and start nothing: the"
+        " dispatch path's latency without the worker protocol's CPU on the same cores"
+        " (implies --steady-only)",
+    )
+    parser.add_argument(
         "--dump",
         type=Path,
         help="write each steady run's due, produce (relay, dispatcher), held and entry ms (TSV)",
@@ -1004,6 +1041,9 @@ def main() -> None:
             ):
                 platform.start_workers(tenants, topics, WORKER_PROCS, CONCURRENCY)
                 warm_up(conn, platform, tenants, topics)
+                if args.hold_only:
+                    platform.hold_only()
+                    say("hold-only: from here the SDK workers take records and start none")
                 with CpuTimeline(platform) as cpu:
                     with (
                         Reader(queues, decode=True) if args.readers else _none() as reader,
@@ -1019,8 +1059,9 @@ def main() -> None:
                             tenants,
                             topics,
                             args.dump,
+                            args.hold_only,
                         )
-                    if not args.steady_only:
+                    if not (args.steady_only or args.hold_only):
                         storm(conn, url, platform, cpu, tenants, topics, rate)
             if args.profile:
                 profile_report(profile)
