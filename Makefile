@@ -61,6 +61,8 @@ test: install lint check-schemas migrate ## install, bring the stack up, run the
 
 bench: migrate ## benchmarks under bench/, printing their figures
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@# The dispatch path again, with the worker protocol's CPU off these cores.
+	@echo "== bench/bench_lifecycle.py --hold-only"; $(BIN)/python bench/bench_lifecycle.py --hold-only
 
 clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
 	rm -rf .cronwheel
