@@ -6,6 +6,15 @@ a record means, not in this.
 
 Offsets are bookmarks here, never the idempotency record (that is the
 database), so a failed commit only means records come again and are skipped.
+
+Rebalance callbacks (on_assign, on_revoke) run inside the consumer's own
+consume() or poll(). They may commit and read committed offsets, which do not
+touch the client's call state, but they must not call list_topics, consume,
+poll or close on the same consumer. confluent-kafka keeps one call state per
+client and thread, and a nested call clears it. The next callback of the same
+consume() (on_commit, the other half of a cooperative rebalance) then aborts
+the whole process with "CallState_get: Assertion `cs != NULL' failed".
+Ask another client (the service's producer) for metadata instead.
 """
 
 from __future__ import annotations

@@ -229,19 +229,34 @@ class Placement:
         self.producer = producer
         self._counts: dict[str, int] = {}
 
-    def __call__(self, topic: str, rank: int, key) -> dict:
-        """{"partition": p} for produce(), or {} (the producer's partitioner)
-        while the topic's partition count is unknown or it is too small."""
+    def partitions(self, topic: str) -> int | None:
+        """The topic's partition count, asked of the broker through the
+        producer once; None while the broker does not know the topic.
+
+        Safe inside a consumer's rebalance callback, because it asks through
+        another client (see cronwheel.consuming on callbacks)."""
         n = self._counts.get(topic)
         if n is None:
             try:
                 meta = self.producer.list_topics(topic, timeout=5).topics.get(topic)
             except Exception as exc:  # KafkaException: asked again next time
                 log.warning("no metadata for %s: %s", topic, exc)
-                return {}
+                return None
             if meta is None or meta.error is not None or not meta.partitions:
-                return {}
+                return None
             n = self._counts[topic] = len(meta.partitions)
+        return n
+
+    def known(self, topic: str) -> int | None:
+        """The partition count if already asked, without asking the broker."""
+        return self._counts.get(topic)
+
+    def __call__(self, topic: str, rank: int, key) -> dict:
+        """{"partition": p} for produce(), or {} (the producer's partitioner)
+        while the topic's partition count is unknown or it is too small."""
+        n = self.partitions(topic)
+        if n is None:
+            return {}
         p = partition_for(rank, bytes(key) if key is not None else None, n)
         return {} if p is None else {"partition": p}
 

@@ -187,12 +187,11 @@ class Dispatcher:
         self._stop = threading.Event()
         self._uncommitted = False  # batches finished since the last commit
         self._known_topics: set[str] = set()  # destinations known to exist
-        # Priority: partition counts of run topics, where each partition was
+        # Priority: where each partition was
         # consumed to (next offset; committed offsets until the first record),
         # what is paused for a higher class, and since when a class waits.
         self.class_pausing = class_pausing
         self.stall_ms = stall_ms
-        self._counts: dict[str, int] = {}
         self._classes: dict[tuple[str, int], int | None] = {}  # _class_of's answers
         self._next: dict[tuple[str, int], int] = {}
         self._class_paused: set[tuple[str, int]] = set()
@@ -488,15 +487,11 @@ class Dispatcher:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Learn new run topics' partition counts and where the group left off,
-        so a class's waiting records are seen before the first one is read."""
-        for topic in {tp.topic for tp in partitions} - set(self._counts):
-            try:
-                meta = consumer.list_topics(topic, timeout=5).topics.get(topic)
-            except KafkaException as exc:
-                log.warning("no metadata for %s: %s", topic, exc)
-                continue
-            if meta is not None and meta.error is None and meta.partitions:
-                self._counts[topic] = len(meta.partitions)
+        so a class's waiting records are seen before the first one is read.
+        The counts come through the producer, never this consumer: a callback
+        must not call list_topics on the consumer that runs it (consuming)."""
+        for topic in {tp.topic for tp in partitions}:
+            self._placement.partitions(topic)
         try:
             committed = consumer.committed(partitions, timeout=5)
         except KafkaException as exc:
@@ -513,9 +508,9 @@ class Dispatcher:
             return self._classes[key]
         except KeyError:
             pass
-        n = self._counts.get(topic)
+        n = self._placement.known(topic)
         if n is None:
-            return None  # not cached: the count may come with the next assignment
+            return None  # not asked yet: the count comes with the next assignment
         rank = self._classes[key] = class_of_partition(partition, n)
         return rank
 
