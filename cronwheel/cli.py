@@ -7,10 +7,7 @@ import argparse
 import importlib
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 
 from cronwheel import config
 from cronwheel.cli_admin import add_parsers as add_admin_parsers
@@ -51,6 +48,12 @@ def cmd_status(args) -> None:
 def _print_status(st: dict) -> None:
     print(f"postgres  {st['postgres']:<24} {st['database_url']}")
     print(f"kafka     {st['kafka']:<24} {st['kafka_bootstrap']}")
+    for name, svc in sorted((st.get("services") or {}).items()):
+        state = f"{svc['state']} (pid {svc['pid']})" if svc.get("pid") else svc["state"]
+        line = f"{name:<9} {state:<24} restarts {svc['restarts']}"
+        if svc.get("last_exit"):
+            line += f", last: {svc['last_exit']}"
+        print(line)
 
 
 def cmd_migrate(args) -> None:
@@ -114,37 +117,15 @@ def cmd_dev(args) -> None:
 
 
 def _supervise(names: list[str]) -> None:
-    """Run each service as its own process; stop them all on SIGINT/SIGTERM or when
-    one exits, so a crash is visible instead of a half-running system."""
-    procs = {
-        n: subprocess.Popen([sys.executable, "-m", "cronwheel.cli", "serve", n]) for n in names
-    }
-    print(f"cronwheel dev: running {', '.join(names)}", flush=True)
-    stopping = False
+    """Run each service as its own process under the supervisor: a service
+    that dies is started again (with backoff and a line saying why) while the
+    others go on; SIGINT/SIGTERM stops them all."""
+    from cronwheel.runtime import stop_on_signals
+    from cronwheel.supervisor import Supervisor
 
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        while not stopping:
-            for name, p in procs.items():
-                if p.poll() is not None:
-                    print(f"service {name} exited with {p.returncode}", file=sys.stderr)
-                    stopping = True
-            time.sleep(0.2)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
+    commands = {n: [sys.executable, "-m", "cronwheel.cli", "serve", n] for n in names}
+    home = config.project_home()
+    Supervisor(commands, home).run(stop_on_signals())
 
 
 def cmd_preview(args) -> None:

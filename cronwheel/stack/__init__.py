@@ -37,8 +37,15 @@ def down() -> dict:
 
 
 def status() -> dict:
+    """The stack's servers and addresses; with `services` (each one's pid,
+    state, restarts and last exit) while `cronwheel dev` runs them."""
+    from cronwheel.supervisor import read_state
+
     pg, kafka = _parts()
+    supervised = read_state(config.project_home())
+    services = {"services": supervised["services"]} if supervised else {}
     return {
+        **services,
         "database_url": config.database_url(),
         "kafka_bootstrap": config.kafka_bootstrap(),
         "postgres": "external" if config.external_database() else _state(pg.pid),
