@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer
@@ -34,10 +35,6 @@ class Topics:
     def runs(self, tenant_id: str) -> str:
         return f"{self.prefix}.runs.{_safe(tenant_id)}"
 
-    @property
-    def runs_pattern(self) -> str:
-        return f"^{re.escape(self.prefix)}\\.runs\\..*"
-
     def queue(self, tenant_id: str, queue: str) -> str:
         return f"{self.prefix}.q.{_safe(tenant_id)}.{_safe(queue)}"
 
@@ -54,6 +51,11 @@ class Topics:
     @property
     def dead_letter(self) -> str:
         return f"{self.prefix}.dead-letter"
+
+
+# Partitions of a tenant's run topic: a quarter per priority class, two each
+# (cronwheel.store.outbox.class_partitions), as the broker's default made them.
+RUN_PARTITIONS = 8
 
 
 def _safe(part: str) -> str:
@@ -104,16 +106,42 @@ def admin(bootstrap: str | None = None) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap or config.kafka_bootstrap(), "log_level": 3})
 
 
-def ensure_topics(names: list[str], partitions: int = 8, bootstrap: str | None = None) -> None:
-    """Create topics that do not exist yet; an existing topic is not an error."""
-    client = admin(bootstrap)
-    existing = set(client.list_topics(timeout=10).topics)
-    wanted = [NewTopic(n, partitions, 1) for n in names if n not in existing]
-    if not wanted:
+def ensure_topics(
+    names: list[str], partitions: int = 8, bootstrap: str | None = None, client=None
+) -> None:
+    """Create topics that do not exist yet; an existing topic is not an error.
+    One CreateTopics request for all of them (no cluster-wide listing first:
+    with thousands of tenant topics that costs more than the create).
+
+    Returns once the broker's metadata names every new topic with a leader for
+    each partition, so a consumer that subscribes to it next is assigned at
+    once (the controller acknowledges the create before the broker knows it)."""
+    if not names:
         return
+    client = client or admin(bootstrap)
+    wanted = [NewTopic(n, partitions, 1) for n in names]
+    created = []
     for name, fut in client.create_topics(wanted, operation_timeout=10).items():
         try:
             fut.result()
-        except Exception as e:  # created concurrently by another process
+            created.append(name)
+        except Exception as e:  # created already, or concurrently by another process
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise RuntimeError(f"creating topic {name}: {e}") from e
+    deadline = time.monotonic() + 10
+    for name in created:
+        while not _has_leaders(client, name) and time.monotonic() < deadline:
+            time.sleep(0.01)  # a poll of the broker's metadata, bounded by the deadline
+
+
+def _has_leaders(client, name: str) -> bool:
+    try:
+        meta = client.list_topics(name, timeout=5).topics.get(name)
+    except Exception:  # KafkaException: asked again
+        return False
+    return bool(
+        meta is not None
+        and meta.error is None
+        and meta.partitions
+        and all(p.leader >= 0 for p in meta.partitions.values())
+    )

@@ -55,6 +55,7 @@ from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
 from cronwheel.store.outbox import Placement, class_of_partition
 from cronwheel.store.quotas import Buckets
+from cronwheel.topic_watch import TopicWatch, announce
 
 log = logging.getLogger("cronwheel.dispatcher")
 
@@ -97,16 +98,21 @@ def route(topics: Topics, source_topic: str, value: bytes | None) -> tuple[str, 
     if owner_topic != source_topic:
         # Never let one tenant's topic deliver into another tenant's queue.
         raise Poison("wrong_tenant", f"tenant_id {tenant!r} does not own {source_topic}")
-    if target == "queue":
+    return destination(topics, tenant, target, datum["queue"]), datum
+
+
+def destination(topics: Topics, tenant: str, target_type: str, queue: str | None) -> str:
+    """The topic where a run of this target executes; Poison if there is none."""
+    if target_type == "queue":
         try:
-            return topics.queue(tenant, datum["queue"] or ""), datum
+            return topics.queue(tenant, queue or "")
         except ValueError:
-            raise Poison("bad_queue", f"queue target with queue {datum['queue']!r}") from None
-    if target == "webhook":
-        return topics.webhook(tenant), datum
-    if target == "managed":
-        return topics.managed(tenant), datum
-    raise Poison("unknown_target", f"unknown target_type {target!r}")
+            raise Poison("bad_queue", f"queue target with queue {queue!r}") from None
+    if target_type == "webhook":
+        return topics.webhook(tenant)
+    if target_type == "managed":
+        return topics.managed(tenant)
+    raise Poison("unknown_target", f"unknown target_type {target_type!r}")
 
 
 @dataclass
@@ -160,6 +166,7 @@ class Dispatcher:
         stall_ms: int = 1_000,
         quotas: Buckets | None = None,
         processed_retention_ms: int | None = None,
+        topic_scan_s: float = 30.0,
     ):
         self.dsn = dsn
         self.bootstrap = bootstrap
@@ -201,6 +208,19 @@ class Dispatcher:
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
         self._held_until: dict[tuple[str, int], int] = {}
+        self._admin = kafka.admin(bootstrap)
+        # The run topics, by name: one per tenant, created when the tenant is.
+        self.watch = TopicWatch(
+            dsn,
+            self.producer,
+            f"{topics.prefix}.runs.",
+            tenant_topic=topics.runs,
+            ensure=lambda names: kafka.ensure_topics(
+                names, partitions=kafka.RUN_PARTITIONS, client=self._admin
+            ),
+            on_destination=self._new_destination,
+            scan_every_s=topic_scan_s,
+        )
 
     # -- the loop -------------------------------------------------------------
 
@@ -215,13 +235,12 @@ class Dispatcher:
             },
         )
         self._consumer = consumer
-        consumer.subscribe(
-            [self.topics.runs_pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
         self._stop = stop
         next_lag = 0.0
         try:
             while not stop.is_set():
+                if (names := self.watch.poll()) is not None:
+                    consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke)
                 msgs = self._released(consumer) + self._consume(consumer)
                 if msgs:
                     msgs = self._within_quota(consumer, msgs, stop)
@@ -243,6 +262,7 @@ class Dispatcher:
             self._commit(asynchronous=False)  # only settled batches are in _done
             consumer.close()
             self._consumer = None
+            self.watch.close()
             self.close()
 
     def close(self) -> None:
@@ -272,6 +292,8 @@ class Dispatcher:
                     self._progress[rank] = time.monotonic()
             elif err.fatal():
                 raise KafkaException(err)
+            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                log.debug("consume: %s", err)  # a subscribed topic deleted or not yet known
             elif err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume: %s", err)
         return good
@@ -403,11 +425,22 @@ class Dispatcher:
         if not missing:
             return
         try:
-            kafka.ensure_topics(sorted(missing), bootstrap=self.bootstrap)
+            kafka.ensure_topics(sorted(missing), client=self._admin)
         except Exception as exc:  # produce retries until the topic exists
             log.warning("could not create topics %s: %s", sorted(missing), exc)
             return
         self._known_topics |= missing
+        # The webhook service and the executor subscribe to their topics by name.
+        self._with_db(lambda c: announce(c, sorted(missing)), self._stop)
+
+    def _new_destination(self, tenant: str, target_type: str, queue: str) -> None:
+        """A job was created or retargeted: its destination topic exists before
+        its first run comes (created now, not in that run's path)."""
+        try:
+            name = destination(self.topics, tenant, target_type, queue)
+        except (Poison, ValueError):
+            return  # not a target this dispatcher routes; its runs say so when they come
+        self._ensure_topics({name})
 
     def _dead_letter(self, m: Message, p: Poison) -> _Out:
         log.warning("dead-lettering %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason)

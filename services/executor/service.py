@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from cronwheel.core.runs import priority_rank
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.topic_watch import TopicWatch
 from services.executor.sandbox import (
     PAYLOAD_FILE,
     Exit,
@@ -132,12 +132,13 @@ class Executor:
         self.instance = instance or uuid.uuid4().hex[:12]
         self.worker_id = f"executor:{self.instance}"
         self.group_id = group_id or f"{topics.prefix}.executor"
-        self.pattern = f"^{re.escape(topics.prefix)}\\.managed\\..*"
         self.session_timeout_ms = session_timeout_ms
         self.shutdown_grace_ms = shutdown_grace_ms
         self.idle_ms = idle_ms
         self.lifecycle = Lifecycle(topics)
         self.producer = kafka.producer(bootstrap)
+        # Managed topics by name, announced by the dispatcher when it creates one.
+        self.watch = TopicWatch(dsn, self.producer, f"{topics.prefix}.managed.")
         self.started_total = 0
         self._db = Reconnecting(self.dsn, log)
         self._consumer: Consumer | None = None
@@ -168,10 +169,11 @@ class Executor:
             },
         )
         self._consumer = consumer
-        consumer.subscribe([self.pattern], on_revoke=self._on_revoke)
         pacer = consuming.Pacer(0.5)
         try:
             while not stop.is_set():
+                if (names := self.watch.poll()) is not None:
+                    consumer.subscribe(names, on_revoke=self._on_revoke)
                 self._retry_held(consumer, stop)
                 msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
                 if msg is not None and not self._consumed(msg):
@@ -183,6 +185,7 @@ class Executor:
             self._commit(asynchronous=False)
             consumer.close()
             self._consumer = None
+            self.watch.close()
             self.producer.flush(10)
             self._db.close()
             for db in self._dbs:

@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -64,6 +63,7 @@ from cronwheel.sdk.offsets import OffsetTracker
 from cronwheel.store import webhooks
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
 from cronwheel.store.webhooks import DeliveryTarget
+from cronwheel.topic_watch import TopicWatch
 from services.webhook import delivery, signing
 from services.webhook.breaker import State
 from services.webhook.database import Database, Stopping
@@ -161,7 +161,6 @@ class WebhookService:
         self.allow = allowed_networks() if allow is None else list(allow)
         self.settings = settings or Settings()
         self.group_id = group_id or f"{topics.prefix}.webhook"
-        self.pattern = f"^{re.escape(topics.prefix)}\\.webhook\\..*"
         self.lifecycle = Lifecycle(topics)
         self.counts: Counter[str] = Counter()  # outcomes, for tests and the bench
         self.endpoints: Endpoints | None = None
@@ -194,6 +193,8 @@ class WebhookService:
         self._waiting: set[asyncio.Task] = set()
         self._active: set[tuple[str, int]] = set()
         self._producer = kafka.producer(self.bootstrap)
+        # Webhook topics by name, announced by the dispatcher when it creates one.
+        self._watch = TopicWatch(self.dsn, self._producer, f"{self.topics.prefix}.webhook.")
         self._client = Client(
             Guard(self.allow),
             keepalive_s=s.keepalive_ms / 1000,
@@ -239,11 +240,13 @@ class WebhookService:
                 "on_commit": consuming.on_commit,
             },
         )
-        consumer.subscribe([self.pattern], on_revoke=self._on_revoke)
         return consumer
 
     def _consume(self, consumer: Consumer) -> list[Message]:
-        """Block briefly for one record, then take what else is there."""
+        """Block briefly for one record, then take what else is there; first,
+        subscribe to the webhook topics again if new ones were announced."""
+        if (names := self._watch.poll()) is not None:
+            consumer.subscribe(names, on_revoke=self._on_revoke)
         msgs = consumer.consume(1, timeout=0.1)
         if msgs:
             msgs += consumer.consume(self.settings.batch - 1, timeout=0.002)
@@ -593,6 +596,7 @@ class WebhookService:
         self._producer.flush(self.settings.shutdown_grace_ms / 1000)
         self._commit(consumer, asynchronous=False)
         consumer.close()
+        self._watch.close()
 
 
 def _skip_reason(rec: dict, t: DeliveryTarget | None) -> str | None:

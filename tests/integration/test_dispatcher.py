@@ -15,6 +15,7 @@ from cronwheel import kafka
 from cronwheel.core import events
 from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
+from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.store.outbox import class_of_partition
 from services.dispatcher.service import Dispatcher
 from tests.support.kafka import drain
@@ -205,9 +206,63 @@ def test_poison__garbage_wrong_record_unknown_target__dead_lettered__records_beh
     assert {r: dead(r) - before[r] for r in reasons} == dict.fromkeys(reasons, 1.0)
 
 
-def test_new_tenant_topic__created_after_start__is_picked_up(database_url, kafka_bootstrap, topics):
+def test_new_tenant__row_committed__run_topic_created_and_read_without_waiting_for_a_scan(
+    database_url, kafka_bootstrap, topics
+):
+    """The tenants trigger announces the tenant; the dispatcher creates its run
+    topic and subscribes by name. The broker scan is off (an hour), so only the
+    notification can explain the forward."""
+    tenant = f"new{uuid.uuid4().hex[:6]}"
+    admin = kafka.admin(kafka_bootstrap)
+    with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
+        wait_for(lambda: d.watch.names is not None and d._consumer is not None, what="started")
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO tenants (tenant_id, name) VALUES (%s, %s)", [tenant, tenant])
+        wait_for(
+            lambda: topics.runs(tenant) in admin.list_topics(timeout=10).topics,
+            timeout=30,
+            what="the dispatcher created the new tenant's run topic",
+        )
+        wait_for(lambda: topics.runs(tenant) in d.watch.names, timeout=10, what="subscribed")
+        meta = admin.list_topics(topics.runs(tenant), timeout=10).topics[topics.runs(tenant)]
+        assert len(meta.partitions) == kafka.RUN_PARTITIONS
+        produce(kafka_bootstrap, topics.runs(tenant), [(b"r-1", ready(tenant, "r-1"))])
+        got = drain(kafka_bootstrap, topics.queue(tenant, "billing"), want=1, timeout=30)
+    assert [d["run_id"] for _t, _k, _n, d, _m in got] == ["r-1"]
+
+
+def test_job_created__its_queue_topic_made_before_any_run__announced_destination(
+    database_url, kafka_bootstrap, topics
+):
+    """The jobs trigger names the job's destination; the dispatcher creates the
+    topic then, so the first run's forward does not wait for a CreateTopics
+    (and a worker that subscribes to the job's topic finds it)."""
+    admin = kafka.admin(kafka_bootstrap)
+    with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
+        wait_for(lambda: d._consumer is not None, what="started")
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            tenant = create_tenant(conn, f"t{uuid.uuid4().hex[:6]}")
+            body = {
+                "name": "nightly",
+                "schedule": {"cron": "0 3 * * *", "timezone": "UTC"},
+                "target": {"type": "queue", "queue": "reports"},
+            }
+            with conn.transaction():
+                Jobs(topics).create(conn, tenant, body, 1_700_000_000_000)
+        queue = topics.queue(tenant["tenant_id"], "reports")
+        wait_for(
+            lambda: queue in admin.list_topics(timeout=10).topics,
+            timeout=30,
+            what="the job's queue topic, before any run",
+        )
+        assert d.forwarded_total == 0
+
+
+def test_run_topic_of_no_known_tenant__created_after_start__found_by_the_broker_scan(
+    database_url, kafka_bootstrap, topics
+):
     produce(kafka_bootstrap, topics.runs("acme"), [(b"r-a", ready("acme", "r-a"))])
-    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
+    with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=1)):
         assert drain(kafka_bootstrap, topics.queue("acme", "billing"), want=1)
         late = f"late{uuid.uuid4().hex[:6]}"
         produce(kafka_bootstrap, topics.runs(late), [(b"r-b", ready(late, "r-b"))])

@@ -1,0 +1,15 @@
+-- The per-tenant topics consumers subscribe to by name (cronwheel/topic_watch.py).
+-- Channels: cw_tenants (a tenant_id, from the tenants trigger, migration 0015)
+-- cw_topics (a topic name, from whoever created the topic) and cw_destinations
+-- ("<tenant>:<type>:<queue>", from the jobs trigger), all in migration 0015.
+
+-- name: listen
+LISTEN cw_tenants;
+LISTEN cw_topics;
+LISTEN cw_destinations;
+
+-- name: tenant_ids
+SELECT tenant_id FROM tenants ORDER BY tenant_id;
+
+-- name: announce_topics
+SELECT pg_notify('cw_topics', t) FROM unnest(%(topics)s::text[]) AS t;
