@@ -113,9 +113,11 @@ RETURNING run_id
 @dataclass
 class Call:
     at: float  # scheduled send time (time.monotonic())
-    kind: str  # start | complete
+    kind: str  # start | complete | post (path and body given)
     run_id: str
     key: str
+    path: str = ""
+    body: bytes = b""
     sent: float = 0.0
     done: float = 0.0
     status: int = 0
@@ -208,14 +210,16 @@ class OpenLoop:
 
     async def _sender(self, conn: _Connection, queue: asyncio.Queue[Call | None]) -> None:
         while (c := await queue.get()) is not None:
-            if c.kind == "start":
-                body = _START_BODY
+            if c.kind == "post":
+                path, data = c.path, c.body
+            elif c.kind == "start":
+                path, data = f"/v1/runs/{c.run_id}/start", _START_BODY.encode()
             else:
                 token = self.tokens.get(c.run_id, "")
                 body = json.dumps({"attempt": 1, "start_token": token, "outcome": "SUCCEEDED"})
-            data = body.encode()
+                path, data = f"/v1/runs/{c.run_id}/complete", body.encode()
             request = (
-                f"POST /v1/runs/{c.run_id}/{c.kind} HTTP/1.1\r\n"
+                f"POST {path} HTTP/1.1\r\n"
                 f"Host: {self.host}:{self.port}\r\n"
                 f"Authorization: Bearer {c.key}\r\n"
                 "Content-Type: application/json\r\n"

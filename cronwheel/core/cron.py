@@ -12,6 +12,7 @@ wall-clock times. ``cronwheel.core.schedule`` maps those to real instants.
 from __future__ import annotations
 
 import calendar
+import functools
 from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import MAXYEAR, datetime, timedelta
@@ -220,9 +221,17 @@ class Cron:
 
 
 def parse_cron(text: str) -> Cron:
-    """Parse 5 fields (minute hour dom month dow), 6 with seconds first, or an @-shortcut."""
+    """Parse 5 fields (minute hour dom month dow), 6 with seconds first, or an @-shortcut.
+
+    Cached by text: a Cron is immutable, and thousands of jobs share a handful
+    of expressions (registering a batch parsed each one twice)."""
     if not isinstance(text, str):
         raise CronError("expression must be a string")
+    return _parse_cron(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cron(text: str) -> Cron:
     text = text.strip()
     if text.startswith("@") and text.lower() not in _MACROS:
         raise CronError(f"unknown shortcut {text!r}")

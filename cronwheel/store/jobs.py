@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -34,6 +35,9 @@ Q = queries("jobs")
 QF = queries("firing")
 MAX_BACKFILL = 1000
 DEFAULT_CLASSES = ("high", "normal", "low")
+# What refuses one job of a batch without refusing the others: bad input
+# (OverflowError: an instant or interval beyond what a calendar holds).
+REFUSALS = (ValidationError, Conflict, NotFound, OverflowError)
 
 
 def hash_key(secret: str) -> bytes:
@@ -215,30 +219,88 @@ class Jobs:
 
     # -- changes -----------------------------------------------------------
     def create(self, conn, tenant: dict, body: Any, now: int) -> dict:
-        spec = parse_job(body, now_ms=now, allowed_priorities=tuple(tenant["priority_classes"]))
-        job_id = new_id("job")
-        partition = partition_of(job_id)
-        sched = parse_schedule(spec.schedule, anchor_ms=now)
-        nxt = next_due(sched, job_id, now, spec.jitter_ms)
-        with conn.transaction():
-            conn.execute(
-                Q["insert_job"],
+        """One job: create_many's answer for it, or its error raised."""
+        (result,) = self.create_many(conn, tenant, [body], now)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def create_many(
+        self,
+        conn,
+        tenant: dict,
+        bodies: list[Any],
+        now: int,
+        check: Callable[[Any], None] | None = None,
+    ) -> list[dict | Exception]:
+        """Each body's job, in order: its view (what POST /v1/jobs answers) or
+        the error that refused it (a ValidationError and the like, raised by
+        `check` or parse_job). One bad body refuses only itself. The valid ones
+        are written together in one transaction: one statement batch each for
+        jobs and timers, one notify for the earliest timer, one read back."""
+        results: list[dict | Exception | None] = [None] * len(bodies)
+        made: list[tuple[int, str, int, JobSpec, int | None]] = []  # (index, id, part, spec, due)
+        for i, body in enumerate(bodies):
+            try:
+                if check is not None:
+                    check(body)
+                spec = parse_job(
+                    body, now_ms=now, allowed_priorities=tuple(tenant["priority_classes"])
+                )
+                job_id = new_id("job")
+                nxt = next_due(
+                    parse_schedule(spec.schedule, anchor_ms=now), job_id, now, spec.jitter_ms
+                )
+            except REFUSALS as e:
+                results[i] = e
+                continue
+            made.append((i, job_id, partition_of(job_id), spec, nxt[1] if nxt else None))
+        if not made:
+            return results  # type: ignore[return-value]
+        secrets_by_job: dict[str, str] = {}
+        columns = [_spec_columns(spec) for _i, _j, _p, spec, _d in made]
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                Q["insert_jobs"],
                 {
-                    "partition_id": partition,
-                    "job_id": job_id,
                     "tenant_id": tenant["tenant_id"],
                     "now": to_dt(now),
-                    **_spec_columns(spec),
+                    "partition_id": [part for _i, _j, part, _s, _d in made],
+                    "job_id": [job_id for _i, job_id, _p, _s, _d in made],
+                    **{k: [c[k] for c in columns] for k in columns[0]},
                 },
-            )
-            _set_timer(conn, job_id, partition, nxt[1] if nxt else None, spec.priority)
-            secret = None
-            if spec.target["type"] == "webhook":
-                secret = webhooks.create_secret(conn, tenant["tenant_id"], job_id, now)
-        out = self.get(conn, tenant["tenant_id"], job_id, now=now)
-        if secret:
-            out["signing_secret"] = secret  # shown once
-        return out
+            ).fetchall()
+            timers = [(job_id, part, due, spec) for _i, job_id, part, spec, due in made if due]
+            if timers:
+                conn.execute(
+                    QF["insert_new_job_timers"],
+                    {
+                        "tenant_id": tenant["tenant_id"],
+                        "p": [p for _j, p, _d, _s in timers],
+                        "id": [job_timer_id(j) for j, _p, _d, _s in timers],
+                        "owner": [j for j, _p, _d, _s in timers],
+                        "due": [to_dt(d) for _j, _p, d, _s in timers],
+                        "prio": [PRIORITY_RANK[s.priority] for _j, _p, _d, s in timers],
+                    },
+                )
+                conn.execute(QF["notify_timer"], {"due_ms": min(d for _j, _p, d, _s in timers)})
+            for _i, job_id, _part, spec, _due in made:
+                if spec.target["type"] == "webhook":
+                    secrets_by_job[job_id] = webhooks.create_secret(
+                        conn, tenant["tenant_id"], job_id, now
+                    )
+        due_of = {job_id: due for _i, job_id, _p, _s, due in made}
+        views = {}
+        for row in rows:  # as get_job shows them: the row and its timer's due time
+            row["next_due_at"] = to_dt(due_of[row["job_id"]]) if due_of[row["job_id"]] else None
+            view = self.view(row)
+            if row["job_id"] in secrets_by_job:
+                view["signing_secret_ids"] = webhooks.secret_ids(conn, row["job_id"], now)
+                view["signing_secret"] = secrets_by_job[row["job_id"]]  # shown once
+            views[row["job_id"]] = view
+        for i, job_id, _part, _spec, _due in made:
+            results[i] = views[job_id]
+        return results  # type: ignore[return-value]
 
     def update(self, conn, tenant: dict, job_id: str, patch: Any, now: int) -> dict:
         """Merge `patch` into the job as the API shows it, validate the whole, and

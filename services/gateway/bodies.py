@@ -19,6 +19,9 @@ from fastapi import Depends, Request
 from services.gateway.problems import Problem
 
 MAX_BODY_BYTES = 512 * 1024
+# POST /v1/jobs/batch carries up to 1,000 jobs; each job's own limits still hold.
+MAX_BATCH_BODY_BYTES = 8 * 1024 * 1024
+NOT_AN_OBJECT = "must be a JSON object"
 
 
 def _reject_constant(name: str) -> Any:
@@ -65,18 +68,18 @@ def _check_text(text: str, field: str) -> None:
         raise Problem(422, "INVALID_FIELD", "must be valid Unicode", field) from e
 
 
-async def read(request: Request) -> Any | None:
+async def read(request: Request, limit: int = MAX_BODY_BYTES) -> Any | None:
     """The parsed body, or None when there is none. Kept on request.state.body."""
     if hasattr(request.state, "body"):
         return request.state.body
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise _too_large()
+    if length and length.isdigit() and int(length) > limit:
+        raise _too_large(limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large()
+        if size > limit:
+            raise _too_large(limit)
         chunks.append(chunk)
     raw = b"".join(chunks)
     body = parse(raw) if raw.strip() else None
@@ -85,18 +88,24 @@ async def read(request: Request) -> Any | None:
     return body
 
 
-def _too_large() -> Problem:
-    return Problem(
-        413, "PAYLOAD_TOO_LARGE", f"the body is larger than {MAX_BODY_BYTES // 1024} KiB", "body"
-    )
+def _too_large(limit: int) -> Problem:
+    return Problem(413, "PAYLOAD_TOO_LARGE", f"the body is larger than {limit // 1024} KiB", "body")
 
 
 async def json_object(request: Request) -> dict:
-    body = await read(request)
+    return _an_object(await read(request))
+
+
+async def batch_object(request: Request) -> dict:
+    """A JSON object of up to MAX_BATCH_BODY_BYTES (POST /v1/jobs/batch)."""
+    return _an_object(await read(request, MAX_BATCH_BODY_BYTES))
+
+
+def _an_object(body: Any) -> dict:
     if body is None:
         raise Problem(422, "INVALID_FIELD", "a JSON object is required", "body")
     if not isinstance(body, dict):
-        raise Problem(422, "INVALID_FIELD", "must be a JSON object", "body")
+        raise Problem(422, "INVALID_FIELD", NOT_AN_OBJECT, "body")
     return body
 
 
@@ -106,9 +115,10 @@ async def optional_object(request: Request) -> dict:
     if body is None:
         return {}
     if not isinstance(body, dict):
-        raise Problem(422, "INVALID_FIELD", "must be a JSON object", "body")
+        raise Problem(422, "INVALID_FIELD", NOT_AN_OBJECT, "body")
     return body
 
 
 JsonObject = Annotated[dict, Depends(json_object)]
 OptionalObject = Annotated[dict, Depends(optional_object)]
+BatchObject = Annotated[dict, Depends(batch_object)]

@@ -313,6 +313,36 @@ PREVIEW = {
 }
 
 
+MAX_JOB_BATCH = 1000
+JOB_BATCH = {
+    "type": "object",
+    "required": ["jobs"],
+    "additionalProperties": False,
+    "properties": {
+        "jobs": {"type": "array", "minItems": 1, "maxItems": MAX_JOB_BATCH, "items": JOB_CREATE}
+    },
+}
+JOB_BATCH_RESULTS = {
+    "type": "object",
+    "required": ["results"],
+    "properties": {
+        "results": {
+            "type": "array",
+            "description": "one per job, in order: what its own POST /v1/jobs answers",
+            "items": {
+                "type": "object",
+                "required": ["status"],
+                "properties": {
+                    "status": {"type": "integer", "description": "201, or the problem's status"},
+                    "job": JOB,
+                    "problem": PROBLEM,
+                },
+            },
+        }
+    },
+}
+
+
 def page(item: dict) -> dict:
     return {
         "type": "object",

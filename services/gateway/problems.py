@@ -75,7 +75,15 @@ def from_exception(e: Exception) -> tuple[int, dict, dict[str, str]]:
         return 404, document(404, e.code, f"no such {e.what}"), {}
     if isinstance(e, Conflict):
         return e.status, document(e.status, e.code, e.message), {}
+    if isinstance(e, OverflowError):
+        return 422, out_of_range(), {}
     raise TypeError(f"not a request error: {e!r}")
+
+
+def out_of_range() -> dict:
+    # A stopgap: the core should name the field (see the gateway's report);
+    # an instant or interval beyond what a calendar holds is still bad input.
+    return document(422, "OUT_OF_RANGE", "a number or instant is out of range", "body")
 
 
 REQUEST_ERRORS = (Problem, ValidationError, NotFound, Conflict)
@@ -134,12 +142,9 @@ def install(app: FastAPI) -> None:
         doc = document(503, "UNAVAILABLE", "the database is unavailable or busy; retry")
         return render(503, doc, {"Retry-After": "1"})
 
-    async def out_of_range(request: Request, e: Exception) -> Response:
-        # A stopgap: the core should name the field (see the gateway's report);
-        # an instant or interval beyond what a calendar holds is still bad input.
+    async def overflow(request: Request, e: Exception) -> Response:
         log.warning("out-of-range input on %s %s: %s", request.method, request.url.path, e)
-        doc = document(422, "OUT_OF_RANGE", "a number or instant is out of range", "body")
-        return render(422, doc)
+        return render(422, out_of_range())
 
     async def server_error(request: Request, e: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -151,5 +156,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     for exc in (psycopg.OperationalError, psycopg.errors.TransactionRollback, PoolTimeout):
         app.add_exception_handler(exc, unavailable)
-    app.add_exception_handler(OverflowError, out_of_range)
+    app.add_exception_handler(OverflowError, overflow)
     app.add_exception_handler(Exception, server_error)

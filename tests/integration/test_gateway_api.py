@@ -13,6 +13,7 @@ from cronwheel.cli import main as cli_main
 from cronwheel.kafka import Topics
 from services.gateway.app import create_app
 from services.gateway.service import GatewayService
+from tests.support.gateway import served
 from tests.support.running import running
 
 pytestmark = pytest.mark.integration
@@ -29,14 +30,8 @@ QUEUE_JOB = {
 @pytest.fixture
 def client(database_url, kafka_bootstrap, topic_prefix):
     app = create_app(database_url, Topics(topic_prefix), kafka_bootstrap, "cwop_test_operator_key")
-    try:
-        with (
-            running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
-            httpx.Client(base_url=svc.url, timeout=10) as c,
-        ):
-            yield c
-    finally:
-        app.state.gateway.close()
+    with served(app) as c:
+        yield c
 
 
 def new_tenant(client: httpx.Client, name: str = "acme") -> dict:

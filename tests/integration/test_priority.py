@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import uuid
 
-import httpx
 import psycopg
 import pytest
 
@@ -22,8 +21,7 @@ from cronwheel.store.leases import Leases
 from cronwheel.store.quotas import fair_shares
 from services.gateway.app import create_app
 from services.gateway.routes import quotas as quota_routes
-from services.gateway.service import GatewayService
-from tests.support.running import running
+from tests.support.gateway import served
 
 pytestmark = pytest.mark.integration
 
@@ -103,14 +101,8 @@ def client(database_url, kafka_bootstrap, topic_prefix):
     paths = {getattr(r, "path", None) for r in app.routes}
     if "/v1/tenants/{tenant_id}/quotas" not in paths:  # until app.py includes it
         app.include_router(quota_routes.router)
-    try:
-        with (
-            running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
-            httpx.Client(base_url=svc.url, timeout=10) as c,
-        ):
-            yield c
-    finally:
-        app.state.gateway.close()
+    with served(app) as c:
+        yield c
 
 
 def job_body(priority: str) -> dict:

@@ -14,6 +14,20 @@ from tests.support.running import running
 
 
 @contextmanager
+def served(app) -> Iterator[httpx.Client]:
+    """Serve `app` on a free port and yield a client of it; the app's pool is
+    closed afterwards."""
+    try:
+        with (
+            running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
+            httpx.Client(base_url=svc.url, timeout=10) as c,
+        ):
+            yield c
+    finally:
+        app.state.gateway.close()
+
+
+@contextmanager
 def tenant_client(app, operator_key: str, name: str = "acme") -> Iterator[httpx.Client]:
     """Serve `app`, create tenant `name` with the operator key, and yield a client
     that authenticates as that tenant; the app's pool is closed afterwards."""

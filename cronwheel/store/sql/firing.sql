@@ -160,6 +160,14 @@ VALUES (%(p)s, %(id)s, %(kind)s, %(owner)s, %(due)s, %(prio)s, %(attempt)s,
 ON CONFLICT (partition_id, timer_id)
 DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = EXCLUDED.attempt;
 
+-- name: insert_new_job_timers
+-- The first timers of jobs just created (Jobs.create_many), one statement for
+-- all of them; the tenant is the jobs' (upsert_timer looks it up per row).
+INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt, tenant_id)
+SELECT x.p, x.id, 'job', x.owner, x.due, x.prio, NULL, %(tenant_id)s
+  FROM unnest(%(p)b::smallint[], %(id)b::text[], %(owner)b::text[], %(due)b::timestamptz[],
+              %(prio)b::smallint[]) AS x(p, id, owner, due, prio);
+
 -- name: notify_timer
 SELECT pg_notify('cw_timers', %(due_ms)s::text);
 

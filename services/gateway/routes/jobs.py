@@ -16,9 +16,10 @@ from fastapi import APIRouter, Query
 from cronwheel.core.clock import to_ms
 from cronwheel.core.errors import ValidationError
 from cronwheel.core.ssrf import check_webhook_url
+from services.gateway import bodies, problems
 from services.gateway import openapi as oa
 from services.gateway.auth import TenantCaller
-from services.gateway.bodies import JsonObject, OptionalObject
+from services.gateway.bodies import BatchObject, JsonObject, OptionalObject
 from services.gateway.routes import Gw, ident
 from services.gateway.transactions import Gateway, Reply
 
@@ -50,7 +51,7 @@ BACKFILLED = {
 
 
 def _check_destination(gw: Gateway, body: dict) -> None:
-    target = body.get("target")
+    target = body.get("target") if isinstance(body, dict) else None
     if isinstance(target, dict) and target.get("type") == "webhook":
         check_webhook_url(target.get("url"), allow=gw.webhook_allow)
 
@@ -68,6 +69,40 @@ def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
         return gw.jobs.create(tx.conn, tx.tenant, body, tx.now)
 
     return gw.as_tenant(who, create, 201)
+
+
+@router.post(
+    "/batch",
+    openapi_extra=oa.body(oa.JOB_BATCH),
+    responses=oa.ok(oa.JOB_BATCH_RESULTS, 200, 403, 413),
+    summary="Create 1 to 1,000 jobs; each answered as its own POST /v1/jobs would be",
+)
+def create_jobs(gw: Gw, who: TenantCaller, body: BatchObject):
+    unknown = sorted(set(body) - {"jobs"})
+    if unknown:
+        raise ValidationError(unknown[0], "is not a field of a job batch")
+    items = body.get("jobs")
+    if not isinstance(items, list) or not 1 <= len(items) <= oa.MAX_JOB_BATCH:
+        raise ValidationError("jobs", f"must be a list of 1 to {oa.MAX_JOB_BATCH} jobs")
+
+    def check(item) -> None:
+        """What the single call checks before the store: an object, a destination."""
+        if not isinstance(item, dict):
+            raise ValidationError("body", bodies.NOT_AN_OBJECT)
+        _check_destination(gw, item)
+
+    def create(tx):
+        results = gw.jobs.create_many(tx.conn, tx.tenant, items, tx.now, check=check)
+        return {"results": [_batch_result(r) for r in results]}
+
+    return gw.as_tenant(who, create)
+
+
+def _batch_result(result: dict | Exception) -> dict:
+    if isinstance(result, Exception):
+        status, doc, _headers = problems.from_exception(result)
+        return {"status": status, "problem": doc}
+    return {"status": 201, "job": result}
 
 
 @router.get("", responses=oa.ok(oa.page(oa.JOB)), summary="The tenant's jobs, oldest first")

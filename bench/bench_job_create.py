@@ -1,0 +1,136 @@
+"""Registering jobs over HTTP: POST /v1/jobs one per request, and
+POST /v1/jobs/batch with up to 1,000 per request, against `cronwheel serve
+gateway` as a process with its production settings.
+
+Phases, one after the other, each on fresh job names:
+  single   open loop at --rate requests/s (300) for --seconds (10) over 32
+           keep-alive connections (bench_gateway's lean client): the achieved
+           rate, latency p50 / p99 (from each request's scheduled send time,
+           so a queue that builds up shows) and the answers' status codes
+  batch    --batches (10) batches of --batch-size jobs (1,000) over 2
+           connections, closed loop: jobs/s from the first send to the last
+           answer, per-batch latency, per-job result statuses
+
+The jobs are cron jobs (`*/5 * * * *`, UTC) to queue targets, spread over 4
+tenants. The gateway's CPU and its PostgreSQL backends' are printed beside
+the figures. It prints figures and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+from bench_gateway import Call, OpenLoop
+from bench_lifecycle import CpuTimeline, Platform, profile_report
+from common import create_tenants, describe, fresh_database, header, machine_load, say
+
+from cronwheel.core.clock import now_ms
+
+TENANTS = 4
+
+
+def job(name: str) -> dict:
+    return {
+        "name": name,
+        "schedule": {"cron": "*/5 * * * *", "timezone": "UTC"},
+        "target": {"type": "queue", "queue": "reports"},
+        "payload": {"bench": True},
+    }
+
+
+def _measure(gw: Platform, calls: list[Call], connections: int) -> str:
+    """Send `calls` over `connections`; the CPU share of each process meanwhile."""
+    loop = OpenLoop(gw.base, connections)
+    start = now_ms()
+    try:
+        with CpuTimeline(gw, every_s=0.5) as cpu:
+            loop.run(calls)
+    finally:
+        loop.close()
+    return cpu.share(start, now_ms())
+
+
+def single(gw: Platform, keys: list[str], rate: int, seconds: int) -> None:
+    n = rate * seconds
+    t0 = time.monotonic() + 0.5
+    calls = [
+        Call(
+            t0 + i / rate,
+            "post",
+            "",
+            keys[i % len(keys)],
+            path="/v1/jobs",
+            body=json.dumps(job(f"single-{i}")).encode(),
+        )
+        for i in range(n)
+    ]
+    cpu = _measure(gw, calls, 32)
+    took = max(c.done for c in calls) - t0
+    statuses = Counter(c.status for c in calls)
+    say(f"single: {n} requests scheduled at {rate}/s; answered in {took:.1f} s")
+    say(f"single: achieved {n / took:.0f} jobs/s; statuses {dict(statuses)}")
+    say(f"single: latency {describe([c.latency_ms for c in calls])}")
+    say(f"single: CPU {cpu}")
+    say(f"RESULT single job creation {n / took:.0f}/s (target >= 300/s)")
+
+
+def batch(gw: Platform, keys: list[str], batches: int, size: int) -> None:
+    calls = []
+    for b in range(batches):
+        body = {"jobs": [job(f"batch-{b}-{i}") for i in range(size)]}
+        calls.append(
+            Call(0.0, "post", "", keys[b % len(keys)], path="/v1/jobs/batch",
+                 body=json.dumps(body).encode())
+        )  # fmt: skip
+    t0 = time.monotonic()
+    for c in calls:
+        c.at = t0  # closed loop: each connection sends the next as soon as it is free
+    cpu = _measure(gw, calls, 2)
+    took = max(c.done for c in calls) - t0
+    jobs = batches * size
+    statuses = Counter(c.status for c in calls)
+    say(
+        f"batch: {batches} x {size} jobs over 2 connections in {took:.1f} s; statuses {dict(statuses)}"
+    )
+    say(f"batch: per request {describe([(c.done - c.sent) * 1000 for c in calls])}")
+    say(f"batch: CPU {cpu}")
+    say(f"RESULT batched job creation {jobs / took:.0f}/s (target >= 2,000/s)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--rate", type=int, default=300)
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--only", choices=["single", "batch"])
+    ap.add_argument("--profile", action="store_true", help="cProfile the gateway (one process)")
+    args = ap.parse_args()
+    if min(args.rate, args.seconds, args.batches) < 1 or not 1 <= args.batch_size <= 1000:
+        ap.error("--rate, --seconds, --batches >= 1 and --batch-size 1..1000")
+    header("bench_job_create: registering jobs over HTTP")
+    prefix = f"bj{uuid.uuid4().hex[:8]}"
+    with fresh_database() as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            tenants = create_tenants(conn, TENANTS)
+        keys = [t["api_key"] for t in tenants]
+        profile = Path(tempfile.mkdtemp(prefix="cw-bench-prof-")) / "gateway.prof"
+        with Platform(url, prefix, ("gateway",), profile if args.profile else None) as gw:
+            say(f"load before: {machine_load()}")
+            if args.only in (None, "single"):
+                single(gw, keys, args.rate, args.seconds)
+            if args.only in (None, "batch"):
+                batch(gw, keys, args.batches, args.batch_size)
+        if args.profile:
+            profile_report(profile)
+
+
+if __name__ == "__main__":
+    main()
