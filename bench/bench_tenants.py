@@ -1,4 +1,5 @@
-"""Tenants: what a new tenant's first run costs in punctuality.
+"""Tenants: what a new tenant's first run costs in punctuality, and what idle
+tenants cost the platform.
 
 `--first-run` (the default case): timer, relay and dispatcher run as
 processes. Tenants are created one at a time (`--tenants`, one every
@@ -9,6 +10,16 @@ dispatcher's produce()) minus its scheduled instant; the same for the run
 topic's record (the relay's produce()). Printed: p50 / p99 / max of both, and
 how many records arrived.
 
+`--idle N[,N...]`: for each N, a fresh database and prefix with every
+service but the gateway running (timer, relay, dispatcher, workflow, webhook,
+executor); N tenants, each with a queue job firing every minute, made through
+the store (create_tenant, Jobs.create_many). Once every tenant's run and queue
+topics exist, and after a settling pause, `--window` seconds (30) are
+measured: the broker's partitions (this prefix's and the whole cluster's),
+its resident memory, and every process's CPU, with what fired meanwhile
+(~N runs a minute). The cost per tenant is (figure at N - figure at the
+smallest N) / (N - smallest N).
+
 It prints figures and asserts nothing.
 """
 
@@ -17,14 +28,17 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 from common import (
     Services,
+    cpu_seconds,
     delete_topics,
     describe,
     fresh_database,
     header,
+    kafka_broker_pid,
     machine_load,
     percentile,
     say,
@@ -66,6 +80,102 @@ def first_run(tenants: int, pace_ms: int, due_ms: int) -> None:
     say(f"due -> dispatcher produce() (ms): {describe(queue_late)}")
     delete_topics([topics.runs(t) for t, _ in made] + [topics.queue(t, "q") for t, _ in made])
     say(f"RESULT first-run lateness p99 {_p99(queue_late)} ms (target: the steady p99)")
+
+
+def idle(counts: list[int], window_s: int) -> None:
+    rows = []
+    for n in counts:
+        header(f"idle cost: {n} tenants, each with a queue job every minute")
+        rows.append(_idle_once(n, window_s))
+    base = rows[0]
+    say(
+        "tenants | prefix partitions | cluster partitions | broker RSS MB | broker CPU % | services CPU %"
+    )
+    for r in rows:
+        say(
+            f"{r['tenants']:>7} | {r['partitions']:>17} | {r['cluster_partitions']:>18} |"
+            f" {r['broker_rss_mb']:>13.0f} | {r['broker_cpu']:>12.1f} | {r['services_cpu']:>7.1f}"
+        )
+    for r in rows[1:]:
+        extra = r["tenants"] - base["tenants"]
+        say(
+            f"per extra tenant ({base['tenants']} -> {r['tenants']}):"
+            f" {(r['partitions'] - base['partitions']) / extra:.1f} partitions,"
+            f" {1000 * (r['broker_rss_mb'] - base['broker_rss_mb']) / extra:.0f} KB broker memory,"
+            f" {1000 * (r['broker_cpu'] - base['broker_cpu']) / extra:.2f} m% broker CPU,"
+            f" {1000 * (r['services_cpu'] - base['services_cpu']) / extra:.2f} m% services CPU"
+        )
+
+
+SERVICES = ("timer", "relay", "dispatcher", "workflow", "webhook", "executor")
+
+
+def _idle_once(n: int, window_s: int) -> dict:
+    prefix = f"bi{uuid.uuid4().hex[:8]}"
+    topics = Topics(prefix)
+    with fresh_database() as url, Services(url, prefix, SERVICES) as svc:
+        jobs = Jobs(topics)
+        t0 = time.monotonic()
+        with psycopg.connect(url, autocommit=True) as conn:
+            tenants = [create_tenant(conn, f"idle-{i}") for i in range(n)]
+            body = {
+                "name": "minutely",
+                "schedule": {"cron": "* * * * *", "timezone": "UTC"},
+                "target": {"type": "queue", "queue": "q"},
+            }
+            for t in tenants:
+                with conn.transaction():
+                    jobs.create_many(conn, t, [body], now_ms())
+        wanted = {topics.runs(t["tenant_id"]) for t in tenants}
+        wanted |= {topics.queue(t["tenant_id"], "q") for t in tenants}
+        admin = kafka.admin()
+        while True:
+            present = set(admin.list_topics(timeout=30).topics)
+            svc.check_alive()
+            if wanted <= present:
+                break
+            if time.monotonic() - t0 > 600:
+                say(f"only {len(wanted & present)} of {len(wanted)} topics after 600 s")
+                break
+            time.sleep(1)  # a poll of the broker's topic list, bounded above
+        say(f"{n} tenants and their {len(wanted)} topics ready in {time.monotonic() - t0:.0f} s")
+        time.sleep(10)  # settling: the rebalances and first fetch sessions
+        meta = admin.list_topics(timeout=30).topics
+        partitions = sum(len(t.partitions) for name, t in meta.items() if name.startswith(prefix))
+        cluster = sum(len(t.partitions) for t in meta.values())
+        broker = kafka_broker_pid()
+        before = svc.cpu()
+        b0 = cpu_seconds(broker) if broker else 0.0
+        time.sleep(window_s)  # the measured window
+        after = svc.cpu()
+        b1 = cpu_seconds(broker) if broker else 0.0
+        used = {k: 100 * (after[k] - before.get(k, 0.0)) / window_s for k in after}
+        used.pop("kafka-broker(shared)", None)
+        used.pop("bench-reader", None)
+        say("CPU % per process: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items())))
+        rss = _rss_mb(broker) if broker else 0.0
+        row = {
+            "tenants": n,
+            "partitions": partitions,
+            "cluster_partitions": cluster,
+            "broker_rss_mb": rss,
+            "broker_cpu": 100 * (b1 - b0) / window_s,
+            "services_cpu": sum(used.values()),
+        }
+        say(
+            f"partitions {partitions} (cluster {cluster}), broker RSS {rss:.0f} MB,"
+            f" broker CPU {row['broker_cpu']:.1f}%, services CPU {row['services_cpu']:.1f}%"
+        )
+    doomed = [t for t in present if t.startswith(prefix)]
+    delete_topics(doomed)
+    return row
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _p99(values: list[float]) -> str:
@@ -111,7 +221,12 @@ def main() -> None:
     ap.add_argument("--tenants", type=int, default=20)
     ap.add_argument("--pace-ms", type=int, default=500)
     ap.add_argument("--due-ms", type=int, default=3000)
+    ap.add_argument("--idle", help="tenant counts, comma-separated: the idle-cost case")
+    ap.add_argument("--window", type=int, default=30, help="seconds measured (--idle)")
     args = ap.parse_args()
+    if args.idle:
+        idle([int(x) for x in args.idle.split(",")], args.window)
+        return
     if min(args.tenants, args.pace_ms, args.due_ms) < 1:
         ap.error("--tenants, --pace-ms and --due-ms must be at least 1")
     first_run(args.tenants, args.pace_ms, args.due_ms)
