@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cronwheel import config
 
@@ -44,6 +44,15 @@ class Topics:
     def managed(self, tenant_id: str) -> str:
         return f"{self.prefix}.managed.{_safe(tenant_id)}"
 
+    def partitions(self, name: str) -> int:
+        """How many partitions the topic `name` starts with (see CLASS_PARTITIONS)."""
+        if name.startswith(f"{self.prefix}.q."):
+            return QUEUE_PARTITIONS
+        kinds = ("runs", "webhook", "managed")
+        if name.startswith(tuple(f"{self.prefix}.{k}." for k in kinds)):
+            return CLASS_PARTITIONS
+        return PLATFORM_PARTITIONS
+
     @property
     def run_completed(self) -> str:
         return f"{self.prefix}.run-completed"
@@ -53,9 +62,16 @@ class Topics:
         return f"{self.prefix}.dead-letter"
 
 
-# Partitions of a tenant's run topic: a quarter per priority class, two each
-# (cronwheel.store.outbox.class_partitions), as the broker's default made them.
-RUN_PARTITIONS = 8
+# Partitions a tenant's topics start with. An idle tenant costs the broker and
+# every consumer per partition (bench_tenants.py --idle), so they start small:
+# topics laid out by priority class (run, webhook, managed) one partition per
+# class (cronwheel.store.outbox.class_partitions), a queue topic one partition.
+# A queue topic grows online when a tenant runs more worker processes
+# (grow_topic; Kafka adds partitions without moving records).
+CLASS_PARTITIONS = 4
+RUN_PARTITIONS = CLASS_PARTITIONS
+QUEUE_PARTITIONS = 1
+PLATFORM_PARTITIONS = 8  # the platform's own topics (run-completed, dead-letter)
 
 
 def _safe(part: str) -> str:
@@ -102,12 +118,25 @@ def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consum
     return Consumer(conf)
 
 
+# For consumers that subscribe by name (cronwheel/topic_watch.py): they learn of
+# new topics from notifications, so the metadata refresh only has to notice
+# what errors do not (a leader moved). Every refresh asks for every subscribed
+# topic, which with thousands of tenants is a cost of its own.
+NAMED_SUBSCRIPTION = {
+    "partition.assignment.strategy": "cooperative-sticky",
+    "topic.metadata.refresh.interval.ms": 30_000,
+}
+
+
 def admin(bootstrap: str | None = None) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap or config.kafka_bootstrap(), "log_level": 3})
 
 
 def ensure_topics(
-    names: list[str], partitions: int = 8, bootstrap: str | None = None, client=None
+    names: list[str],
+    partitions: int = PLATFORM_PARTITIONS,
+    bootstrap: str | None = None,
+    client=None,
 ) -> None:
     """Create topics that do not exist yet; an existing topic is not an error.
     One CreateTopics request for all of them (no cluster-wide listing first:
@@ -145,3 +174,24 @@ def _has_leaders(client, name: str) -> bool:
         and meta.partitions
         and all(p.leader >= 0 for p in meta.partitions.values())
     )
+
+
+def grow_topic(name: str, partitions: int, client) -> int:
+    """At least `partitions` partitions for topic `name`, online: created with
+    that many if missing, partitions added if fewer (Kafka never removes
+    any). Returns the count it has now.
+
+    Created first, looked at after: a metadata request for a missing topic
+    makes a broker that auto-creates topics create it with its default count."""
+    ensure_topics([name], partitions=partitions, client=client)
+    meta = client.list_topics(name, timeout=10).topics[name]
+    have = len(meta.partitions)
+    if have >= partitions:
+        return have
+    for topic, fut in client.create_partitions([NewPartitions(name, partitions)]).items():
+        try:
+            fut.result()
+        except Exception as e:  # grown concurrently to at least as many
+            if "INVALID_PARTITIONS" not in str(e):
+                raise RuntimeError(f"growing topic {topic}: {e}") from e
+    return partitions

@@ -230,7 +230,7 @@ class Dispatcher:
             self.bootstrap,
             # New tenant topics join without revoking every other partition.
             **{
-                "partition.assignment.strategy": "cooperative-sticky",
+                **kafka.NAMED_SUBSCRIPTION,
                 "on_commit": consuming.on_commit,
             },
         )
@@ -424,8 +424,12 @@ class Dispatcher:
         missing = names - self._known_topics
         if not missing:
             return
+        by_size: dict[int, list[str]] = {}
+        for name in sorted(missing):
+            by_size.setdefault(self.topics.partitions(name), []).append(name)
         try:
-            kafka.ensure_topics(sorted(missing), client=self._admin)
+            for n, group in by_size.items():
+                kafka.ensure_topics(group, partitions=n, client=self._admin)
         except Exception as exc:  # produce retries until the topic exists
             log.warning("could not create topics %s: %s", sorted(missing), exc)
             return

@@ -162,7 +162,7 @@ class Executor:
             self.group_id,
             self.bootstrap,
             **{
-                "partition.assignment.strategy": "cooperative-sticky",
+                **kafka.NAMED_SUBSCRIPTION,
                 "session.timeout.ms": self.session_timeout_ms,
                 "heartbeat.interval.ms": max(500, self.session_timeout_ms // 5),
                 "on_commit": consuming.on_commit,

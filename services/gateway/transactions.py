@@ -205,13 +205,17 @@ class Gateway:
         with self.pool.connection(timeout=2.0) as conn:
             conn.execute(_q()["ping"])
 
-    def check_kafka(self) -> None:
+    def kafka_admin(self):
+        """The gateway's one admin client (readiness, growing topics), made on first use."""
         from cronwheel.kafka import admin
 
         with self._admin_lock:
             if self._admin is None:
                 self._admin = admin(self.bootstrap)
-            md = self._admin.list_topics(timeout=2.0)
+            return self._admin
+
+    def check_kafka(self) -> None:
+        md = self.kafka_admin().list_topics(timeout=2.0)
         if not md.brokers:
             raise RuntimeError("no Kafka broker answered")
 

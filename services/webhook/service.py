@@ -236,7 +236,7 @@ class WebhookService:
             self.group_id,
             self.bootstrap,
             **{
-                "partition.assignment.strategy": "cooperative-sticky",
+                **kafka.NAMED_SUBSCRIPTION,
                 "on_commit": consuming.on_commit,
             },
         )

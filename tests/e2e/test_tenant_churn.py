@@ -29,7 +29,7 @@ TENANTS = int(os.environ.get("CHURN_TENANTS", "150"))
 PACE_S = float(os.environ.get("CHURN_PACE_S", "0.01"))
 
 
-def test_tenant_burst__new_run_topics_while_runs_flow__dispatcher_stays_up__every_run_forwarded_once(
+def test_tenant_churn__new_run_topics_while_runs_flow__dispatcher_stays_up__every_run_forwarded_once(
     database_url, kafka_bootstrap, topic_prefix
 ):
     topics = Topics(topic_prefix)

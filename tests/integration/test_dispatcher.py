@@ -256,6 +256,8 @@ def test_job_created__its_queue_topic_made_before_any_run__announced_destination
             what="the job's queue topic, before any run",
         )
         assert d.forwarded_total == 0
+        meta = admin.list_topics(queue, timeout=10).topics[queue]
+        assert len(meta.partitions) == kafka.QUEUE_PARTITIONS  # an idle tenant costs little
 
 
 def test_run_topic_of_no_known_tenant__created_after_start__found_by_the_broker_scan(

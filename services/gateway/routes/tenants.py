@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from confluent_kafka import KafkaException
 from fastapi import APIRouter, Query
 
+from cronwheel import kafka
 from cronwheel.core.errors import ValidationError
 from services.gateway import accounts
 from services.gateway import openapi as oa
 from services.gateway.auth import AnyCaller, TenantCaller
 from services.gateway.bodies import JsonObject, OptionalObject
+from services.gateway.problems import Problem
 from services.gateway.routes import _ID, Gw, ident
 
 router = APIRouter(tags=["tenants"])
@@ -76,6 +79,56 @@ def list_tenants(
 def get_tenant(gw: Gw, who: AnyCaller, tenant_id: str):
     tid = ident(tenant_id, "tenant")
     return gw.as_operator(who, lambda tx: accounts.get_tenant(tx.conn, tid))
+
+
+MAX_QUEUE_PARTITIONS = 64
+QUEUE_PARTITIONS = {
+    "type": "object",
+    "properties": {"topic": {"type": "string"}, "partitions": {"type": "integer"}},
+}
+QUEUE_PARTITIONS_BODY = {
+    "type": "object",
+    "required": ["partitions"],
+    "additionalProperties": False,
+    "properties": {
+        "partitions": {"type": "integer", "minimum": 1, "maximum": MAX_QUEUE_PARTITIONS}
+    },
+}
+
+
+@router.post(
+    "/v1/tenants/{tenant_id}/queues/{queue}/partitions",
+    openapi_extra=oa.body(QUEUE_PARTITIONS_BODY),
+    responses=oa.ok(QUEUE_PARTITIONS, 200, 403, 404, 503),
+    summary="Give a tenant's queue topic at least N partitions, online (operator)",
+)
+def grow_queue(gw: Gw, who: AnyCaller, tenant_id: str, queue: str, body: JsonObject):
+    """A queue topic starts with one partition (an idle tenant costs little);
+    a tenant running more worker processes on a queue needs as many partitions.
+    Kafka adds partitions online and never removes any: asking for fewer than
+    the topic has changes nothing, so a retry is harmless."""
+    tid = ident(tenant_id, "tenant")
+    unknown = sorted(set(body) - {"partitions"})
+    if unknown:
+        raise ValidationError(unknown[0], "unknown field")
+    n = body.get("partitions")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_QUEUE_PARTITIONS:
+        raise ValidationError("partitions", f"must be an integer from 1 to {MAX_QUEUE_PARTITIONS}")
+    try:
+        topic = gw.topics.queue(tid, queue)
+    except ValueError:
+        raise ValidationError("queue", "must be 1-100 letters, digits, '_' or '-'") from None
+
+    def grow(tx):
+        accounts.get_tenant(tx.conn, tid)  # 404 for an unknown tenant
+        try:
+            have = kafka.grow_topic(topic, n, gw.kafka_admin())
+        except (KafkaException, RuntimeError) as e:
+            raise Problem(503, "UNAVAILABLE", f"the broker did not answer: {e}",
+                          headers={"Retry-After": "1"}) from e  # fmt: skip
+        return {"topic": topic, "partitions": have}
+
+    return gw.as_operator(who, grow)
 
 
 @router.post(
