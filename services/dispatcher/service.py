@@ -241,16 +241,20 @@ class Dispatcher:
             while not stop.is_set():
                 if (names := self.watch.poll()) is not None:
                     consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke)
-                msgs = self._released(consumer) + self._consume(consumer)
-                if msgs:
-                    msgs = self._within_quota(consumer, msgs, stop)
+                read = self._released(consumer) + self._consume(consumer)
+                msgs = self._within_quota(consumer, read, stop) if read else read
                 if msgs and not self._send(msgs, stop):
                     break  # stopping mid-batch: uncommitted, so consumed again later
                 if not self._settle(stop, until=self.in_flight - 1):
                     break
                 if self._uncommitted:
                     self._commit(asynchronous=True)
-                self._prioritise(consumer)
+                if read or self._class_paused or self._waiting_since:
+                    # Idle (nothing read, nothing held back for a class): no
+                    # class can be waiting behind another, and the pass over
+                    # every assigned partition was most of an idle
+                    # dispatcher's CPU with hundreds of tenants.
+                    self._prioritise(consumer)
                 if self.pruner.due(now_ms()):
                     self._with_db(lambda c: self.pruner.run(c, now_ms()), stop)
                 if time.monotonic() >= next_lag:
