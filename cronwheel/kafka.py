@@ -124,7 +124,7 @@ def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consum
 # topic, which with thousands of tenants is a cost of its own.
 NAMED_SUBSCRIPTION = {
     "partition.assignment.strategy": "cooperative-sticky",
-    "topic.metadata.refresh.interval.ms": 30_000,
+    "topic.metadata.refresh.interval.ms": 2_000,
 }
 
 
@@ -145,6 +145,7 @@ def ensure_topics(
     Returns once the broker's metadata names every new topic with a leader for
     each partition, so a consumer that subscribes to it next is assigned at
     once (the controller acknowledges the create before the broker knows it)."""
+    names = list(dict.fromkeys(names))  # a name twice refuses the whole request
     if not names:
         return
     client = client or admin(bootstrap)

@@ -22,15 +22,22 @@ exists waits for the refresh just the same. So:
   what no notification named: topics created by hand, or while the listening
   connection was down. After a reconnect the tenants are read again too.
 
-`poll()` is cheap: called on every pass of a consumer loop, it checks the
-listening socket without blocking and scans the broker only when due.
+`poll()` is cheap and never waits for the broker: called on every pass of a
+consumer loop, it checks the listening socket without blocking. Creating
+topics, `on_destination` and the broker scans run on one thread of the
+watch's own, so a run due while another tenant's topics are being created is
+not held up behind them (measured: first runs 56-522 ms late at p99 while the
+dispatcher's loop created the next tenants' topics itself).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
@@ -60,8 +67,9 @@ class TopicWatch:
         check_every_s: float = 0.05,
     ):
         """`metadata_client`: a producer or admin client to scan the broker with,
-        never the consumer that subscribes (see cronwheel.consuming on callbacks;
-        poll() runs outside them, but one rule is simpler to keep)."""
+        never the consumer that subscribes: the scan runs on the watch's thread,
+        and a consumer's calls belong to its own. `ensure` and `on_destination`
+        run on that thread too."""
         self.dsn = dsn
         self.client = metadata_client
         self.prefix = prefix
@@ -72,9 +80,14 @@ class TopicWatch:
         self.check_every_s = check_every_s
         self.names: set[str] = set()
         self._listen: psycopg.Connection | None = None
+        self._announcer: psycopg.Connection | None = None  # the worker thread's
         self._next_scan = 0.0
         self._next_check = 0.0
         self._changed = False
+        self._lock = threading.Lock()  # names, _changed, _pending: both threads
+        self._pending: set[str] = set()  # being created by the worker
+        self._scanning = False
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="topic-watch")
 
     def poll(self) -> list[str] | None:
         """The whole sorted list when it changed since the last call, else None."""
@@ -83,18 +96,45 @@ class TopicWatch:
             return None
         self._next_check = now + self.check_every_s
         self._read_notifications()
-        if now >= self._next_scan:
-            self._scan()
+        if now >= self._next_scan and not self._scanning:
+            self._scanning = True
             self._next_scan = now + self.scan_every_s
-        if not self._changed:
-            return None
-        self._changed = False
-        return sorted(self.names)
+            self._submit(self._scan)
+        with self._lock:
+            if not self._changed:
+                return None
+            self._changed = False
+            return sorted(self.names)
+
+    def announce(self, topics: list[str]) -> None:
+        """`announce` through the worker thread's own connection: for
+        `on_destination`, which runs on that thread."""
+        try:
+            if self._announcer is None or self._announcer.closed:
+                self._announcer = psycopg.connect(self.dsn, autocommit=True)
+            announce(self._announcer, topics)
+        except psycopg.Error as exc:  # the consumers' broker scans find them instead
+            log.warning("could not announce topics %s: %s", topics[:5], exc)
+            if self._announcer is not None:
+                self._announcer.close()
+            self._announcer = None
 
     def close(self) -> None:
-        if self._listen is not None:
-            self._listen.close()
-            self._listen = None
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        for conn in (self._listen, self._announcer):
+            if conn is not None:
+                conn.close()
+        self._listen = self._announcer = None
+
+    def _submit(self, fn, *args) -> None:
+        def run():
+            try:
+                fn(*args)
+            except Exception:  # a failed creation or scan is retried by a later scan
+                log.exception("topic watch: %s failed", getattr(fn, "__name__", fn))
+
+        with contextlib.suppress(RuntimeError):  # shut down: the consumer is stopping
+            self._worker.submit(run)
 
     # -- sources --------------------------------------------------------------
 
@@ -117,45 +157,69 @@ class TopicWatch:
                     topics.append(note.payload)
         except psycopg.Error as exc:
             log.warning("topic notifications unavailable (%s); scanning the broker", exc)
-            self.close()
+            if self._listen is not None:
+                self._listen.close()
+            self._listen = None
             self._next_scan = 0.0  # scan now; the listener reconnects on the next check
         if tenants and self.tenant_topic is not None:
             self._add_tenants(tenants)
-        self._add([t for t in topics if t not in self.names])
+        self._add(topics)
         if self.on_destination is not None:
             for payload in dict.fromkeys(destinations):  # once each, in order
                 tenant, _, rest = payload.partition(":")
                 target_type, _, queue = rest.partition(":")
-                self.on_destination(tenant, target_type, queue)
+                self._submit(self.on_destination, tenant, target_type, queue)
 
     def _add_tenants(self, tenant_ids: list[str]) -> None:
         assert self.tenant_topic is not None
         wanted = []
-        for tid in tenant_ids:
+        for tid in dict.fromkeys(tenant_ids):  # the initial load and a notice may both name one
             try:
                 name = self.tenant_topic(tid)
             except ValueError:
                 log.warning("tenant id %r makes no topic name; not subscribed", tid)
                 continue
-            if name.startswith(self.prefix) and name not in self.names:
+            with self._lock:
+                known = name in self.names or name in self._pending
+            if name.startswith(self.prefix) and not known:
                 wanted.append(name)
-        if wanted and self.ensure is not None:
-            try:
-                self.ensure(wanted)
-            except Exception as exc:  # the next scan finds them once they exist
-                log.warning("could not create topics %s: %s", wanted[:5], exc)
-                return
-        self._add(wanted)
+        if not wanted:
+            return
+        if self.ensure is None:
+            self._add(wanted)
+            return
+        with self._lock:
+            self._pending.update(wanted)
+        self._submit(self._create, wanted)
+
+    def _create(self, names: list[str]) -> None:
+        """On the worker: create the topics, then subscribe to them (the topic
+        must exist before it is named)."""
+        try:
+            assert self.ensure is not None
+            self.ensure(names)
+        except Exception as exc:  # the next scan finds them once they exist
+            log.warning("could not create topics %s: %s", names[:5], exc)
+            return
+        finally:
+            with self._lock:
+                self._pending.difference_update(names)
+        self._add(names)
 
     def _scan(self) -> None:
+        """On the worker: every topic of this prefix the broker has."""
         try:
             found = self.client.list_topics(timeout=10).topics
         except Exception as exc:  # KafkaException: scanned again when due
             log.warning("could not list topics: %s", exc)
             return
-        self._add([t for t in found if t.startswith(self.prefix) and t not in self.names])
+        finally:
+            self._scanning = False
+        self._add([t for t in found if t.startswith(self.prefix)])
 
     def _add(self, names: list[str]) -> None:
-        if names:
-            self.names.update(names)
-            self._changed = True
+        with self._lock:
+            new = set(names) - self.names
+            if new:
+                self.names.update(new)
+                self._changed = True

@@ -443,12 +443,18 @@ class Dispatcher:
 
     def _new_destination(self, tenant: str, target_type: str, queue: str) -> None:
         """A job was created or retargeted: its destination topic exists before
-        its first run comes (created now, not in that run's path)."""
+        its first run comes (created now, not in that run's path). Runs on the
+        watch's thread, so it touches neither the loop's database connection
+        nor its consumer."""
         try:
             name = destination(self.topics, tenant, target_type, queue)
         except (Poison, ValueError):
             return  # not a target this dispatcher routes; its runs say so when they come
-        self._ensure_topics({name})
+        if name in self._known_topics:
+            return
+        kafka.ensure_topics([name], partitions=self.topics.partitions(name), client=self._admin)
+        self._known_topics.add(name)
+        self.watch.announce([name])
 
     def _dead_letter(self, m: Message, p: Poison) -> _Out:
         log.warning("dead-lettering %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason)
