@@ -182,6 +182,7 @@ class LocalKafka:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_more_open_files,
             )
         self.pidfile.write_text(f"{proc.pid}\n")
 
@@ -236,3 +237,22 @@ def jvm_options() -> list[str]:
     spaces) replaces the default."""
     raw = os.environ.get("CRONWHEEL_KAFKA_JVM_OPTS", "").split()
     return raw or ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
+
+
+def _more_open_files() -> None:
+    """In the broker before exec: as many open files as the kernel allows.
+    Each partition keeps a log segment and two index files open, and with
+    thousands of tenants the broker exhausted 20,000 descriptors ("Too many
+    open files") and shut down once every log directory had failed.
+    Root may raise the hard limit too; others raise the soft one to it."""
+    import resource
+
+    try:
+        ceiling = int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        ceiling = 1 << 20
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, ceiling))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

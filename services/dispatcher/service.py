@@ -239,8 +239,7 @@ class Dispatcher:
         next_lag = 0.0
         try:
             while not stop.is_set():
-                if (names := self.watch.poll()) is not None:
-                    consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke)
+                self.watch.subscribe(consumer, self._on_assign, self._on_revoke)
                 read = self._released(consumer) + self._consume(consumer)
                 msgs = self._within_quota(consumer, read, stop) if read else read
                 if msgs and not self._send(msgs, stop):

@@ -172,8 +172,7 @@ class Executor:
         pacer = consuming.Pacer(0.5)
         try:
             while not stop.is_set():
-                if (names := self.watch.poll()) is not None:
-                    consumer.subscribe(names, on_revoke=self._on_revoke)
+                self.watch.subscribe(consumer, on_revoke=self._on_revoke)
                 self._retry_held(consumer, stop)
                 msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
                 if msg is not None and not self._consumed(msg):

@@ -245,8 +245,7 @@ class WebhookService:
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block briefly for one record, then take what else is there; first,
         subscribe to the webhook topics again if new ones were announced."""
-        if (names := self._watch.poll()) is not None:
-            consumer.subscribe(names, on_revoke=self._on_revoke)
+        self._watch.subscribe(consumer, on_revoke=self._on_revoke)
         msgs = consumer.consume(1, timeout=0.1)
         if msgs:
             msgs += consumer.consume(self.settings.batch - 1, timeout=0.002)
