@@ -422,23 +422,13 @@ class Dispatcher:
         self._on_way.clear()
 
     def _ensure_topics(self, names: set[str]) -> None:
-        """Create destination topics on first use (a new queue, a new tenant), so
-        routing does not depend on the broker auto-creating topics."""
-        missing = names - self._known_topics
-        if not missing:
-            return
-        by_size: dict[int, list[str]] = {}
-        for name in sorted(missing):
-            by_size.setdefault(self.topics.partitions(name), []).append(name)
-        try:
-            for n, group in by_size.items():
-                kafka.ensure_topics(group, partitions=n, client=self._admin)
-        except Exception as exc:  # produce retries until the topic exists
-            log.warning("could not create topics %s: %s", sorted(missing), exc)
-            return
-        self._known_topics |= missing
-        # The webhook service and the executor subscribe to their topics by name.
-        self._with_db(lambda c: announce(c, sorted(missing)), self._stop)
+        """Create destination topics on first use (a destination no job
+        announced, such as a workflow node's queue), so routing does not depend
+        on the broker auto-creating topics."""
+        created = self._create_destinations(names)
+        if created:
+            # The webhook service and the executor subscribe to their topics by name.
+            self._with_db(lambda c: announce(c, sorted(created)), self._stop)
 
     def _new_destination(self, tenant: str, target_type: str, queue: str) -> None:
         """A job was created or retargeted: its destination topic exists before
@@ -449,11 +439,28 @@ class Dispatcher:
             name = destination(self.topics, tenant, target_type, queue)
         except (Poison, ValueError):
             return  # not a target this dispatcher routes; its runs say so when they come
-        if name in self._known_topics:
-            return
-        kafka.ensure_topics([name], partitions=self.topics.partitions(name), client=self._admin)
-        self._known_topics.add(name)
-        self.watch.announce([name])
+        created = self._create_destinations({name})
+        if created:
+            self.watch.announce(sorted(created))
+
+    def _create_destinations(self, names: set[str]) -> set[str]:
+        """Those of `names` not known to exist, created with their kind's
+        partition count (Topics.partitions); empty if none was new or the
+        broker refused (produce retries until the topic exists)."""
+        missing = names - self._known_topics
+        if not missing:
+            return set()
+        by_size: dict[int, list[str]] = {}
+        for name in sorted(missing):
+            by_size.setdefault(self.topics.partitions(name), []).append(name)
+        try:
+            for n, group in by_size.items():
+                kafka.ensure_topics(group, partitions=n, client=self._admin)
+        except Exception as exc:
+            log.warning("could not create topics %s: %s", sorted(missing), exc)
+            return set()
+        self._known_topics |= missing
+        return missing
 
     def _dead_letter(self, m: Message, p: Poison) -> _Out:
         log.warning("dead-lettering %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason)
