@@ -415,7 +415,7 @@ class Jobs:
                             run_id=run_id,
                             tenant_id=row["tenant_id"],
                             partition_id=p,
-                            attempt=1,
+                            attempt=attempt,
                             state="CANCELLED",
                             finished_ms=now,
                             job_id=job_id,

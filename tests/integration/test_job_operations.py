@@ -18,6 +18,7 @@ from cronwheel.core.ids import partition_of, run_id_for_instant, run_id_for_trig
 from cronwheel.core.schedule import jitter_offset_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.store.lifecycle import Lifecycle
 from services.timer.service import TimerService
 
 pytestmark = pytest.mark.integration
@@ -273,3 +274,55 @@ def test_delete__timer_gone_job_hidden_pending_runs_cancelled_with_run_completed
     assert (key, name) == (pending.encode(), "RunCompleted")
     assert (datum["state"], datum["job_id"], datum["error"]) == ("CANCELLED", job_id, "job deleted")
     assert datum["finished_at"] == now
+
+
+def test_delete__runs_on_a_later_attempt__announced_with_their_own_attempt(
+    database_url, conn, jobs, topics, tenant
+):
+    """A run retried to attempt 2 (PENDING) and one whose second attempt failed
+    (RETRY_WAIT at 2) are announced CANCELLED at attempt 2, the attempt the run
+    is at, not 1."""
+    yearly = body(cron="0 0 1 1 *", timezone="UTC")
+    job = jobs.create(
+        conn, tenant, {**yearly, "retry": {"max_attempts": 3, "initial_backoff_ms": 1000}}, T0
+    )
+    job_id = job["job_id"]
+    lifecycle = Lifecycle(topics)
+    pending = jobs.trigger(conn, tenant, job_id, T0 + 1)["run_id"]
+    waiting = jobs.trigger(conn, tenant, job_id, T0 + 2)["run_id"]
+    now = T0 + 10
+
+    def fail_then_retry(run_id: str, now: int) -> int:
+        """Start the run's attempt, fail it retryably, fire its retry; the time after."""
+        started = lifecycle.start(conn, tenant["tenant_id"], run_id, "w1", now)
+        lifecycle.complete(
+            conn, tenant["tenant_id"], run_id, started["attempt"], started["start_token"],
+            "FAILED", now, error="boom",
+        )  # fmt: skip
+        now += 2 * MIN  # past any backoff of 1-2 s
+        fire_at(database_url, topics, conn, now)
+        return now
+
+    now = fail_then_retry(pending, now)
+    now = fail_then_retry(waiting, now)
+    started = lifecycle.start(conn, tenant["tenant_id"], waiting, "w1", now)
+    lifecycle.complete(
+        conn, tenant["tenant_id"], waiting, started["attempt"], started["start_token"],
+        "FAILED", now, error="boom",
+    )  # fmt: skip
+    states = {
+        run_id: (state, attempt)
+        for run_id, state, attempt in conn.execute(
+            "SELECT run_id, state, attempt FROM runs WHERE job_id = %s", [job_id]
+        )
+    }
+    assert states == {pending: ("PENDING", 2), waiting: ("RETRY_WAIT", 2)}
+    conn.execute("DELETE FROM outbox")
+
+    jobs.delete(conn, tenant, job_id, now + 1)
+
+    announced = {
+        datum["run_id"]: (datum["state"], datum["attempt"])
+        for _key, _name, datum in _outbox(conn, topics.run_completed)
+    }
+    assert announced == {pending: ("CANCELLED", 2), waiting: ("CANCELLED", 2)}
