@@ -18,7 +18,6 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from cronwheel.core import events
 from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.firing import next_due
@@ -29,6 +28,7 @@ from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, webhooks
 from cronwheel.store.firing import insert_runs, job_timer_id, run_spec
+from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import queries
 
 Q = queries("jobs")
@@ -132,6 +132,7 @@ def _spec_columns(spec: JobSpec) -> dict:
 class Jobs:
     def __init__(self, topics: Topics):
         self.topics = topics
+        self.lifecycle = Lifecycle(topics)
 
     # -- views -------------------------------------------------------------
     def view(self, row: dict) -> dict:
@@ -400,31 +401,7 @@ class Jobs:
                 Q["soft_delete_job"], {"now": to_dt(now), "partition_id": p, "job_id": job_id}
             )
             _set_timer(conn, job_id, p, None, row["priority"])
-            cancelled = conn.execute(
-                Q["cancel_pending_runs_of_job"],
-                {"now": to_dt(now), "partition_id": p, "job_id": job_id},
-            ).fetchall()
-            outbox.append(
-                conn,
-                [
-                    events.OutboxRow(
-                        p,
-                        self.topics.run_completed,
-                        run_id.encode(),
-                        events.run_completed(
-                            run_id=run_id,
-                            tenant_id=row["tenant_id"],
-                            partition_id=p,
-                            attempt=attempt,
-                            state="CANCELLED",
-                            finished_ms=now,
-                            job_id=job_id,
-                            error="job deleted",
-                        ),
-                    )
-                    for run_id, attempt in cancelled
-                ],
-            )
+            self.lifecycle.cancel_waiting_runs_of_job(conn, p, job_id, now, "job deleted")
 
     def _runs_for(self, row: dict, instants: list[tuple[str, int]]) -> list[dict]:
         spec = run_spec(row)

@@ -6,22 +6,31 @@ StartRun handed out, while the run is RUNNING. A duplicate, late or stale call
 changes nothing and gets STALE_ATTEMPT. Every terminal transition writes a
 RunCompleted record through the outbox in the same transaction.
 
+Every end of an attempt (CompleteRun, a lease or timeout expiring, a cancel,
+a job's deletion) is decided in code, by cronwheel.core.runs.decide, and
+written by one statement conditional on the run being where the decision
+found it (end_attempt, end_attempts): the retry rule exists once. This module
+is the only writer of runs.state.
+
 StartRun and CompleteRun are one statement each (data-modifying CTEs in
 lifecycle.sql), plus one for what needs the statement's answer first (the
-retry timer, the RunCompleted record). Called inside an open transaction (the
-gateway's request) they add no savepoint: nothing changes before the one
-statement that decides, so a refusal has nothing to undo.
+retry timer, the RunCompleted record); a retryable failure first reads the
+run's retry policy. Called inside an open transaction (the gateway's request)
+they add no savepoint: nothing changes before the one statement that decides,
+so a refusal has nothing to undo.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import random
 import secrets
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from psycopg import pq
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from cronwheel.core import events
@@ -29,7 +38,15 @@ from cronwheel.core.clock import iso, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.ids import partition_of_run, run_id_for_instant
-from cronwheel.core.runs import RunState, priority_rank
+from cronwheel.core.runs import (
+    Decision,
+    Outcome,
+    RetryPolicy,
+    RunState,
+    decide,
+    needs_policy,
+    priority_rank,
+)
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays
 from cronwheel.store.firing import FireReport, Timer, insert_runs
@@ -39,14 +56,6 @@ Q = queries("lifecycle")
 QF = queries("firing")
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 4096
-
-
-def backoff_ms(retry: dict, attempt: int, rng: random.Random | None = None) -> int:
-    """Exponential backoff after `attempt` failed, with equal jitter: half fixed,
-    half random, so retries of a herd spread out but never come back too early."""
-    base = retry["initial_backoff_ms"] * retry["multiplier"] ** (attempt - 1)
-    delay = min(retry["max_backoff_ms"], base)
-    return int(delay / 2 + (rng or random).random() * delay / 2)
 
 
 def _partition(run_id: str) -> int:
@@ -110,6 +119,70 @@ class CompleteCall(NamedTuple):
     result: Any = None
     error: Any = None
     retryable: Any = True
+
+
+@dataclass(frozen=True)
+class RunToEnd:
+    """A run as runs_to_end and waiting_runs_of_job lock it."""
+
+    p: int
+    run_id: str
+    state: str
+    attempt: int
+    lease_expires_at: datetime | None
+    retry: dict
+    tenant_id: str
+    job_id: str | None
+    workflow_run_id: str | None
+    node: str | None
+    priority: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A row of end_attempt / end_attempts: the run as the transition left it
+    (`state` None: the run was not where the caller found it, nothing changed),
+    and the instant its job had buffered, when it gave one up (`buffered_at`)."""
+
+    state: str | None
+    attempt: int | None
+    tenant_id: str | None
+    job_id: str | None
+    workflow_run_id: str | None
+    node: str | None
+    priority: str | None
+    buffered_at: datetime | None
+    buffered_tenant_id: str | None
+    target: dict | None
+    payload: str | None
+    retry: dict | None
+    timeout_ms: int | None
+    lease_ms: int | None
+    buffered_priority: str | None
+    i: int | None = None  # the element of end_attempts
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One element of end_attempts: move run `run_id` from `from_state` at
+    `attempt` (and `token`, for CompleteRun) to what `decision` says.
+    `set_result`/`set_error`: replace the run's result/error or keep them; the
+    attempt's history row ends with `attempt_outcome` and `attempt_error`, which
+    is also the error the RunCompleted record carries."""
+
+    p: int
+    run_id: str
+    tenant_id: str
+    from_state: str
+    attempt: int
+    decision: Decision
+    attempt_outcome: str
+    attempt_error: str | None
+    token: str | None = None
+    set_result: bool = False
+    result: str | None = None  # JSON text
+    set_error: bool = True
+    error: str | None = None
 
 
 def _rounds(keys: list[tuple[int, str]]) -> list[list[int]]:
@@ -260,20 +333,30 @@ class Lifecycle:
         _check_completion(attempt, start_token, outcome, result, error, retryable)
         p = _partition(run_id)
         with _atomic(conn):
-            row = conn.execute(
-                Q["finish_attempt"],
-                {
-                    "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
-                    "token": start_token, "outcome": outcome, "retryable": retryable,
-                    "now": to_dt(now), "result": None if result is None else Jsonb(result),
-                    "error": error[:MAX_ERROR_CHARS] if error else None,
-                    "attempt_error": error,
-                },
+            policy = None
+            if needs_policy(outcome, retryable):
+                _generic_plans(conn)
+                (policy,) = self._policies(conn, [(p, tenant_id, run_id, attempt, start_token)])
+                if policy is None:
+                    raise self._stale_or_missing(conn, p, run_id, tenant_id)
+            decision = decide(Outcome(outcome), retryable, attempt, policy, now)
+            row = _named(
+                Ended,
+                conn.execute(
+                    Q["end_attempt"],
+                    {
+                        "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
+                        "token": start_token, "outcome": outcome, "next_state": decision.state,
+                        "now": to_dt(now), "result": None if result is None else Jsonb(result),
+                        "error": error[:MAX_ERROR_CHARS] if error else None,
+                        "attempt_error": error,
+                    },
+                ),
             ).fetchone()  # fmt: skip
             if row is None:
                 raise self._stale_or_missing(conn, p, run_id, tenant_id)
-            self._after_finish(conn, p, run_id, row, error, now)
-        return {"state": row[0], "attempt": row[1]}
+            self._after_finish(conn, p, run_id, row, decision, error, now)
+        return {"state": row.state, "attempt": row.attempt}
 
     def complete_many(self, conn, calls: list[CompleteCall], now: int) -> list[dict | Exception]:
         """CompleteRun for many runs (of any tenants) in one transaction: a
@@ -304,85 +387,169 @@ class Lifecycle:
             _generic_plans(conn)
             for rnd in _rounds([(p, calls[i].run_id) for i, p, _r in todo]):
                 batch = [todo[k] for k in rnd]
-                rows = conn.execute(Q["finish_many"], self._finish_args(calls, batch, now))
-                buffered_taken: set[tuple[int, str]] = set()
-                for (i, p, _r), row in zip(batch, rows.fetchall(), strict=True):
-                    c, row = calls[i], row[1:]
-                    if row[0] is None:
+                need = [
+                    (i, p)
+                    for i, p, _r in batch
+                    if needs_policy(calls[i].outcome, calls[i].retryable)
+                ]
+                keys = [(p, calls[i].tenant_id, calls[i].run_id, calls[i].attempt,
+                         calls[i].start_token) for i, p in need]  # fmt: skip
+                policies = dict(zip([i for i, _p in need], self._policies(conn, keys), strict=True))
+                endings: list[tuple[int, Ending]] = []
+                for i, p, result in batch:
+                    c = calls[i]
+                    if i in policies and policies[i] is None:
                         answers[i] = self._stale_or_missing(conn, p, c.run_id, c.tenant_id)
                         continue
-                    answers[i] = {"state": row[0], "attempt": row[1]}
-                    if row[0] == RunState.RETRY_WAIT:
-                        due = now + backoff_ms(row[2]["retry"], row[1])
-                        retries.append(
-                            {
-                                **_timer(p, "retry", c.run_id, due, row[8], row[1]),
-                                "t": row[3],
-                                "due_ms": due,
-                            }
-                        )
-                        continue
-                    records.append(self._completed(p, c.run_id, row, c.error, now))
-                    job = (p, row[4])
-                    if row[9] is not None and job not in buffered_taken:
-                        buffered_taken.add(job)
-                        records += self._buffered_run(conn, p, row[4], row[9:], now)
-            if retries:
-                conn.execute(
-                    Q["arm_retries"],
-                    {
-                        **{k: [r[k] for r in retries] for k in ("p", "owner", "due", "prio")},
-                        "attempt": [r["attempt"] for r in retries],
-                        "tenant_id": [r["t"] for r in retries],
-                        "due_ms": min(r["due_ms"] for r in retries),
-                    },
-                )
-            outbox.append(conn, records)
+                    decision = decide(
+                        Outcome(c.outcome), c.retryable, c.attempt, policies.get(i), now
+                    )
+                    endings.append((i, _completion(p, c, result, decision)))
+                ended = self._write_ends(conn, [e for _i, e in endings], now)
+                for (i, e), row in zip(endings, ended, strict=True):
+                    if row.state is None:
+                        answers[i] = self._stale_or_missing(conn, e.p, e.run_id, e.tenant_id)
+                    else:
+                        answers[i] = {"state": row.state, "attempt": row.attempt}
+                self._follow_ups(conn, [e for _i, e in endings], ended, now, retries, records)
+            self._flush(conn, retries, records)
         return answers  # type: ignore[return-value]
 
+    def _policies(
+        self, conn, keys: list[tuple[int, str, str, int, str]]
+    ) -> list[RetryPolicy | None]:
+        """The retry policy of each running attempt (partition, tenant, run,
+        attempt, token) names; None for a stale call or an unknown run."""
+        if not keys:
+            return []
+        rows = conn.execute(
+            Q["attempt_policies"],
+            {
+                "p": pgarrays.int2_array([k[0] for k in keys]),
+                "tenant_id": pgarrays.text_array([k[1] for k in keys]),
+                "run_id": pgarrays.text_array([k[2] for k in keys]),
+                "attempt": pgarrays.int4_array([k[3] for k in keys]),
+                "token": pgarrays.text_array([k[4] for k in keys]),
+            },
+        ).fetchall()
+        return [None if retry is None else RetryPolicy.of(retry) for _i, retry in rows]
+
     @staticmethod
-    def _finish_args(calls: list[CompleteCall], batch, now: int) -> dict:
-        cs = [calls[i] for i, _p, _r in batch]
-        return {  # binary arrays, as in start_many
-            "p": pgarrays.int2_array([p for _i, p, _r in batch]),
-            "run_id": pgarrays.text_array([c.run_id for c in cs]),
-            "tenant_id": pgarrays.text_array([c.tenant_id for c in cs]),
-            "attempt": pgarrays.int4_array([c.attempt for c in cs]),
-            "token": pgarrays.text_array([c.start_token for c in cs]),
-            "outcome": pgarrays.text_array([c.outcome for c in cs]),
-            "retryable": pgarrays.bool_array([c.retryable for c in cs]),
-            "result": pgarrays.text_array([r for _i, _p, r in batch]),
-            "error": pgarrays.text_array(
-                [c.error[:MAX_ERROR_CHARS] if c.error else None for c in cs]
+    def _write_ends(conn, endings: list[Ending], now: int) -> list[Ended]:
+        """end_attempts: one row per ending, in order."""
+        if not endings:
+            return []
+        return _named(
+            Ended,
+            conn.execute(
+                Q["end_attempts"],
+                {  # binary arrays, as in start_many
+                    "p": pgarrays.int2_array([e.p for e in endings]),
+                    "run_id": pgarrays.text_array([e.run_id for e in endings]),
+                    "tenant_id": pgarrays.text_array([e.tenant_id for e in endings]),
+                    "from_state": pgarrays.text_array([e.from_state for e in endings]),
+                    "attempt": pgarrays.int4_array([e.attempt for e in endings]),
+                    "token": pgarrays.text_array([e.token for e in endings]),
+                    "next_state": pgarrays.text_array([e.decision.state for e in endings]),
+                    "set_result": pgarrays.bool_array([e.set_result for e in endings]),
+                    "result": pgarrays.text_array([e.result for e in endings]),
+                    "set_error": pgarrays.bool_array([e.set_error for e in endings]),
+                    "error": pgarrays.text_array([e.error for e in endings]),
+                    "attempt_outcome": pgarrays.text_array([e.attempt_outcome for e in endings]),
+                    "attempt_error": pgarrays.text_array([e.attempt_error for e in endings]),
+                    "now": to_dt(now),
+                },
             ),
-            "attempt_error": pgarrays.text_array([c.error for c in cs]),
-            "now": to_dt(now),
-        }
+        ).fetchall()
+
+    def _follow_ups(
+        self,
+        conn,
+        endings: list[Ending],
+        ended: list[Ended],
+        now: int,
+        retries: list[dict],
+        records: list[OutboxRow],
+    ) -> None:
+        """What follows the runs end_attempts changed: a retry timer for each
+        RETRY_WAIT (into `retries`), a RunCompleted record for each terminal run
+        and the run of its job's buffered instant, once per job (`records`)."""
+        buffered_taken: set[tuple[int, str]] = set()
+        for e, row in zip(endings, ended, strict=True):
+            if row.state is None:
+                continue
+            if row.state == RunState.RETRY_WAIT:
+                due = e.decision.retry_at_ms
+                retries.append(
+                    {
+                        **_timer(e.p, "retry", e.run_id, due, row.priority, row.attempt),
+                        "t": row.tenant_id,
+                        "due_ms": due,
+                    }
+                )
+                continue
+            records.append(self._completed(e.p, e.run_id, row, e.attempt_error, now))
+            job = (e.p, row.job_id)
+            if row.buffered_at is not None and job not in buffered_taken:
+                buffered_taken.add(job)
+                records += self._buffered_run(conn, e.p, row.job_id, row, now)
+
+    @staticmethod
+    def _flush(conn, retries: list[dict], records: list[OutboxRow]) -> None:
+        """Arm the retry timers and append the records _follow_ups collected."""
+        if retries:
+            conn.execute(
+                Q["arm_retries"],
+                {
+                    **{k: [r[k] for r in retries] for k in ("p", "owner", "due", "prio")},
+                    "attempt": [r["attempt"] for r in retries],
+                    "tenant_id": [r["t"] for r in retries],
+                    "due_ms": min(r["due_ms"] for r in retries),
+                },
+            )
+        outbox.append(conn, records)
+
+    def _end(self, conn, endings: list[Ending], now: int) -> list[Ended]:
+        """end_attempts and all that follows, for runs the caller locked."""
+        ended = self._write_ends(conn, endings, now)
+        retries: list[dict] = []
+        records: list[OutboxRow] = []
+        self._follow_ups(conn, endings, ended, now, retries, records)
+        self._flush(conn, retries, records)
+        return ended
+
+    @staticmethod
+    def _runs_to_end(conn, keys: list[tuple[int, str]]) -> list[RunToEnd]:
+        return _named(
+            RunToEnd,
+            conn.execute(
+                Q["runs_to_end"], {"p": [p for p, _r in keys], "run_id": [r for _p, r in keys]}
+            ),
+        ).fetchall()
 
     def cancel(
         self, conn, tenant_id: str, run_id: str, now: int, reason: str = "cancelled"
     ) -> dict:
         p = _partition(run_id)
         with _atomic(conn):
-            row = conn.execute(
-                Q["cancel_run"],
-                {
-                    "p": p,
-                    "run_id": run_id,
-                    "tenant_id": tenant_id,
-                    "now": to_dt(now),
-                    "error": reason,
-                },
-            ).fetchone()
-            if row is None:
-                cur = conn.execute(
-                    Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}
-                ).fetchone()
-                if cur is None:
-                    raise NotFound("run")
-                raise Conflict("NOT_RUNNABLE", f"the run is {cur[0]}")
-            self._after_attempt(conn, p, run_id, row, "CANCELLED", reason, now)
-        return {"state": row[0]}
+            (run,) = self._runs_to_end(conn, [(p, run_id)]) or (None,)
+            if run is None or run.tenant_id != tenant_id:
+                raise NotFound("run")
+            if RunState(run.state).terminal:
+                raise Conflict("NOT_RUNNABLE", f"the run is {run.state}")
+            self._end(conn, [_cancelling(run, reason, set_error=True, now=now)], now)
+        return {"state": RunState.CANCELLED.value}
+
+    def cancel_waiting_runs_of_job(self, conn, p: int, job_id: str, now: int, reason: str) -> None:
+        """A deleted job's runs that no worker holds (PENDING, RETRY_WAIT) end
+        CANCELLED, each announced at its own attempt with `reason`; the runs keep
+        their error column (a retried run's last error). Runs a worker holds
+        finish as they would."""
+        runs = _named(
+            RunToEnd, conn.execute(Q["waiting_runs_of_job"], {"p": p, "job_id": job_id})
+        ).fetchall()
+        if runs:
+            self._end(conn, [_cancelling(r, reason, set_error=False, now=now) for r in runs], now)
 
     def _stale_or_missing(self, conn, p, run_id, tenant_id) -> Exception:
         cur = conn.execute(
@@ -393,83 +560,53 @@ class Lifecycle:
         return Conflict("STALE_ATTEMPT", "this attempt is no longer running")
 
     # -- what follows the end of an attempt ----------------------------------
-    def _after_finish(self, conn, p: int, run_id: str, row, error, now: int) -> None:
-        """After finish_attempt or finish_many (history, timers and buffered instant done): arm
-        the retry, or announce the terminal state (and run the buffered instant)."""
-        state, attempt, spec, tenant_id, job_id, wf_run, node = row[:7]
-        priority, buffered = row[8], row[9:]
-        if state == RunState.RETRY_WAIT:
-            due = now + backoff_ms(spec["retry"], attempt)
-            timer = _timer(p, "retry", run_id, due, priority, attempt)
-            conn.execute(Q["arm_retry"], {**timer, "tenant_id": tenant_id, "due_ms": due})
+    def _after_finish(
+        self, conn, p: int, run_id: str, row: Ended, decision: Decision, error, now: int
+    ) -> None:
+        """After end_attempt (history, timers and buffered instant done): arm the
+        retry, or announce the terminal state (and run the buffered instant)."""
+        if row.state == RunState.RETRY_WAIT:
+            due = decision.retry_at_ms
+            timer = _timer(p, "retry", run_id, due, row.priority, row.attempt)
+            conn.execute(Q["arm_retry"], {**timer, "tenant_id": row.tenant_id, "due_ms": due})
             return
         done = self._completed(p, run_id, row, error, now)
-        if buffered[0] is None:
+        if row.buffered_at is None:
             conn.execute(
                 Q["announce"],
                 {"p": p, "topic": done.topic, "key": done.key, "value": done.value,
                  "priority": outbox.rank_of(done)},
             )  # fmt: skip
             return
-        outbox.append(conn, [done, *self._buffered_run(conn, p, job_id, buffered, now)])
+        outbox.append(conn, [done, *self._buffered_run(conn, p, row.job_id, row, now)])
 
-    def _completed(self, p: int, run_id: str, row, error, now: int) -> OutboxRow:
-        """The RunCompleted record of a terminal transition (`row` as the
-        finishing statement returns it: state, attempt, spec, tenant, job,
-        workflow run, node, ...)."""
-        state, attempt, _spec, tenant_id, job_id, wf_run, node = row[:7]
+    def _completed(self, p: int, run_id: str, row: Ended, error, now: int) -> OutboxRow:
+        """The RunCompleted record of a terminal transition."""
         return OutboxRow(
             p,
             self.topics.run_completed,
             run_id.encode(),
             events.run_completed(
-                run_id=run_id, tenant_id=tenant_id, partition_id=p, attempt=attempt,
-                state=state, finished_ms=now, job_id=job_id, workflow_run_id=wf_run,
-                node=node, error=error,
+                run_id=run_id, tenant_id=row.tenant_id, partition_id=p, attempt=row.attempt,
+                state=row.state, finished_ms=now, job_id=row.job_id,
+                workflow_run_id=row.workflow_run_id, node=row.node, error=error,
             ),
         )  # fmt: skip
 
-    def _after_attempt(self, conn, p: int, run_id: str, row, outcome: str, error, now: int) -> None:
-        """Record the attempt, drop its timers, then either schedule the retry or
-        announce the terminal state (and release a buffered instant)."""
-        state, attempt, spec, tenant_id, job_id, wf_run, node = row[:7]
-        priority = row[8]
-        conn.execute(
-            Q["record_attempt_end"],
-            {"p": p, "run_id": run_id, "attempt": attempt, "outcome": outcome, "error": error, "now": to_dt(now)},
-        )  # fmt: skip
-        conn.execute(
-            QF["delete_timers"], {"p": [p, p], "id": [f"lease:{run_id}", f"timeout:{run_id}"]}
-        )
-        if state == RunState.RETRY_WAIT:
-            due = now + backoff_ms(spec["retry"], attempt)
-            conn.execute(QF["upsert_timer"], _timer(p, "retry", run_id, due, priority, attempt))
-            conn.execute(QF["notify_timer"], {"due_ms": due})
-            return
-        rows = [self._completed(p, run_id, row, error, now)]
-        if job_id:
-            rows += self._release_buffered(conn, p, job_id, now)
-        outbox.append(conn, rows)
-
-    def _release_buffered(self, conn, p: int, job_id: str, now: int) -> list[OutboxRow]:
-        got = conn.execute(Q["take_buffered_instant"], {"p": p, "job_id": job_id}).fetchone()
-        if got is None:
-            return []
-        return self._buffered_run(conn, p, job_id, got, now)
-
-    def _buffered_run(self, conn, p: int, job_id: str, got, now: int) -> list[OutboxRow]:
-        """Create the run of a taken buffered instant (take_buffered_instant's row)."""
-        at = to_ms(got[0])
+    def _buffered_run(self, conn, p: int, job_id: str, got: Ended, now: int) -> list[OutboxRow]:
+        """Create the run of the buffered instant a transition took from its job."""
+        at = to_ms(got.buffered_at)
         spec = {
-            "target": got[2],
-            "payload": got[3],
-            "retry": got[4],
-            "timeout_ms": got[5],
-            "lease_ms": got[6],
+            "target": got.target,
+            "payload": got.payload,
+            "retry": got.retry,
+            "timeout_ms": got.timeout_ms,
+            "lease_ms": got.lease_ms,
         }
         run = {
-            "partition_id": p, "run_id": run_id_for_instant(job_id, at), "tenant_id": got[1],
-            "job_id": job_id, "scheduled_ms": at, "covers": None, "priority": got[7], "spec": spec,
+            "partition_id": p, "run_id": run_id_for_instant(job_id, at),
+            "tenant_id": got.buffered_tenant_id, "job_id": job_id, "scheduled_ms": at,
+            "covers": None, "priority": got.buffered_priority, "spec": spec,
             # An instant fired ahead and buffered: published no earlier than it.
             "not_before_ms": at if at > now else None,
         }  # fmt: skip
@@ -479,30 +616,29 @@ class Lifecycle:
     def on_expiry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
         """`lease` and `timeout` timers: end the attempt unless it already ended;
         a lease that heartbeats extended is re-armed at its new expiry."""
+        keys = sorted({(t.partition_id, t.owner_id) for t in timers})
+        runs = {(r.p, r.run_id): r for r in self._runs_to_end(conn, keys)}
+        endings: dict[tuple[int, str], Ending] = {}
         for t in timers:
+            key = (t.partition_id, t.owner_id)
+            run = runs.get(key)
             check_lease = t.kind == "lease"
-            args = {
-                "p": t.partition_id, "run_id": t.owner_id, "attempt": t.attempt, "now": to_dt(now),
-                "check_lease": check_lease,
-                "error": "lease expired" if check_lease else "timed out",
-            }  # fmt: skip
-            row = conn.execute(Q["expire_attempt"], args).fetchone()
-            if row is not None:
-                conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
-                self._after_attempt(
-                    conn, t.partition_id, t.owner_id, row, "TIMED_OUT", args["error"], now
-                )
-                continue
-            cur = conn.execute(
-                Q["lease_of"], {"p": t.partition_id, "run_id": t.owner_id}
-            ).fetchone()
-            if check_lease and cur and cur[0] == "RUNNING" and cur[1] == t.attempt and cur[2]:
+            current = run is not None and run.state == RunState.RUNNING and run.attempt == t.attempt
+            if current and (not check_lease or run.lease_expires_at <= to_dt(now)):
+                # The run's lease and timeout timers, this one among them, go with it.
+                if key not in endings:
+                    endings[key] = _expiring(
+                        run, "lease expired" if check_lease else "timed out", now
+                    )
+            elif current and check_lease and run.lease_expires_at:
                 conn.execute(
                     QF["reschedule_timers"],
-                    {"p": [t.partition_id], "id": [t.timer_id], "d": [cur[2]]},
+                    {"p": [t.partition_id], "id": [t.timer_id], "d": [run.lease_expires_at]},
                 )
             else:
                 conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
+        if endings:
+            self._end(conn, list(endings.values()), now)
         return []
 
     def on_retry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
@@ -533,6 +669,45 @@ class Lifecycle:
             )
             report.runs_created += 1
         return rows
+
+
+def _named(cls, cur):
+    """`cur`'s rows as `cls` (psycopg's class_row): set before the rows are
+    read, so it holds in pipeline mode too."""
+    cur.row_factory = class_row(cls)
+    return cur
+
+
+def _completion(p: int, c: CompleteCall, result: str | None, decision: Decision) -> Ending:
+    """A CompleteRun as end_attempts applies it (`result` as JSON text)."""
+    return Ending(
+        p=p, run_id=c.run_id, tenant_id=c.tenant_id, from_state=RunState.RUNNING,
+        attempt=c.attempt, token=c.start_token, decision=decision,
+        set_result=True, result=result,
+        error=c.error[:MAX_ERROR_CHARS] if c.error else None,
+        attempt_outcome=c.outcome, attempt_error=c.error,
+    )  # fmt: skip
+
+
+def _expiring(run: RunToEnd, reason: str, now: int) -> Ending:
+    """A lease or timeout expiry of a running attempt (locked): retried while
+    attempts are left, else TIMED_OUT; the run keeps its result."""
+    decision = decide(Outcome.TIMED_OUT, True, run.attempt, RetryPolicy.of(run.retry), now)
+    return Ending(
+        p=run.p, run_id=run.run_id, tenant_id=run.tenant_id, from_state=run.state,
+        attempt=run.attempt, decision=decision, error=reason,
+        attempt_outcome=Outcome.TIMED_OUT, attempt_error=reason,
+    )  # fmt: skip
+
+
+def _cancelling(run: RunToEnd, reason: str, set_error: bool, now: int) -> Ending:
+    """A cancel of a run as it was found (and locked)."""
+    return Ending(
+        p=run.p, run_id=run.run_id, tenant_id=run.tenant_id, from_state=run.state,
+        attempt=run.attempt, decision=decide(Outcome.CANCELLED, False, run.attempt, None, now),
+        set_error=set_error, error=reason if set_error else None,
+        attempt_outcome=Outcome.CANCELLED, attempt_error=reason,
+    )  # fmt: skip
 
 
 def _started(run_id: str, token: str, row) -> dict:

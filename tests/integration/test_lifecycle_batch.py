@@ -250,7 +250,7 @@ def test_complete__a_busy_jobs_partition__its_timers_deleted_by_whole_key(conn, 
     execute = conn.execute
 
     def explaining(query, params=None, **kw):
-        if query in (lifecycle.Q["finish_many"], lifecycle.Q["finish_attempt"]):
+        if query in (lifecycle.Q["end_attempts"], lifecycle.Q["end_attempt"]):
             plans.append(execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()[0][0])
         return execute(query, params, **kw)
 

@@ -73,13 +73,6 @@ UPDATE jobs SET paused = %(paused)s, updated_at = %(now)s, version = version + 1
 UPDATE jobs SET deleted_at = %(now)s, updated_at = %(now)s
  WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
 
--- name: cancel_pending_runs_of_job
-UPDATE runs SET state = 'CANCELLED', finished_at = %(now)s, updated_at = %(now)s
- WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s
-   AND state IN ('PENDING', 'RETRY_WAIT')
-   AND finished_at IS NULL  -- implied by the states; lets runs_open_job serve it
-RETURNING run_id, attempt;
-
 -- name: restart_schedule_from
 -- A changed schedule starts from now: its past instants never fire.
 UPDATE jobs SET last_instant = %(now)s

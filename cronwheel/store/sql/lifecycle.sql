@@ -1,14 +1,13 @@
 -- The run's state machine. Each transition is one conditional statement that
 -- returns the rows it changed: no row back means the precondition did not hold.
+-- Where an attempt ends, the next state is decided in code
+-- (cronwheel.core.runs.decide) and passed in: no statement here knows the
+-- retry rule. lifecycle.py is the only caller, and the only writer of
+-- runs.state (the firing loop and the workflow service insert runs PENDING).
 
 -- name: run_state
 SELECT state, attempt, scheduled_at FROM runs
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
-
--- name: record_attempt_end
-UPDATE run_attempts SET finished_at = %(now)s, outcome = %(outcome)s, error = %(error)s
- WHERE partition_id = %(p)s AND run_id = %(run_id)s AND attempt = %(attempt)s
-   AND finished_at IS NULL;
 
 -- name: heartbeat
 -- Fenced on (attempt, start_token) and RUNNING; the lease timer reads the new expiry.
@@ -19,31 +18,6 @@ UPDATE runs
    AND state = 'RUNNING' AND attempt = %(attempt)s AND start_token = %(token)s
 RETURNING lease_expires_at;
 
--- name: expire_attempt
--- A lease or timeout timer fired: RUNNING -> RETRY_WAIT | TIMED_OUT for the
--- attempt the timer belongs to. For a lease, only if no heartbeat extended it.
-WITH cur AS (
-    SELECT partition_id, run_id,
-           CASE WHEN attempt < (spec->'retry'->>'max_attempts')::int THEN 'RETRY_WAIT'
-                ELSE 'TIMED_OUT' END::run_state AS next_state
-      FROM runs
-     WHERE partition_id = %(p)s AND run_id = %(run_id)s
-       AND state = 'RUNNING' AND attempt = %(attempt)s
-       AND (NOT %(check_lease)s OR lease_expires_at <= %(now)s)
-       FOR UPDATE)
-UPDATE runs r
-   SET state = cur.next_state,
-       finished_at = CASE WHEN cur.next_state = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
-       lease_expires_at = NULL, error = %(error)s, updated_at = %(now)s
-  FROM cur
- WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
-RETURNING r.state, r.attempt, r.spec, r.tenant_id, r.job_id, r.workflow_run_id, r.node,
-          r.scheduled_at, r.priority;
-
--- name: lease_of
-SELECT state, attempt, lease_expires_at FROM runs
- WHERE partition_id = %(p)s AND run_id = %(run_id)s;
-
 -- name: retry_run
 -- The backoff timer fired: RETRY_WAIT -> PENDING with attempt + 1, published again.
 UPDATE runs
@@ -52,28 +26,6 @@ UPDATE runs
  WHERE partition_id = %(p)s AND run_id = %(run_id)s
    AND state = 'RETRY_WAIT' AND attempt = %(attempt)s
 RETURNING attempt, spec, tenant_id, job_id, workflow_run_id, node, scheduled_at, priority;
-
--- name: cancel_run
-UPDATE runs
-   SET state = 'CANCELLED', finished_at = %(now)s, lease_expires_at = NULL,
-       error = %(error)s, updated_at = %(now)s
- WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
-   AND state IN ('PENDING', 'RUNNING', 'RETRY_WAIT')
-RETURNING state, attempt, spec, tenant_id, job_id, workflow_run_id, node, scheduled_at, priority;
-
--- name: take_buffered_instant
--- overlap=buffer_one: the instant held back while this job's run was active.
-WITH old AS (
-    SELECT partition_id, job_id, buffered_at FROM jobs
-     WHERE partition_id = %(p)s AND job_id = %(job_id)s AND buffered_at IS NOT NULL
-       AND deleted_at IS NULL
-       FOR UPDATE)
-UPDATE jobs j
-   SET buffered_at = NULL
-  FROM old
- WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
-RETURNING old.buffered_at, j.tenant_id, j.target, j.payload, j.retry, j.timeout_ms,
-          j.lease_ms, j.priority;
 
 -- name: run_spec
 -- What a platform worker (webhook, executor) needs to execute the run: its snapshot.
@@ -84,10 +36,15 @@ SELECT spec FROM runs
 -- (data-modifying CTEs): one round trip each instead of one per table, and
 -- atomic without a savepoint when the caller's transaction is already open.
 -- Every part reads the same snapshot and sees none of the others' changes.
--- start_many and finish_many below do the same over arrays. Why both: with
+-- start_many and end_attempts below do the same over arrays. Why both: with
 -- scalar parameters PostgreSQL keeps one generic plan of a prepared statement;
 -- with arrays each call is planned anew for its length (0.9-3 ms), which tripled
--- the backend's CPU of a single StartRun (bench/bench_lifecycle_batch.py).
+-- the backend's CPU of a single StartRun (bench/bench_lifecycle_batch.py), and
+-- forcing the generic plan (SET LOCAL plan_cache_mode) still leaves a single
+-- CompleteRun's backend ~0.3-0.5 ms of CPU dearer than the scalar statement
+-- (docs/architecture.md, "One decision, one writer"). So the two calls a
+-- worker makes once per run, StartRun and CompleteRun, keep a scalar shape;
+-- every other transition has the array one only.
 
 -- name: start_attempt
 -- StartRun: PENDING -> RUNNING, one caller wins a fresh start token and a lease;
@@ -131,33 +88,65 @@ SELECT s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.nod
        cur.state, cur.attempt, cur.scheduled_at
   FROM cur LEFT JOIN s ON true;
 
--- name: finish_attempt
--- CompleteRun: RUNNING -> SUCCEEDED | RETRY_WAIT | FAILED, fenced on (attempt,
--- start_token): a duplicate finds the run no longer RUNNING (or at another
--- attempt) and changes nothing; the attempt's history row ends and its
--- lease and timeout timers go. For a terminal state, the instant an
--- overlap=buffer_one job held back is taken (take_buffered_instant) and comes
--- back in the last columns. What needs the row first (the retry timer with its
--- jittered backoff, the RunCompleted record) is the caller's next statement.
+-- name: attempt_policies
+-- The retry policy of each running attempt a CompleteRun names, fenced as
+-- end_attempt is (a row's `retry` is NULL when the call is stale or the run
+-- unknown): what decide() needs when a failure may be retried. Not locked: the
+-- write that follows is conditional on the same fence, and the policy is a
+-- snapshot that never changes.
+SELECT c.i, r.spec->'retry' AS retry
+  FROM unnest(%(p)b::smallint[], %(run_id)b::text[], %(tenant_id)b::text[],
+              %(attempt)b::int[], %(token)b::text[])
+       WITH ORDINALITY AS c(p, run_id, tenant_id, attempt, token, i)
+  LEFT JOIN runs r
+    ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
+   AND r.state = 'RUNNING' AND r.attempt = c.attempt AND r.start_token = c.token
+ ORDER BY c.i;
+
+-- name: runs_to_end
+-- The runs a cancel or an expiry timer would end, locked (in key order) so that
+-- what decide() is told is what end_attempts finds.
+SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry' AS retry,
+       tenant_id, job_id, workflow_run_id, node, priority
+  FROM runs
+ WHERE (partition_id, run_id) IN (SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[]))
+ ORDER BY partition_id, run_id
+   FOR UPDATE;
+
+-- name: waiting_runs_of_job
+-- A deleted job's runs that no worker holds (PENDING, RETRY_WAIT), locked.
+SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry' AS retry,
+       tenant_id, job_id, workflow_run_id, node, priority
+  FROM runs
+ WHERE job_id = %(job_id)s AND partition_id = %(p)s
+   AND state IN ('PENDING', 'RETRY_WAIT')
+   AND finished_at IS NULL  -- implied by the states; lets runs_open_job serve it
+ ORDER BY run_id
+   FOR UPDATE;
+
+-- name: end_attempt
+-- CompleteRun: RUNNING -> the state decide() chose (SUCCEEDED | RETRY_WAIT |
+-- FAILED), fenced on (attempt, start_token): a duplicate finds the run no
+-- longer RUNNING (or at another attempt) and changes nothing; the attempt's
+-- history row ends and its lease and timeout timers go. For a terminal state,
+-- the instant an overlap=buffer_one job held back is taken and comes back in
+-- the last columns. The retry timer and the RunCompleted record are the
+-- caller's next statement (arm_retry, announce). The scalar shape of
+-- end_attempts (see above on why both).
 WITH cur AS (
-    SELECT partition_id, run_id,
-           CASE WHEN %(outcome)s = 'SUCCEEDED' THEN 'SUCCEEDED'
-                WHEN %(retryable)s AND attempt < (spec->'retry'->>'max_attempts')::int
-                     THEN 'RETRY_WAIT'
-                ELSE 'FAILED' END::run_state AS next_state
-      FROM runs
+    SELECT partition_id, run_id FROM runs
      WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
        AND state = 'RUNNING' AND attempt = %(attempt)s AND start_token = %(token)s
        FOR UPDATE),
 u AS (
     UPDATE runs r
-       SET state = cur.next_state,
-           finished_at = CASE WHEN cur.next_state = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
+       SET state = %(next_state)s::run_state,
+           finished_at = CASE WHEN %(next_state)s = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
            lease_expires_at = NULL, result = %(result)s, error = %(error)s, updated_at = %(now)s
       FROM cur
      WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
-    RETURNING r.partition_id, r.run_id, r.state, r.attempt, r.spec, r.tenant_id, r.job_id,
-              r.workflow_run_id, r.node, r.scheduled_at, r.priority),
+    RETURNING r.partition_id, r.run_id, r.state, r.attempt, r.tenant_id, r.job_id,
+              r.workflow_run_id, r.node, r.priority),
 a AS (
     UPDATE run_attempts ra
        SET finished_at = %(now)s, outcome = %(outcome)s, error = %(attempt_error)s
@@ -189,10 +178,9 @@ b AS (
      WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
     RETURNING old.buffered_at, j.tenant_id, j.target, j.payload, j.retry, j.timeout_ms,
               j.lease_ms, j.priority)
-SELECT u.state, u.attempt, u.spec, u.tenant_id, u.job_id, u.workflow_run_id, u.node,
-       u.scheduled_at, u.priority,
-       b.buffered_at, b.tenant_id, b.target, b.payload, b.retry, b.timeout_ms, b.lease_ms,
-       b.priority
+SELECT u.state, u.attempt, u.tenant_id, u.job_id, u.workflow_run_id, u.node, u.priority,
+       b.buffered_at, b.tenant_id AS buffered_tenant_id, b.target, b.payload, b.retry,
+       b.timeout_ms, b.lease_ms, b.priority AS buffered_priority
   FROM u LEFT JOIN b ON true;
 
 -- name: arm_retry
@@ -215,7 +203,7 @@ WITH o AS (
     VALUES (%(p)s, %(topic)s, %(key)s, %(value)s, %(priority)s))
 SELECT pg_notify('cw_outbox', '');
 
--- Batches: start_attempt and finish_attempt over arrays, one row back per call
+-- Batches: start_attempt and end_attempt over arrays, one row back per call
 -- in the calls' order (`i`), one round trip per transition and batch. Calls
 -- come sorted by (partition, run) so that two batches lock shared runs in the
 -- same order; a run appears at most once per statement (the caller sends
@@ -266,40 +254,51 @@ SELECT c.i, s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, 
   FROM c LEFT JOIN cur ON cur.i = c.i LEFT JOIN s ON s.i = c.i
  ORDER BY c.i;
 
--- name: finish_many
--- A job's buffered instant comes back on each of its runs that ended in the
--- batch; the caller uses it once.
+-- name: end_attempts
+-- Every end of an attempt or of a waiting run, over arrays: CompleteRun's
+-- batches, lease and timeout expiry, cancels (one run, or a deleted job's
+-- waiting runs). Each element moves its run from `from_state` at `attempt`
+-- (and `token`, when given: CompleteRun's fence) to `next_state`, decided in
+-- code; a run found elsewhere is left alone and its row comes back with a NULL
+-- state. `set_result` / `set_error`: whether the run's result and error are
+-- replaced (a worker's report) or kept (an expiry keeps the result; a job's
+-- deletion keeps both). The attempt's history row, if still open, ends with
+-- `attempt_outcome`; the lease and timeout timers go (by whole key, as in
+-- end_attempt); a terminal run's job gives up its buffered instant, which
+-- comes back on each of its runs that ended here (the caller uses it once).
 WITH c AS (
     SELECT * FROM unnest(%(p)b::smallint[], %(run_id)b::text[], %(tenant_id)b::text[],
-                         %(attempt)b::int[], %(token)b::text[], %(outcome)b::text[],
-                         %(retryable)b::bool[], %(result)b::text[], %(error)b::text[],
-                         %(attempt_error)b::text[])
-           WITH ORDINALITY AS c(p, run_id, tenant_id, attempt, token, outcome, retryable,
-                                result, error, attempt_error, i)),
+                         %(from_state)b::text[], %(attempt)b::int[], %(token)b::text[],
+                         %(next_state)b::text[], %(set_result)b::bool[], %(result)b::text[],
+                         %(set_error)b::bool[], %(error)b::text[],
+                         %(attempt_outcome)b::text[], %(attempt_error)b::text[])
+           WITH ORDINALITY AS c(p, run_id, tenant_id, from_state, attempt, token, next_state,
+                                set_result, result, set_error, error, attempt_outcome,
+                                attempt_error, i)),
 cur AS (
-    SELECT c.i, c.outcome, c.result, c.error, c.attempt_error, r.partition_id, r.run_id,
-           CASE WHEN c.outcome = 'SUCCEEDED' THEN 'SUCCEEDED'
-                WHEN c.retryable AND r.attempt < (r.spec->'retry'->>'max_attempts')::int
-                     THEN 'RETRY_WAIT'
-                ELSE 'FAILED' END::run_state AS next_state
+    SELECT c.i, c.next_state::run_state AS next_state, c.set_result, c.result, c.set_error,
+           c.error, c.attempt_outcome, c.attempt_error, r.partition_id, r.run_id
       FROM c JOIN runs r
         ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
-       AND r.state = 'RUNNING' AND r.attempt = c.attempt AND r.start_token = c.token
+       AND r.state = c.from_state::run_state AND r.attempt = c.attempt
+       AND (c.token IS NULL OR r.start_token = c.token)
        FOR UPDATE OF r),
 u AS (
     UPDATE runs r
        SET state = cur.next_state,
            finished_at = CASE WHEN cur.next_state = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
-           lease_expires_at = NULL, result = cur.result::jsonb, error = cur.error,
+           lease_expires_at = NULL,
+           result = CASE WHEN cur.set_result THEN cur.result::jsonb ELSE r.result END,
+           error = CASE WHEN cur.set_error THEN cur.error ELSE r.error END,
            updated_at = %(now)s
       FROM cur
      WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
-    RETURNING cur.i, cur.outcome, cur.attempt_error, r.partition_id, r.run_id, r.state,
-              r.attempt, r.spec, r.tenant_id, r.job_id, r.workflow_run_id, r.node,
-              r.scheduled_at, r.priority),
+    RETURNING cur.i, cur.attempt_outcome, cur.attempt_error, r.partition_id, r.run_id,
+              r.state, r.attempt, r.tenant_id, r.job_id, r.workflow_run_id, r.node,
+              r.priority),
 a AS (
     UPDATE run_attempts ra
-       SET finished_at = %(now)s, outcome = u.outcome, error = u.attempt_error
+       SET finished_at = %(now)s, outcome = u.attempt_outcome, error = u.attempt_error
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
@@ -308,11 +307,6 @@ ended_timers AS MATERIALIZED (
       FROM u CROSS JOIN LATERAL (VALUES ('lease:' || u.run_id), ('timeout:' || u.run_id))
            AS k(timer_id)),
 d AS (
-    -- Each timer by its whole primary key. With `timer_id IN (two expressions)`
-    -- the key was searched on partition_id alone (or the table scanned), and
-    -- every timer of the partition -- all the leases of a busy job -- was read
-    -- for each run; the materialized list keeps the planner from folding the
-    -- ids back in as a filter.
     DELETE FROM timers t
      USING ended_timers e
      WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id),
@@ -330,10 +324,9 @@ b AS (
      WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
     RETURNING j.partition_id, j.job_id, old.buffered_at, j.tenant_id, j.target, j.payload,
               j.retry, j.timeout_ms, j.lease_ms, j.priority)
-SELECT c.i, u.state, u.attempt, u.spec, u.tenant_id, u.job_id, u.workflow_run_id, u.node,
-       u.scheduled_at, u.priority,
-       b.buffered_at, b.tenant_id, b.target, b.payload, b.retry, b.timeout_ms, b.lease_ms,
-       b.priority
+SELECT c.i, u.state, u.attempt, u.tenant_id, u.job_id, u.workflow_run_id, u.node,
+       u.priority, b.buffered_at, b.tenant_id AS buffered_tenant_id, b.target, b.payload,
+       b.retry, b.timeout_ms, b.lease_ms, b.priority AS buffered_priority
   FROM c LEFT JOIN u ON u.i = c.i
          LEFT JOIN b ON b.partition_id = u.partition_id AND b.job_id = u.job_id
  ORDER BY c.i;
