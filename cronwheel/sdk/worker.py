@@ -35,15 +35,25 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from cronwheel import config
-from cronwheel.consuming import Pacer
+# The codec, the records and the offset tracker only: a customer's worker
+# installs confluent-kafka and fastavro and nothing of the platform (no metrics,
+# no database driver, no web framework); `make lint` holds this (import-linter).
 from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.core.offsets import OffsetTracker
 from cronwheel.sdk.api import Stopping, WorkerApi
 from cronwheel.sdk.completer import Completer
 from cronwheel.sdk.heartbeats import Heartbeats
-from cronwheel.sdk.offsets import OffsetTracker
 
 log = logging.getLogger("cronwheel.sdk")
+
+# Where `cronwheel up` runs Kafka, when neither `bootstrap` nor KAFKA_BOOTSTRAP
+# says otherwise. The platform's cronwheel.config holds the same address; the
+# SDK does not import it (tests/unit/test_sdk_imports.py checks they agree).
+LOCAL_KAFKA_BOOTSTRAP = f"127.0.0.1:{os.environ.get('CRONWHEEL_KAFKA_PORT', '29092')}"
+# Asynchronous offset commits from the poll loop at most this often: a commit
+# per record cost the broker a commit per record at a trickle, and a record read
+# again after a crash is answered ALREADY_STARTED or NOT_RUNNABLE.
+COMMIT_EVERY_S = 0.2
 
 
 class Fail(Exception):
@@ -94,7 +104,7 @@ class Worker:
             api_url or os.environ.get("CRONWHEEL_URL") or "http://127.0.0.1:8080"
         ).rstrip("/")
         self.api_key = api_key or os.environ.get("CRONWHEEL_API_KEY", "")
-        self.bootstrap = bootstrap or config.kafka_bootstrap()
+        self.bootstrap = bootstrap or os.environ.get("KAFKA_BOOTSTRAP") or LOCAL_KAFKA_BOOTSTRAP
         self.group_id = group_id or f"cronwheel-worker.{topic}"
         self.concurrency = max(1, concurrency)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -102,7 +112,7 @@ class Worker:
         self.consumer_config = consumer_config or {}
         self._stop = threading.Event()
         self._offsets = OffsetTracker()
-        self._pacer = Pacer()
+        self._committed_at = 0.0  # monotonic time of the poll loop's last commit
         self._active: dict[str, Run] = {}  # started and not yet handed to the completer
         self._running = 0  # handlers holding a slot
         self._active_lock = threading.Lock()
@@ -247,11 +257,13 @@ class Worker:
             self._offsets.forget(p.topic, p.partition)
 
     def _commit(self, consumer: Consumer, force: bool = True) -> None:
-        """Commit the offsets finished runs moved; unforced (the poll loop)
-        paced (consuming.Pacer: a record read again after a crash gets
-        ALREADY_STARTED or NOT_RUNNABLE)."""
-        if not force and not self._pacer.due():
-            return
+        """Commit the offsets finished runs moved; unforced (the poll loop) at
+        most every COMMIT_EVERY_S."""
+        if not force:
+            now = time.monotonic()
+            if now - self._committed_at < COMMIT_EVERY_S:
+                return
+            self._committed_at = now
         moved = self._offsets.committable()
         if moved:
             parts = [TopicPartition(t, p, off) for (t, p), off in moved.items()]

@@ -56,10 +56,10 @@ from cronwheel import consuming, kafka, metrics
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
+from cronwheel.core.offsets import OffsetTracker
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
-from cronwheel.sdk.offsets import OffsetTracker
 from cronwheel.store import webhooks
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
 from cronwheel.store.webhooks import DeliveryTarget

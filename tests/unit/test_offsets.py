@@ -1,11 +1,12 @@
-"""The SDK's in-order offset commits: a crash never skips an unstarted record."""
+"""In-order offset commits (the SDK's and the webhook service's): a crash never
+skips an unstarted record."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronwheel.sdk.offsets import OffsetTracker
+from cronwheel.core.offsets import OffsetTracker
 
 
 def test_committable__out_of_order_finish__waits_for_the_earliest():

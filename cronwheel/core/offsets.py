@@ -1,5 +1,9 @@
 """In-order offset commits for a consumer that handles records concurrently.
 
+Shared by the worker SDK and the platform's webhook service, so it lives in the
+core: it imports nothing but the standard library, and neither the SDK's
+customers nor the services pull the other's code in with it.
+
 A record's offset may be committed only when it and every earlier record of its
 partition are done; otherwise a crash could skip a record that was never
 started. Records are begun in offset order per partition, so everything below
