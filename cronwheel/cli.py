@@ -1,19 +1,25 @@
-"""The `cronwheel` command. Each verb translates arguments into one call into the
-stack, the store or the core; errors become one readable line and exit code 1."""
+"""The `cronwheel` command's verbs that need no service: the local stack,
+migrations, schedule previews and the admin verbs. Each translates arguments
+into one call into the stack, the store or the core; errors become one
+readable line and exit code 1.
+
+The command itself is services.entrypoints, which adds `serve` and `dev`: this
+package imports no service (docs/architecture.md, Layers).
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from cronwheel import config
 from cronwheel.cli_admin import add_parsers as add_admin_parsers
-from cronwheel.kafka import Topics
 
-SERVICES = ["gateway", "timer", "relay", "dispatcher", "workflow", "webhook", "executor"]
+# The entry point's verbs: called with the parser's subparsers to add its own.
+AddVerbs = Callable[[argparse._SubParsersAction], None]
 
 
 class CliError(Exception):
@@ -66,68 +72,6 @@ def cmd_migrate(args) -> None:
         print("schema up to date")
 
 
-def available_services() -> list[str]:
-    found = []
-    for name in SERVICES:
-        try:
-            importlib.import_module(f"services.{name}.main")
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("services."):
-                continue
-            raise
-        found.append(name)
-    return found
-
-
-def cmd_serve(args) -> None:
-    unknown = [s for s in args.services if s not in SERVICES]
-    if unknown:
-        raise CliError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVICES)}")
-    missing = [s for s in args.services if s not in available_services()]
-    if missing:
-        raise CliError(f"service {missing[0]!r} is not built yet in this version")
-    if len(args.services) == 1:
-        importlib.import_module(f"services.{args.services[0]}.main").main()
-        return
-    _supervise(args.services)
-
-
-def _dev_services() -> list[str]:
-    """Every built service; the executor only where its sandbox can run."""
-    import shutil
-
-    names = available_services()
-    if "executor" in names and not shutil.which("bwrap"):
-        print("cronwheel dev: skipping the executor (bubblewrap is not installed)", file=sys.stderr)
-        names.remove("executor")
-    return names
-
-
-def cmd_dev(args) -> None:
-    if args.demo:
-        from cronwheel.demo import ensure_demo, operator_key
-
-        demo = ensure_demo(config.database_url())
-        if "gateway" in available_services():
-            print(f"admin API     http://{config.http_addr()}/v1  (spec at /openapi.json)")
-        print(f"operator key  {operator_key()}")
-        print(f"demo tenant   {demo['tenant_id']}  key {demo['api_key']}")
-        print(f"demo queue    {Topics.from_env().queue(demo['tenant_id'], 'demo')}")
-    _supervise(_dev_services())
-
-
-def _supervise(names: list[str]) -> None:
-    """Run each service as its own process under the supervisor: a service
-    that dies is started again (with backoff and a line saying why) while the
-    others go on; SIGINT/SIGTERM stops them all."""
-    from cronwheel.runtime import stop_on_signals
-    from cronwheel.supervisor import Supervisor
-
-    commands = {n: [sys.executable, "-m", "cronwheel.cli", "serve", n] for n in names}
-    home = config.project_home()
-    Supervisor(commands, home).run(stop_on_signals())
-
-
 def cmd_preview(args) -> None:
     from cronwheel.core.preview import preview_json, render_table
 
@@ -139,8 +83,9 @@ def cmd_preview(args) -> None:
         print(render_table(doc))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cronwheel", description=__doc__)
+def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
+    """The parser; `add_verbs(subparsers)` adds the entry point's own verbs."""
+    p = argparse.ArgumentParser(prog="cronwheel", description="cronwheel: a shared job scheduler")
     sub = p.add_subparsers(dest="command", required=True)
     for name, fn, help_ in [
         ("up", cmd_up, "start the local PostgreSQL and Kafka (idempotent)"),
@@ -151,12 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=fn)
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
-    sp = sub.add_parser("serve", help="run services")
-    sp.add_argument("services", nargs="+", metavar="SERVICE")
-    sp.set_defaults(func=cmd_serve)
-    sp = sub.add_parser("dev", help="run every service in one command")
-    sp.add_argument("--demo", action="store_true", help="create the demo tenant and job first")
-    sp.set_defaults(func=cmd_dev)
+    if add_verbs is not None:
+        add_verbs(sub)
     sp = sub.add_parser("preview", help="the next fire instants of a cron schedule")
     sp.add_argument("cron")
     sp.add_argument("--tz", default="UTC")
@@ -170,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, add_verbs: AddVerbs | None = None) -> int:
+    args = build_parser(add_verbs).parse_args(argv)
     try:
         args.func(args)
     except KeyboardInterrupt:
@@ -179,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # one readable line for people; details with CRONWHEEL_DEBUG=1
         if os.environ.get("CRONWHEEL_DEBUG"):
             raise
-        print(f"cronwheel: {_one_line(e)}", file=sys.stderr)
+        hint = ""
+        if isinstance(e, ModuleNotFoundError):  # a worker's install: the SDK's packages only
+            hint = "; the platform's commands need: pip install 'cronwheel[server]'"
+        print(f"cronwheel: {_one_line(e)}{hint}", file=sys.stderr)
         return 1
     return 0
 
@@ -190,4 +134,9 @@ def _one_line(e: Exception) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m cronwheel.cli VERB ...`, as the tests and benches start services:
+    # the whole command, `serve` and `dev` included. The one import from this
+    # package into `services` (pyproject.toml names it in ignore_imports).
+    from services.entrypoints import main as command
+
+    sys.exit(command())
