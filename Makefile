@@ -41,9 +41,10 @@ migrate: up ## apply pending migrations
 run: migrate ## the whole system: stack, migrations, every service, demo tenant
 	$(CW) dev --demo
 
-lint: install ## ruff lint and format check
+lint: install ## ruff lint and format check; import-linter's layer contracts (pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 check-schemas: install ## every Avro schema version is backward and forward compatible
 	$(BIN)/python -m cronwheel.core.schema_compat schemas
