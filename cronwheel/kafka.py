@@ -118,13 +118,6 @@ def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consum
     return Consumer(conf)
 
 
-# For consumers that subscribe by name (cronwheel/topic_watch.py): a new
-# tenant's topic joins in an incremental rebalance, revoking nothing else.
-# They keep consumer()'s 2 s metadata refresh: 30 s made no measurable
-# difference to the broker's CPU with 300 tenants (docs/dispatcher.md).
-NAMED_SUBSCRIPTION = {"partition.assignment.strategy": "cooperative-sticky"}
-
-
 def admin(bootstrap: str | None = None) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap or config.kafka_bootstrap(), "log_level": 3})
 

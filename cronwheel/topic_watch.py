@@ -1,14 +1,10 @@
-"""The per-tenant topics a consumer reads, subscribed to by name and kept
-current, so a new tenant's first record is read as promptly as any other.
+"""The per-tenant topics that exist, by name and kept current, so a new
+tenant's first record is read as promptly as any other: the consumer assigns
+them (cronwheel.assignment) as soon as they are known here.
 
-Why by name: a pattern subscription learns of a new topic only when its
+Why not a pattern subscription: it learns of a new topic only when its
 metadata refresh comes round, so with a 2 s refresh a new tenant's first run
-waited 2-5 s. Subscribing to the same pattern again changes nothing, and
-neither does naming a topic beside a pattern: librdkafka sees no change. A
-list of names that grows triggers an incremental rebalance at once, and
-the new topic is assigned 10-460 ms after it exists, with nothing revoked.
-The topic must exist before it is named: a name subscribed before its topic
-exists waits for the refresh just the same. So:
+waited 2-5 s. A topic must exist before it is assigned, so:
 
 - Where a watch stands for tenants (`tenant_topic` set: the dispatcher's run
   topics), a new tenant comes from the tenants trigger (channel cw_tenants),
@@ -65,7 +61,6 @@ class TopicWatch:
         on_destination: Callable[[str, str, str], None] | None = None,
         scan_every_s: float = 30.0,
         check_every_s: float = 0.05,
-        apply_timeout_s: float = 10.0,
     ):
         """`metadata_client`: a producer or admin client to scan the broker with,
         never the consumer that subscribes: the scan runs on the watch's thread,
@@ -79,8 +74,6 @@ class TopicWatch:
         self.on_destination = on_destination
         self.scan_every_s = scan_every_s
         self.check_every_s = check_every_s
-        self.apply_timeout_s = apply_timeout_s
-        self._applying_until = 0.0  # a subscription change not yet applied (subscribe)
         self.names: set[str] = set()
         self._listen: psycopg.Connection | None = None
         self._announcer: psycopg.Connection | None = None  # the worker thread's
@@ -103,48 +96,11 @@ class TopicWatch:
             self._scanning = True
             self._next_scan = now + self.scan_every_s
             self._submit(self._scan)
-        if now < self._applying_until:
-            return None  # the last change is not applied yet (subscribe)
         with self._lock:
             if not self._changed:
                 return None
             self._changed = False
             return sorted(self.names)
-
-    def subscribe(self, consumer, on_assign=None, on_revoke=None) -> bool:
-        """Subscribe `consumer` to the names when they changed; True if it did.
-
-        The next change waits until the group has applied this one: a
-        cooperative consumer's subscribe() while its previous change still
-        waits for metadata aborts the process (librdkafka,
-        rd_kafka_cgrp_modify_subscription: "Assertion rkcg_join_state == INIT
-        || STEADY", seen with 3,000 tenants arriving). Each rebalance of a
-        cooperative group ends with on_assign, with an empty list when nothing
-        moved; a rebalance that revokes (a member lost, or joining) closes the
-        gate until it ends too. A change that causes no rebalance (a name whose
-        topic was deleted) is let go after `apply_timeout_s`. A rejoin that
-        revokes nothing is not visible from here: the supervisor restarts a
-        process that still aborts."""
-        names = self.poll()
-        if names is None:
-            return False
-
-        def assigned(c, partitions):
-            self._applying_until = 0.0  # the rebalance is over
-            if on_assign is not None:
-                on_assign(c, partitions)
-
-        def revoked(c, partitions):
-            # A rebalance has begun (another member, or this one lost its
-            # membership and rejoins): no change until it ends.
-            self._applying_until = time.monotonic() + self.apply_timeout_s
-            if on_revoke is not None:
-                on_revoke(c, partitions)
-
-        self._applying_until = time.monotonic() + self.apply_timeout_s
-        callbacks = {"on_assign": assigned, "on_revoke": revoked}
-        consumer.subscribe(names, **callbacks)
-        return True
 
     def announce(self, topics: list[str]) -> None:
         """`announce` through the worker thread's own connection: for

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -52,8 +53,18 @@ class Leases:
             **extra,
         }
 
-    def tick(self, conn: psycopg.Connection, now: int | None = None) -> dict[int, int]:
-        """Renew, rebalance toward a fair share, and return {partition: epoch} owned."""
+    def tick(
+        self,
+        conn: psycopg.Connection,
+        now: int | None = None,
+        *,
+        on_release: Callable[[list[int]], None] | None = None,
+    ) -> dict[int, int]:
+        """Renew, rebalance toward a fair share, and return {partition: epoch} owned.
+
+        `on_release(partitions)` is called before extras are released, inside
+        this transaction: a reader finishes with them there, so the instance
+        that takes them next starts where it stopped."""
         now = now_ms() if now is None else now
         with conn.transaction():
             if not self._seeded:
@@ -70,6 +81,8 @@ class Leases:
                 owned.update(dict(got))
             elif len(owned) > share:
                 extra = sorted(owned)[share:]
+                if on_release is not None:
+                    on_release(extra)
                 conn.execute(Q["release"], self._params(now, partitions=extra))
                 for p in extra:
                     owned.pop(p)

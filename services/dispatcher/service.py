@@ -47,12 +47,14 @@ from functools import cached_property
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from cronwheel import consuming, kafka, metrics
+from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
+from cronwheel.store.leases import Leases
 from cronwheel.store.outbox import Placement, class_of_partition
 from cronwheel.store.quotas import Buckets
 from cronwheel.topic_watch import TopicWatch, announce
@@ -167,6 +169,7 @@ class Dispatcher:
         quotas: Buckets | None = None,
         processed_retention_ms: int | None = None,
         topic_scan_s: float = 30.0,
+        lease_ttl_ms: int = 10_000,
     ):
         self.dsn = dsn
         self.bootstrap = bootstrap
@@ -209,7 +212,13 @@ class Dispatcher:
         self._held: dict[tuple[str, int], list[Message]] = {}
         self._held_until: dict[tuple[str, int], int] = {}
         self._admin = kafka.admin(bootstrap)
-        # The run topics, by name: one per tenant, created when the tenant is.
+        # The run topics, by name: one per tenant, created when the tenant is;
+        # read are those of the tenants whose partitions this instance leases.
+        self.assignment = LeasedAssignment(
+            Leases(self.group_id, ttl_ms=lease_ttl_ms),
+            f"{topics.prefix}.runs.",
+            self._placement.partitions,
+        )
         self.watch = TopicWatch(
             dsn,
             self.producer,
@@ -225,21 +234,14 @@ class Dispatcher:
     # -- the loop -------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        consumer = kafka.consumer(
-            self.group_id,
-            self.bootstrap,
-            # New tenant topics join without revoking every other partition.
-            **{
-                **kafka.NAMED_SUBSCRIPTION,
-                "on_commit": consuming.on_commit,
-            },
-        )
+        consumer = kafka.consumer(self.group_id, self.bootstrap, on_commit=consuming.on_commit)
         self._consumer = consumer
         self._stop = stop
         next_lag = 0.0
         try:
             while not stop.is_set():
-                self.watch.subscribe(consumer, self._on_assign, self._on_revoke)
+                if not self._follow(consumer, stop):
+                    break
                 read = self._released(consumer) + self._consume(consumer)
                 msgs = self._within_quota(consumer, read, stop) if read else read
                 if msgs and not self._send(msgs, stop):
@@ -263,6 +265,7 @@ class Dispatcher:
             if self._batches and stop.is_set():
                 self._settle(stop, until=0)  # within the shutdown grace
             self._commit(asynchronous=False)  # only settled batches are in _done
+            self.assignment.leave(self._db)
             consumer.close()
             self._consumer = None
             self.watch.close()
@@ -525,34 +528,34 @@ class Dispatcher:
         self._uncommitted = False
         consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Hand over cleanly: settle what is on its way, commit what this instance
-        finished, then forget the partitions."""
+    # -- what this instance reads ---------------------------------------------
+
+    def _follow(self, consumer: Consumer, stop: threading.Event) -> bool:
+        """Read the run topics of the tenants this instance leases
+        (cronwheel.assignment); False if `stop` came while the database was away."""
+        added = self.assignment.follow(consumer, self.watch, self._db, stop, self._give_up)
+        if added is None:
+            return False
+        for tp in added:
+            # Where the group left off, so a class's waiting records are seen
+            # before the first one is read (_prioritise).
+            if tp.offset >= 0:
+                self._next.setdefault((tp.topic, tp.partition), tp.offset)
+        return True
+
+    def _give_up(self, partitions: list[TopicPartition]) -> None:
+        """Hand over cleanly (a lease moved): settle what is on its way, commit
+        what this instance finished, then forget the partitions."""
         if self._batches:
             self._settle(self._stop, until=0)
-        for key in consuming.commit_revoked(consumer, self._done, partitions):
+        assert self._consumer is not None
+        for key in consuming.commit_revoked(self._consumer, self._done, partitions):
             self._next.pop(key, None)
             self._class_paused.discard(key)
             self._held.pop(key, None)  # its new owner reads them again
             self._held_until.pop(key, None)
 
     # -- priority classes -----------------------------------------------------
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Learn new run topics' partition counts and where the group left off,
-        so a class's waiting records are seen before the first one is read.
-        The counts come through the producer, never this consumer: a callback
-        must not call list_topics on the consumer that runs it (consuming)."""
-        for topic in {tp.topic for tp in partitions}:
-            self._placement.partitions(topic)
-        try:
-            committed = consumer.committed(partitions, timeout=5)
-        except KafkaException as exc:
-            log.warning("committed offsets unavailable: %s", exc)
-            committed = []
-        for tp in committed:
-            if tp.offset >= 0:
-                self._next.setdefault((tp.topic, tp.partition), tp.offset)
 
     def _class_of(self, topic: str, partition: int) -> int | None:
         """Cached: asked for every assigned partition on every pass of the loop."""

@@ -41,6 +41,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from prometheus_client import Counter, Gauge, Histogram
 
 from cronwheel import consuming, kafka, metrics
+from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
@@ -48,7 +49,9 @@ from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
 from cronwheel.kafka import Topics
 from cronwheel.store.db import Reconnecting
+from cronwheel.store.leases import Leases
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.outbox import Placement
 from cronwheel.topic_watch import TopicWatch
 from services.executor.sandbox import (
     PAYLOAD_FILE,
@@ -137,8 +140,16 @@ class Executor:
         self.idle_ms = idle_ms
         self.lifecycle = Lifecycle(topics)
         self.producer = kafka.producer(bootstrap)
-        # Managed topics by name, announced by the dispatcher when it creates one.
+        # Managed topics by name, announced by the dispatcher when it creates
+        # one; read are those of the tenants whose partitions this instance
+        # leases (cronwheel.assignment). A dead instance's tenants move on
+        # after `session_timeout_ms`, the leases' TTL.
         self.watch = TopicWatch(dsn, self.producer, f"{topics.prefix}.managed.")
+        self.assignment = LeasedAssignment(
+            Leases(self.group_id, ttl_ms=session_timeout_ms),
+            f"{topics.prefix}.managed.",
+            Placement(self.producer).partitions,
+        )
         self.started_total = 0
         self._db = Reconnecting(self.dsn, log)
         self._consumer: Consumer | None = None
@@ -158,21 +169,16 @@ class Executor:
 
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
-        consumer = kafka.consumer(
-            self.group_id,
-            self.bootstrap,
-            **{
-                **kafka.NAMED_SUBSCRIPTION,
-                "session.timeout.ms": self.session_timeout_ms,
-                "heartbeat.interval.ms": max(500, self.session_timeout_ms // 5),
-                "on_commit": consuming.on_commit,
-            },
-        )
+        consumer = kafka.consumer(self.group_id, self.bootstrap, on_commit=consuming.on_commit)
         self._consumer = consumer
         pacer = consuming.Pacer(0.5)
         try:
             while not stop.is_set():
-                self.watch.subscribe(consumer, on_revoke=self._on_revoke)
+                if (
+                    self.assignment.follow(consumer, self.watch, self._db, stop, self._give_up)
+                    is None
+                ):
+                    break
                 self._retry_held(consumer, stop)
                 msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
                 if msg is not None and not self._consumed(msg):
@@ -182,6 +188,7 @@ class Executor:
         finally:
             self._wait_for_runners()
             self._commit(asynchronous=False)
+            self.assignment.leave(self._db)
             consumer.close()
             self._consumer = None
             self.watch.close()
@@ -438,8 +445,11 @@ class Executor:
             consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
             self._done.clear()
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for key in consuming.commit_revoked(consumer, self._done, partitions):
+    def _give_up(self, partitions: list[TopicPartition]) -> None:
+        """A lease moved: commit what this instance finished of these
+        partitions and forget them (runs in progress go on; StartRun fenced them)."""
+        assert self._consumer is not None
+        for key in consuming.commit_revoked(self._consumer, self._done, partitions):
             self._held.pop(key, None)  # its new owner reads it again
 
     def _with_db(self, fn, stop: threading.Event):

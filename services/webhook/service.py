@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - a dependency; asyncio's loop does the 
     uvloop = None
 
 from cronwheel import consuming, kafka, metrics
+from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
@@ -61,7 +62,10 @@ from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
 from cronwheel.store import webhooks
+from cronwheel.store.db import Reconnecting
+from cronwheel.store.leases import Leases
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
+from cronwheel.store.outbox import Placement
 from cronwheel.store.webhooks import DeliveryTarget
 from cronwheel.topic_watch import TopicWatch
 from services.webhook import delivery, signing
@@ -193,8 +197,18 @@ class WebhookService:
         self._waiting: set[asyncio.Task] = set()
         self._active: set[tuple[str, int]] = set()
         self._producer = kafka.producer(self.bootstrap)
-        # Webhook topics by name, announced by the dispatcher when it creates one.
+        # Webhook topics by name, announced by the dispatcher when it creates
+        # one; read are those of the tenants whose partitions this instance
+        # leases (cronwheel.assignment), renewed on the Kafka thread through a
+        # connection of its own.
+        self._stop = stop
         self._watch = TopicWatch(self.dsn, self._producer, f"{self.topics.prefix}.webhook.")
+        self._assignment = LeasedAssignment(
+            Leases(self.group_id),
+            f"{self.topics.prefix}.webhook.",
+            Placement(self._producer).partitions,
+        )
+        self._lease_db = Reconnecting(self.dsn, log)
         self._client = Client(
             Guard(self.allow),
             keepalive_s=s.keepalive_ms / 1000,
@@ -232,20 +246,20 @@ class WebhookService:
         return await self._loop.run_in_executor(self._kafka_thread, fn, *args)
 
     def _subscribe(self) -> Consumer:
-        consumer = kafka.consumer(
-            self.group_id,
-            self.bootstrap,
-            **{
-                **kafka.NAMED_SUBSCRIPTION,
-                "on_commit": consuming.on_commit,
-            },
+        self._consumer = kafka.consumer(
+            self.group_id, self.bootstrap, on_commit=consuming.on_commit
         )
-        return consumer
+        return self._consumer
 
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block briefly for one record, then take what else is there; first,
-        subscribe to the webhook topics again if new ones were announced."""
-        self._watch.subscribe(consumer, on_revoke=self._on_revoke)
+        bring the assignment up to date (new webhook topics, moved leases)."""
+        give_up = self._give_up
+        if (
+            self._assignment.follow(consumer, self._watch, self._lease_db, self._stop, give_up)
+            is None
+        ):
+            return []  # stopping while the database is away
         msgs = consumer.consume(1, timeout=0.1)
         if msgs:
             msgs += consumer.consume(self.settings.batch - 1, timeout=0.002)
@@ -564,9 +578,11 @@ class WebhookService:
     def _commit(self, consumer: Consumer, *, asynchronous: bool) -> None:
         consuming.commit_assigned(consumer, self._offsets.committable(), asynchronous=asynchronous)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Commit what this instance finished of the revoked partitions, then forget
-        them; deliveries still waiting go on (StartRun lets only one instance win)."""
+    def _give_up(self, partitions: list[TopicPartition]) -> None:
+        """A lease moved: commit what this instance finished of these partitions,
+        then forget them; deliveries still waiting go on (StartRun lets only
+        one instance win)."""
+        consumer = self._consumer
         for t, p in consuming.commit_revoked(consumer, self._offsets.committable(), partitions):
             self._offsets.forget(t, p)
 
@@ -594,8 +610,10 @@ class WebhookService:
     def _close_consumer(self, consumer: Consumer) -> None:
         self._producer.flush(self.settings.shutdown_grace_ms / 1000)
         self._commit(consumer, asynchronous=False)
+        self._assignment.leave(self._lease_db)
         consumer.close()
         self._watch.close()
+        self._lease_db.close()
 
 
 def _skip_reason(rec: dict, t: DeliveryTarget | None) -> str | None:

@@ -1,0 +1,199 @@
+"""Which partitions of a consumer's per-tenant topics this instance reads:
+assigned by hand, under the store's partition leases, never by a consumer
+group's rebalance.
+
+Why not a group: with a topic per tenant, every new tenant was a rebalance of
+the whole group. Two different librdkafka aborts came out of those rebalances
+under tenant churn (docs/dispatcher.md), each new tenant waited for the group
+to settle, and nothing in Python could see a rejoin that revoked nothing.
+Here a new topic is one local `incremental_assign`: no group protocol, no
+callback inside `consume()`, read as soon as it exists.
+
+Who reads what: a topic belongs to the tenant its name ends with
+(`<prefix>.<kind>.<tenant_id>`), and a tenant to the logical partition
+`partition_of(tenant_id)` (cronwheel.core.ids). The instances of one consumer
+group lease the 1,024 logical partitions among themselves
+(cronwheel.store.leases, service = the group id), as the timer and the relay
+do, and each assigns every Kafka partition of the topics of the tenants it
+holds. A lease that moves moves those tenants' topics. When an instance joins, the
+others hand over their extra leases at their next renewal: each settles and
+commits what it read of those topics and unassigns them inside the
+transaction that releases the leases, so the newcomer starts where it
+stopped. When an instance dies, its leases expire after the TTL and the
+others take them from its last committed offsets: records it forwarded after
+that come again and are skipped by the processed table (or, where its mark
+was lost too, forwarded twice: downstream is fenced, as after any crash).
+
+Offsets are still committed under the group id: Kafka accepts commits from a
+consumer that is not a member (a "simple" consumer), so `committed()`, lag
+and a restart's starting point work as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from cronwheel.core.ids import partition_of
+from cronwheel.store.db import Reconnecting
+from cronwheel.store.leases import Leases
+from cronwheel.topic_watch import TopicWatch
+
+log = logging.getLogger("cronwheel.assignment")
+
+Where = tuple[str, int]  # (topic, partition)
+_ONCE = threading.Event()  # a `stop` already set: Reconnecting.call tries once
+_ONCE.set()
+UNKNOWN_RETRY_S = 1.0  # a topic whose partition count the broker did not give
+
+
+class LeasedAssignment:
+    def __init__(
+        self,
+        leases: Leases,
+        prefix: str,
+        partitions_of: Callable[[str], int | None],
+    ):
+        """`prefix`: the topics' common start, `<p>.<kind>.`; what follows is
+        the tenant id. `partitions_of(topic)`: its partition count, or None
+        while the broker does not know it (asked again at the next change);
+        it must not ask the consumer being assigned (cronwheel.consuming)."""
+        self.leases = leases
+        self.prefix = prefix
+        self.partitions_of = partitions_of
+        self.names: set[str] = set()
+        self.owned: frozenset[int] = frozenset()
+        self.assigned: set[Where] = set()
+        self._next_renewal = 0.0
+        self._stale = False  # names or leases changed since the last apply
+        self._not_before = 0.0  # a topic's count was unknown: when to ask again
+
+    # -- inputs ---------------------------------------------------------------
+
+    def topics(self, names: list[str] | set[str]) -> None:
+        """The topics that exist now (TopicWatch.poll's list)."""
+        names = {n for n in names if n.startswith(self.prefix)}
+        if names != self.names:
+            self.names = names
+            self._stale, self._not_before = True, 0.0
+
+    def renewal_due(self) -> bool:
+        return time.monotonic() >= self._next_renewal
+
+    def renew(
+        self,
+        conn: psycopg.Connection,
+        consumer: Consumer,
+        before_unassign: Callable[[list[TopicPartition]], None],
+    ) -> None:
+        """Renew and rebalance the leases (a transaction of their own). Leases
+        handed to another instance are given up first, inside that
+        transaction, so it starts at the offsets this one committed and
+        forwards nothing twice."""
+
+        def releasing(partitions: list[int]) -> None:
+            self._own(self.owned - set(partitions))
+            self.apply(consumer, before_unassign)
+
+        self._own(frozenset(self.leases.tick(conn, on_release=releasing)))
+        self._next_renewal = time.monotonic() + self.leases.ttl_ms / 3000
+
+    def _own(self, owned: frozenset[int]) -> None:
+        if owned != self.owned:
+            log.info(
+                "%s: %d of the partitions leased (was %d)",
+                self.leases.service,
+                len(owned),
+                len(self.owned),
+            )
+            self.owned = owned
+            self._stale, self._not_before = True, 0.0
+
+    # -- one consumer loop's pass ---------------------------------------------
+
+    def follow(
+        self,
+        consumer: Consumer,
+        watch: TopicWatch,
+        db: Reconnecting,
+        stop: threading.Event,
+        before_unassign: Callable[[list[TopicPartition]], None],
+    ) -> list[TopicPartition] | None:
+        """Once per pass of a consumer loop: the watch's new topics, the
+        leases renewed when due (every third of their TTL, through `db`), the
+        assignment brought up to date. Returns what `apply` assigned, or None
+        if `stop` came while the database was away."""
+        names = watch.poll()
+        if names is not None:
+            self.topics(names)
+        if self.renewal_due():
+
+            def renew(conn: psycopg.Connection) -> bool:
+                self.renew(conn, consumer, before_unassign)
+                return True
+
+            if db.call(renew, stop) is None:
+                return None
+        return self.apply(consumer, before_unassign)
+
+    def leave(self, db: Reconnecting) -> None:
+        """On a clean stop: hand every lease back (one try; the TTL is the
+        fallback), so another instance takes the tenants at its next renewal."""
+        if self.leases.owned:
+            db.call(self.leases.release_all, _ONCE)
+        self.owned = frozenset()
+
+    # -- the assignment -------------------------------------------------------
+
+    def tenant_of(self, topic: str) -> str | None:
+        return topic[len(self.prefix) :] if topic.startswith(self.prefix) else None
+
+    def mine(self, topic: str) -> bool:
+        tenant = self.tenant_of(topic)
+        return bool(tenant) and partition_of(tenant) in self.owned
+
+    def apply(
+        self, consumer: Consumer, before_unassign: Callable[[list[TopicPartition]], None]
+    ) -> list[TopicPartition]:
+        """Bring the consumer's assignment to what the names and leases say.
+
+        Partitions to give up go to `before_unassign` first (settle, commit,
+        forget them), then are unassigned. New ones are assigned at the
+        group's committed offsets, which are returned (offset < 0: none
+        committed, the consumer starts per auto.offset.reset)."""
+        if not self._stale or time.monotonic() < self._not_before:
+            return []
+        wanted: set[Where] = set()
+        unknown = False
+        for topic in self.names:
+            if not self.mine(topic):
+                continue
+            n = self.partitions_of(topic)
+            if n is None:
+                unknown = True  # asked again at the next apply
+                continue
+            wanted.update((topic, p) for p in range(n))
+        gone = [TopicPartition(t, p) for t, p in sorted(self.assigned - wanted)]
+        new = [TopicPartition(t, p) for t, p in sorted(wanted - self.assigned)]
+        if gone:
+            before_unassign(gone)
+            consumer.incremental_unassign(gone)
+            self.assigned.difference_update((tp.topic, tp.partition) for tp in gone)
+        if new:
+            try:
+                new = consumer.committed(new, timeout=10)
+            except KafkaException as exc:
+                # Assigned at OFFSET_INVALID all the same: the consumer then
+                # fetches the committed offsets itself.
+                log.warning("committed offsets unavailable: %s", exc)
+            consumer.incremental_assign(new)
+            self.assigned.update((tp.topic, tp.partition) for tp in new)
+        self._stale = unknown
+        # Not on every pass: each ask is a metadata request of its own.
+        self._not_before = time.monotonic() + UNKNOWN_RETRY_S if unknown else 0.0
+        return new
