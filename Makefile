@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
+# '.[test]' includes '.[server]' (the platform); a worker needs neither: pip install cronwheel.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -1,8 +1,11 @@
 """An example worker: consumes the demo queue that `make run` prints and
 completes every run, failing retryably when the payload asks for it.
 
+    pip install cronwheel        # the SDK alone: confluent-kafka and fastavro
     CRONWHEEL_URL=http://127.0.0.1:8080 CRONWHEEL_API_KEY=cw_... \
     python examples/worker.py cw.q.<tenant_id>.demo
+
+(KAFKA_BOOTSTRAP names the broker where it is not the local stack's.)
 """
 
 from __future__ import annotations
