@@ -122,6 +122,37 @@ class CompleteCall(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Seen:
+    """A run's state, attempt and instant as a statement found it (run_state)."""
+
+    state: str
+    attempt: int
+    scheduled_at: datetime
+
+
+@dataclass(frozen=True)
+class Started:
+    """A row of start_attempt / start_many: the attempt StartRun began
+    (`attempt` None: none began) and the run as the statement found it
+    (`found_state` None: no run of this id and tenant)."""
+
+    attempt: int | None
+    lease_expires_at: datetime | None
+    spec: dict | None
+    job_id: str | None
+    workflow_run_id: str | None
+    node: str | None
+    found_state: str | None
+    found_attempt: int | None
+    found_scheduled_at: datetime | None
+    i: int | None = None  # the element of start_many
+
+    @property
+    def seen(self) -> Seen:
+        return Seen(self.found_state, self.found_attempt, self.found_scheduled_at)
+
+
+@dataclass(frozen=True)
 class RunToEnd:
     """A run as runs_to_end and waiting_runs_of_job lock it."""
 
@@ -222,11 +253,11 @@ class Lifecycle:
             "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
             "token": token, "now": to_dt(now), "attempt": attempt,
         }  # fmt: skip
-        row = conn.execute(Q["start_attempt"], args).fetchone()
+        row = _named(Started, conn.execute(Q["start_attempt"], args)).fetchone()
         if row is None:
             raise NotFound("run")
-        if row[0] is None:
-            raise self._refusal(conn, p, run_id, tenant_id, attempt, now, row[6:9])
+        if row.attempt is None:
+            raise self._refusal(conn, p, run_id, tenant_id, attempt, now, row.seen)
         return _started(run_id, token, row)
 
     def start_many(self, conn, calls: list[StartCall], now: int) -> list[dict | Exception]:
@@ -255,7 +286,7 @@ class Lifecycle:
             for rnd in rounds:
                 batch = [todo[k] for k in rnd]
                 cs = [calls[i] for i, _p, _t in batch]
-                rows = conn.execute(
+                cur = conn.execute(
                     Q["start_many"],
                     {  # binary arrays: the list dumper cost ~2 us an element
                         "p": pgarrays.int2_array([p for _i, p, _t in batch]),
@@ -266,22 +297,23 @@ class Lifecycle:
                         "attempt": pgarrays.int4_array([c.attempt for c in cs]),
                         "now": to_dt(now),
                     },
-                ).fetchall()
+                )
+                rows = _named(Started, cur).fetchall()
                 for (i, p, token), c, row in zip(batch, cs, rows, strict=True):
-                    if row[1] is not None:
-                        answers[i] = _started(c.run_id, token, row[1:])
-                    elif row[7] is None:
+                    if row.attempt is not None:
+                        answers[i] = _started(c.run_id, token, row)
+                    elif row.found_state is None:
                         answers[i] = NotFound("run")
                     else:
                         answers[i] = self._refusal(
-                            conn, p, c.run_id, c.tenant_id, c.attempt, now, row[7:10]
+                            conn, p, c.run_id, c.tenant_id, c.attempt, now, row.seen
                         )
         return answers  # type: ignore[return-value]
 
-    def _refusal(self, conn, p, run_id, tenant_id, attempt, now, seen) -> Exception:
+    def _refusal(self, conn, p, run_id, tenant_id, attempt, now, seen: Seen) -> Exception:
         """Why StartRun did not start the run, from the state it found (`seen`).
         A run that looked startable lost a race for its row: ask again."""
-        state, cur_attempt, scheduled = RunState(seen[0]), seen[1], to_ms(seen[2])
+        state, cur_attempt, scheduled = RunState(seen.state), seen.attempt, to_ms(seen.scheduled_at)
         startable = state == RunState.PENDING and scheduled <= now + 1000
         if startable and (attempt is None or attempt == cur_attempt):
             return self._why_not_started(conn, p, run_id, tenant_id, attempt, now)
@@ -293,15 +325,18 @@ class Lifecycle:
         row = conn.execute(
             Q["run_spec"], {"p": _partition(run_id), "run_id": run_id, "tenant_id": tenant_id}
         ).fetchone()
-        return row[0] if row else None
+        if row is None:
+            return None
+        (spec,) = row
+        return spec
 
     def _why_not_started(self, conn, p, run_id, tenant_id, attempt, now) -> Exception:
-        cur = conn.execute(
-            Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}
+        cur = _named(
+            Seen, conn.execute(Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id})
         ).fetchone()
         if cur is None:
             return NotFound("run")
-        return _refused(RunState(cur[0]), cur[1], to_ms(cur[2]), attempt, now)
+        return _refused(RunState(cur.state), cur.attempt, to_ms(cur.scheduled_at), attempt, now)
 
     def heartbeat(
         self, conn, tenant_id: str, run_id: str, attempt: Any, start_token: Any, now: int
@@ -315,7 +350,8 @@ class Lifecycle:
         ).fetchone()  # fmt: skip
         if row is None:
             raise self._stale_or_missing(conn, p, run_id, tenant_id)
-        return {"lease_expires_at": iso(to_ms(row[0]))}
+        (lease_expires_at,) = row
+        return {"lease_expires_at": iso(to_ms(lease_expires_at))}
 
     def complete(
         self,
@@ -710,20 +746,18 @@ def _cancelling(run: RunToEnd, reason: str, set_error: bool, now: int) -> Ending
     )  # fmt: skip
 
 
-def _started(run_id: str, token: str, row) -> dict:
-    """StartRun's answer from a started row (attempt, lease expiry, spec, job,
-    workflow run, node)."""
-    spec = row[2]
+def _started(run_id: str, token: str, row: Started) -> dict:
+    """StartRun's answer from a started row."""
     return {
         "run_id": run_id,
-        "attempt": row[0],
+        "attempt": row.attempt,
         "start_token": token,
-        "lease_expires_at": iso(to_ms(row[1])),
-        "lease_ms": spec["lease_ms"],
-        "payload": json.loads(spec["payload"]),
-        "job_id": row[3],
-        "workflow_run_id": row[4],
-        "node": row[5],
+        "lease_expires_at": iso(to_ms(row.lease_expires_at)),
+        "lease_ms": row.spec["lease_ms"],
+        "payload": json.loads(row.spec["payload"]),
+        "job_id": row.job_id,
+        "workflow_run_id": row.workflow_run_id,
+        "node": row.node,
     }
 
 

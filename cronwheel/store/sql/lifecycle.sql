@@ -85,7 +85,8 @@ t AS (
     DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
                   attempt = EXCLUDED.attempt)
 SELECT s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
-       cur.state, cur.attempt, cur.scheduled_at
+       cur.state AS found_state, cur.attempt AS found_attempt,
+       cur.scheduled_at AS found_scheduled_at
   FROM cur LEFT JOIN s ON true;
 
 -- name: attempt_policies
@@ -250,7 +251,8 @@ t AS (
     DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
                   attempt = EXCLUDED.attempt)
 SELECT c.i, s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
-       cur.state, cur.attempt, cur.scheduled_at
+       cur.state AS found_state, cur.attempt AS found_attempt,
+       cur.scheduled_at AS found_scheduled_at
   FROM c LEFT JOIN cur ON cur.i = c.i LEFT JOIN s ON s.i = c.i
  ORDER BY c.i;
 
