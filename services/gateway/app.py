@@ -19,12 +19,11 @@ from cronwheel import config
 from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
-from services.gateway import problems
+from services.gateway import fastpath, problems
 from services.gateway.http_metrics import HttpMetrics
 from services.gateway.ratelimit import RateLimiter, SharedRateLimiter
 from services.gateway.routes import health, jobs, quotas, runs, schedules, tenants, workflows
 from services.gateway.transactions import Gateway
-from services.gateway.worker_fastpath import WorkerFastPath
 
 DESCRIPTION = """\
 cronwheel's admin and worker API. Authenticate with `Authorization: Bearer <key>`:
@@ -46,11 +45,14 @@ def create_app(
     webhook_allow: Sequence[Network] | None = None,
     pool_max: int = 10,
     worker_fastpath: bool = True,
+    jobs_fastpath: bool | None = None,
     rate_limit_table: str | None = None,
 ) -> FastAPI:
     """The ASGI app. Its pool opens now; call `app.state.gateway.close()` when done.
-    `worker_fastpath`: serve start, heartbeat and complete past FastAPI's routing
-    and dependencies (worker_fastpath.py); the same answers either way.
+    `worker_fastpath`: serve start, heartbeat and complete (and their batches)
+    past FastAPI's routing and dependencies (fastpath.py); the same answers
+    either way. `jobs_fastpath`: the same for POST /v1/jobs and /v1/jobs/batch;
+    None follows `worker_fastpath`.
     `rate_limit_table`: the rate-limit buckets shared by the gateway's worker
     processes (ratelimit.create_table); None keeps them in this process."""
     if rate_limit_table is None:
@@ -80,8 +82,13 @@ def create_app(
     problems.install(app)
     for module in (tenants, quotas, jobs, runs, workflows, schedules, health):
         app.include_router(module.router)
-    if worker_fastpath:
-        app.add_middleware(WorkerFastPath)  # added first: inside HttpMetrics
+    if jobs_fastpath is None:
+        jobs_fastpath = worker_fastpath
+    shortcuts = (fastpath.WORKER if worker_fastpath else ()) + (
+        fastpath.JOBS if jobs_fastpath else ()
+    )
+    if shortcuts:  # added first: inside HttpMetrics
+        app.add_middleware(fastpath.FastPath, shortcuts=shortcuts)
     app.add_middleware(HttpMetrics)
     app.add_middleware(ThreadsForPool, threads=pool_max + SPARE_THREADS)
     return app
