@@ -44,9 +44,8 @@ from cronwheel.core.avro import default_registry
 from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
 from cronwheel.core.jobs import parse_job
 from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
-from cronwheel.kafka import Topics
+from cronwheel.kafka import Topics, class_of_partition
 from cronwheel.store.jobs import _spec_columns
-from cronwheel.store.outbox import class_of_partition
 from services.dispatcher.service import Dispatcher
 
 TENANTS = 50

@@ -61,10 +61,9 @@ from cronwheel import config, kafka
 from cronwheel.core.clock import now_ms, to_ms
 from cronwheel.core.ids import partition_of, partition_of_run, run_id_for_trigger
 from cronwheel.core.runs import PRIORITY_RANK
-from cronwheel.kafka import Topics
+from cronwheel.kafka import Topics, partition_for
 from cronwheel.store.firing import insert_runs
 from cronwheel.store.jobs import Jobs, create_tenant
-from cronwheel.store.outbox import partition_for
 
 TARGET = 2_000
 PARTITIONS = 8  # of the webhook topic

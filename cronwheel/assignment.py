@@ -40,6 +40,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from cronwheel.core.ids import partition_of
+from cronwheel.kafka import Placement
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import TopicWatch
@@ -57,15 +58,14 @@ class LeasedAssignment:
         self,
         leases: Leases,
         prefix: str,
-        partitions_of: Callable[[str], int | None],
+        placement: Placement,
     ):
         """`prefix`: the topics' common start, `<p>.<kind>.`; what follows is
-        the tenant id. `partitions_of(topic)`: its partition count, or None
-        while the broker does not know it (asked again at the next change);
-        it must not ask the consumer being assigned (cronwheel.consuming)."""
+        the tenant id. `placement` tells each topic's partition count, through
+        a client other than the consumer being assigned (cronwheel.consuming)."""
         self.leases = leases
         self.prefix = prefix
-        self.partitions_of = partitions_of
+        self.placement = placement
         self.names: set[str] = set()
         self.owned: frozenset[int] = frozenset()
         self.assigned: set[Where] = set()
@@ -80,6 +80,13 @@ class LeasedAssignment:
         names = {n for n in names if n.startswith(self.prefix)}
         if names != self.names:
             self.names = names
+            self._stale, self._not_before = True, 0.0
+
+    def grown(self, names: set[str]) -> None:
+        """These topics may have more partitions now: look again."""
+        for name in names:
+            self.placement.forget(name)
+        if names & self.names:
             self._stale, self._not_before = True, 0.0
 
     def renewal_due(self) -> bool:
@@ -131,6 +138,7 @@ class LeasedAssignment:
         names = watch.poll()
         if names is not None:
             self.topics(names)
+            self.grown(watch.take_grown())
         if self.renewal_due():
 
             def renew(conn: psycopg.Connection) -> bool:
@@ -173,7 +181,7 @@ class LeasedAssignment:
         for topic in self.names:
             if not self.mine(topic):
                 continue
-            n = self.partitions_of(topic)
+            n = self.placement.partitions(topic)
             if n is None:
                 unknown = True  # asked again at the next apply
                 continue

@@ -11,15 +11,20 @@ so one broker can hold several independent systems.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
+import zlib
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cronwheel import config
+from cronwheel.core.runs import NORMAL_RANK, PRIORITIES
+
+log = logging.getLogger("cronwheel.kafka")
 
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
@@ -45,10 +50,12 @@ class Topics:
         return f"{self.prefix}.managed.{_safe(tenant_id)}"
 
     def partitions(self, name: str) -> int:
-        """How many partitions the topic `name` starts with (see CLASS_PARTITIONS)."""
+        """How many partitions the topic `name` starts with (see RUN_PARTITIONS)."""
         if name.startswith(f"{self.prefix}.q."):
             return QUEUE_PARTITIONS
-        kinds = ("runs", "webhook", "managed")
+        if name.startswith(f"{self.prefix}.runs."):
+            return RUN_PARTITIONS
+        kinds = ("webhook", "managed")
         if name.startswith(tuple(f"{self.prefix}.{k}." for k in kinds)):
             return CLASS_PARTITIONS
         return PLATFORM_PARTITIONS
@@ -64,12 +71,14 @@ class Topics:
 
 # Partitions a tenant's topics start with. An idle tenant costs the broker and
 # every consumer per partition (bench_tenants.py --idle), so they start small:
-# topics laid out by priority class (run, webhook, managed) one partition per
-# class (cronwheel.store.outbox.class_partitions), a queue topic one partition.
-# A queue topic grows online when a tenant runs more worker processes
-# (grow_topic; Kafka adds partitions without moving records).
+# a run topic has one partition, read as the normal class, until a record of
+# another class is placed on it (Placement grows it to CLASS_PARTITIONS, one
+# per class); webhook and managed topics, which the dispatcher lays out by
+# class from the start, CLASS_PARTITIONS; a queue topic one partition, grown
+# online when a tenant runs more worker processes (grow_topic; Kafka adds
+# partitions without moving records).
 CLASS_PARTITIONS = 4
-RUN_PARTITIONS = CLASS_PARTITIONS
+RUN_PARTITIONS = 1
 QUEUE_PARTITIONS = 1
 PLATFORM_PARTITIONS = 8  # the platform's own topics (run-completed, dead-letter)
 
@@ -186,3 +195,114 @@ def grow_topic(name: str, partitions: int, client) -> int:
             if "INVALID_PARTITIONS" not in str(e):
                 raise RuntimeError(f"growing topic {topic}: {e}") from e
     return partitions
+
+
+# -- topics laid out by priority class ------------------------------------------
+#
+# With n >= 4 partitions each class has its own quarter of a topic (critical
+# first, low takes what a division leaves), so the dispatcher can pause the
+# lower classes' partitions while a higher class has records waiting. A topic
+# of fewer partitions is one lane: everything goes to partition 0, read as the
+# normal class (a tenant whose jobs are all normal; its topic grows to
+# CLASS_PARTITIONS when a record of another class comes).
+
+CLASSES = len(PRIORITIES)
+
+
+def class_partitions(rank: int, n: int) -> range:
+    """The partitions of an n-partition topic that carry class `rank`: a
+    quarter each (low takes what a division leaves); partition 0 when n < 4."""
+    if n < CLASSES:
+        return range(min(n, 1))
+    width = n // CLASSES
+    start = rank * width
+    return range(start, n if rank == CLASSES - 1 else start + width)
+
+
+def partition_for(rank: int, key: bytes | None, n: int) -> int:
+    """Where a record of class `rank` goes: within its class's partitions by
+    the key's CRC-32, so one run's records share a partition. Partition 0 of
+    a topic too small to be laid out, whatever the producer's own metadata
+    says: a topic grown meanwhile must not get normal records in its
+    critical quarter from a producer that has not heard yet."""
+    span = class_partitions(rank, n)
+    if len(span) <= 1:
+        return span.start
+    return span.start + zlib.crc32(key or b"") % len(span)
+
+
+def class_of_partition(partition: int, n: int) -> int | None:
+    """The class a partition of an n-partition topic carries: normal for a
+    topic too small to be laid out; None for a partition it does not have."""
+    if not 0 <= partition < n:
+        return None
+    if n < CLASSES:
+        return NORMAL_RANK
+    return min(partition // (n // CLASSES), CLASSES - 1)
+
+
+class Placement:
+    """Where a producer puts a record of a class on a topic laid out by class
+    (`partition_for`), with each topic's partition count asked of the broker
+    once (one small metadata request per topic; the whole cluster's costs
+    ~100x). The relay places run topics' records, the dispatcher the webhook
+    and managed topics'; their consumers tell a partition's class by number.
+
+    With `admin` (the relay), a record of a class other than normal bound
+    for a topic too small to be laid out grows that topic to CLASS_PARTITIONS
+    first (once per topic: Kafka never shrinks one), and the topic is added
+    to `grown` for the caller to announce, so that the topic's readers and
+    the other producers look at its partitions again (`forget`)."""
+
+    def __init__(self, producer, admin=None) -> None:
+        self.producer = producer
+        self.admin = admin
+        self.grown: list[str] = []
+        self._counts: dict[str, int] = {}
+
+    def partitions(self, topic: str) -> int | None:
+        """The topic's partition count, asked of the broker through the
+        producer once; None while the broker does not know the topic.
+
+        Safe inside a consumer's rebalance callback, because it asks through
+        another client (see cronwheel.consuming on callbacks)."""
+        n = self._counts.get(topic)
+        if n is None:
+            try:
+                meta = self.producer.list_topics(topic, timeout=5).topics.get(topic)
+            except Exception as exc:  # KafkaException: asked again next time
+                log.warning("no metadata for %s: %s", topic, exc)
+                return None
+            if meta is None or meta.error is not None or not meta.partitions:
+                return None
+            n = self._counts[topic] = len(meta.partitions)
+        return n
+
+    def known(self, topic: str) -> int | None:
+        """The partition count if already asked, without asking the broker."""
+        return self._counts.get(topic)
+
+    def forget(self, topic: str) -> None:
+        """The topic may have grown: ask the broker again next time."""
+        self._counts.pop(topic, None)
+
+    def __call__(self, topic: str, rank: int, key) -> dict:
+        """{"partition": p} for produce(), or {} (the producer's partitioner)
+        while the topic's partition count is unknown."""
+        n = self.partitions(topic)
+        if n is None:
+            return {}
+        if n < CLASSES and rank != NORMAL_RANK and self.admin is not None:
+            n = self._grow(topic, n)
+        return {"partition": partition_for(rank, bytes(key) if key is not None else None, n)}
+
+    def _grow(self, topic: str, n: int) -> int:
+        try:
+            n = grow_topic(topic, CLASS_PARTITIONS, self.admin)
+        except Exception as exc:  # placed in the one lane; grown at the next such record
+            log.warning("could not grow %s to %d partitions: %s", topic, CLASS_PARTITIONS, exc)
+            return n
+        self._counts[topic] = n
+        self.grown.append(topic)
+        log.info("%s grown to %d partitions: a record of another class than normal", topic, n)
+        return n

@@ -80,7 +80,9 @@ class TopicWatch:
         self._next_scan = 0.0
         self._next_check = 0.0
         self._changed = False
-        self._lock = threading.Lock()  # names, _changed, _pending: both threads
+        self._grown: set[str] = set()  # known topics announced again or seen grown
+        self._counts: dict[str, int] = {}  # partitions per topic, as the last scan saw
+        self._lock = threading.Lock()  # names, _changed, _grown, _pending: both threads
         self._pending: set[str] = set()  # being created by the worker
         self._scanning = False
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="topic-watch")
@@ -101,6 +103,15 @@ class TopicWatch:
                 return None
             self._changed = False
             return sorted(self.names)
+
+    def take_grown(self) -> set[str]:
+        """Known topics that may have more partitions since the last call: an
+        announcement of a topic already known means that (the relay grows a
+        run topic when a record of another class than normal comes), and so
+        does a scan that counts more partitions than the last one."""
+        with self._lock:
+            grown, self._grown = self._grown, set()
+        return grown
 
     def announce(self, topics: list[str]) -> None:
         """`announce` through the worker thread's own connection: for
@@ -159,7 +170,9 @@ class TopicWatch:
             self._next_scan = 0.0  # scan now; the listener reconnects on the next check
         if tenants and self.tenant_topic is not None:
             self._add_tenants(tenants)
-        self._add(topics)
+        with self._lock:
+            again = {t for t in topics if t in self.names}
+        self._add(topics, again)
         if self.on_destination is not None:
             for payload in dict.fromkeys(destinations):  # once each, in order
                 tenant, _, rest = payload.partition(":")
@@ -211,11 +224,20 @@ class TopicWatch:
             return
         finally:
             self._scanning = False
-        self._add([t for t in found if t.startswith(self.prefix)])
+        counts = {t: len(m.partitions) for t, m in found.items() if t.startswith(self.prefix)}
+        grown = {t for t, n in counts.items() if self._counts.get(t, n) < n}
+        self._counts = counts
+        self._add(list(counts), grown)
 
-    def _add(self, names: list[str]) -> None:
+    def _add(self, names: list[str], grown: set[str] | frozenset[str] = frozenset()) -> None:
+        """New names join the list; `grown` ones already on it are reported
+        by take_grown (with the list, so poll() says something changed)."""
         with self._lock:
             new = set(names) - self.names
+            grown = grown & self.names
             if new:
                 self.names.update(new)
+            if grown:
+                self._grown |= grown
+            if new or grown:
                 self._changed = True

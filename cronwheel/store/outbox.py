@@ -6,16 +6,14 @@ relay drains by class, then round-robin across lanes, oldest first within a
 lane (read_fair), so a flood in one tenant's lane delays no other tenant's, and
 critical rows never queue behind normal ones.
 
-Run topics are laid out by class (class_partitions): with n >= 4 partitions,
-each class has its own quarter of them, so the dispatcher can pause the lower
-classes' partitions while a higher class has records waiting.
+Where a record of a class goes on its topic is the Kafka module's
+(cronwheel.kafka, "Topics laid out by priority class").
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +22,7 @@ import psycopg
 from cronwheel.core.avro import default_registry
 from cronwheel.core.clock import to_dt
 from cronwheel.core.events import OutboxRow
-from cronwheel.core.runs import NORMAL_RANK, PRIORITIES, priority_rank
+from cronwheel.core.runs import NORMAL_RANK, priority_rank
 from cronwheel.store.pgarrays import (
     PackedArray,
     bytea_array,
@@ -40,7 +38,6 @@ log = logging.getLogger("cronwheel.outbox")
 
 Q = queries("outbox")
 NORMAL = NORMAL_RANK
-CLASSES = len(PRIORITIES)
 
 
 @dataclass(frozen=True)
@@ -193,77 +190,3 @@ def delete_delivered(conn: psycopg.Connection, ids: Sequence[int]) -> int:
 
 def backlog(conn: psycopg.Connection) -> int:
     return conn.execute(Q["backlog"]).fetchone()[0]
-
-
-# -- run topics laid out by class ---------------------------------------------
-
-
-def class_partitions(rank: int, n: int) -> range:
-    """The partitions of an n-partition topic that carry class `rank`: a quarter
-    each (low takes what a division leaves); all of them when n < 4."""
-    if n < CLASSES:
-        return range(n)
-    width = n // CLASSES
-    start = rank * width
-    return range(start, n if rank == CLASSES - 1 else start + width)
-
-
-def partition_for(rank: int, key: bytes | None, n: int) -> int | None:
-    """Where the relay puts a record of class `rank`: within its class's
-    partitions by the key's CRC-32, so one run's records share a partition.
-    None (the producer's partitioner decides) when n < 4."""
-    if n < CLASSES:
-        return None
-    span = class_partitions(rank, n)
-    return span.start + zlib.crc32(key or b"") % len(span)
-
-
-class Placement:
-    """Where a producer puts a record of a class on a topic laid out by class
-    (`partition_for`), with each topic's partition count asked of the broker
-    once (one small metadata request per topic; the whole cluster's costs
-    ~100x). The relay places run topics' records, the dispatcher the webhook
-    and managed topics'; their consumers tell a partition's class by number."""
-
-    def __init__(self, producer) -> None:
-        self.producer = producer
-        self._counts: dict[str, int] = {}
-
-    def partitions(self, topic: str) -> int | None:
-        """The topic's partition count, asked of the broker through the
-        producer once; None while the broker does not know the topic.
-
-        Safe inside a consumer's rebalance callback, because it asks through
-        another client (see cronwheel.consuming on callbacks)."""
-        n = self._counts.get(topic)
-        if n is None:
-            try:
-                meta = self.producer.list_topics(topic, timeout=5).topics.get(topic)
-            except Exception as exc:  # KafkaException: asked again next time
-                log.warning("no metadata for %s: %s", topic, exc)
-                return None
-            if meta is None or meta.error is not None or not meta.partitions:
-                return None
-            n = self._counts[topic] = len(meta.partitions)
-        return n
-
-    def known(self, topic: str) -> int | None:
-        """The partition count if already asked, without asking the broker."""
-        return self._counts.get(topic)
-
-    def __call__(self, topic: str, rank: int, key) -> dict:
-        """{"partition": p} for produce(), or {} (the producer's partitioner)
-        while the topic's partition count is unknown or it is too small."""
-        n = self.partitions(topic)
-        if n is None:
-            return {}
-        p = partition_for(rank, bytes(key) if key is not None else None, n)
-        return {} if p is None else {"partition": p}
-
-
-def class_of_partition(partition: int, n: int) -> int | None:
-    """The class a partition of an n-partition run topic carries, or None when
-    the topic is too small to be laid out by class."""
-    if n < CLASSES or not 0 <= partition < n:
-        return None
-    return min(partition // (n // CLASSES), CLASSES - 1)

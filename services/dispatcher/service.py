@@ -51,11 +51,10 @@ from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
-from cronwheel.kafka import Topics
+from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
 from cronwheel.store.leases import Leases
-from cronwheel.store.outbox import Placement, class_of_partition
 from cronwheel.store.quotas import Buckets
 from cronwheel.topic_watch import TopicWatch, announce
 
@@ -64,7 +63,7 @@ log = logging.getLogger("cronwheel.dispatcher")
 CONSUMER = "dispatcher"
 RECORD_HEADER = "record"  # every record the dispatcher writes names its Avro record here
 _DEAD_LETTER_RANK = len(PRIORITY_RANK)
-# Destinations laid out by class (outbox.partition_for), as run topics are: the
+# Destinations laid out by class (kafka.partition_for), as run topics are: the
 # topics of the platform's own workers, which admit by class and find a
 # record's class by its partition. Queue topics keep the producer's partitioner
 # (their consumers are the tenants' workers).
@@ -217,7 +216,7 @@ class Dispatcher:
         self.assignment = LeasedAssignment(
             Leases(self.group_id, ttl_ms=lease_ttl_ms),
             f"{topics.prefix}.runs.",
-            self._placement.partitions,
+            self._placement,
         )
         self.watch = TopicWatch(
             dsn,
@@ -536,6 +535,11 @@ class Dispatcher:
         added = self.assignment.follow(consumer, self.watch, self._db, stop, self._give_up)
         if added is None:
             return False
+        for topic in {tp.topic for tp in added}:
+            # New, or grown from one lane to a partition per class: the
+            # classes of its partitions are read again (_class_of).
+            for p in range(self._placement.known(topic) or 0):
+                self._classes.pop((topic, p), None)
         for tp in added:
             # Where the group left off, so a class's waiting records are seen
             # before the first one is read (_prioritise).

@@ -47,11 +47,10 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
-from cronwheel.kafka import Topics
+from cronwheel.kafka import Placement, Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.store.lifecycle import Lifecycle
-from cronwheel.store.outbox import Placement
 from cronwheel.topic_watch import TopicWatch
 from services.executor.sandbox import (
     PAYLOAD_FILE,
@@ -148,7 +147,7 @@ class Executor:
         self.assignment = LeasedAssignment(
             Leases(self.group_id, ttl_ms=session_timeout_ms),
             f"{topics.prefix}.managed.",
-            Placement(self.producer).partitions,
+            Placement(self.producer),
         )
         self.started_total = 0
         self._db = Reconnecting(self.dsn, log)

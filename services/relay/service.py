@@ -5,7 +5,11 @@ Order (docs/priority.md): each pass reads by priority class, then an equal
 share per lane (a tenant's run topic) round-robin, oldest first within a lane,
 and publishes in that order, so a tenant's flood delays neither critical runs
 nor another tenant's. Each RunReady goes to its class's partitions of the run
-topic (outbox.partition_for), which lets the dispatcher pause lower classes.
+topic (kafka.partition_for), which lets the dispatcher pause lower classes. A
+run topic starts as one partition (one lane, read as normal); the first record
+of another class grows it to one partition per class (kafka.Placement), and
+the relay announces it on cw_topics so that the dispatchers and the other
+relays look at its partitions again.
 
 A run the timer service fired ahead of its instant (docs/architecture.md,
 "Firing ahead") has a RunReady row that says when it may be published: the
@@ -36,6 +40,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.store import outbox
 from cronwheel.store.db import connect
 from cronwheel.store.leases import Leases
+from cronwheel.topic_watch import announce
 
 log = logging.getLogger("cronwheel.relay")
 
@@ -76,7 +81,8 @@ class Relay:
         self._failed = 0
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
         self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
-        self._placement = outbox.Placement(self.producer)  # class partitions of run topics
+        # Class partitions of run topics; grows a topic a first non-normal record comes to.
+        self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap))
 
     def run(self, stop: threading.Event) -> None:
         with (
@@ -84,6 +90,7 @@ class Relay:
             connect(self.dsn) as listen,
         ):
             listen.execute("LISTEN cw_outbox")
+            listen.execute("LISTEN cw_topics")  # topics grown: their counts asked again
             next_lease = 0.0
             read = True  # look for new rows this turn (else only settle acks)
             try:
@@ -96,6 +103,7 @@ class Relay:
                         read = True
                     if read:
                         n = self.relay_once(conn)
+                        self._announce_grown(conn)
                         if n >= self.batch or self.more:
                             continue
                     else:
@@ -110,7 +118,7 @@ class Relay:
                     else:
                         # Wait for a notification or a held row's time.
                         wait = min(self.idle_ms / 1000, hold)
-                    notified = any(True for _ in listen.notifies(timeout=wait, stop_after=1))
+                    notified = self._notified(listen, wait)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
             finally:
@@ -120,6 +128,22 @@ class Relay:
                     self.leases.release_all(conn)
                 except psycopg.Error:
                     log.warning("could not delete acknowledged rows or release leases")
+
+    def _notified(self, listen: psycopg.Connection, wait: float) -> bool:
+        """Wait up to `wait` s for a notification; True if new outbox rows
+        were announced. A grown topic's partition count is forgotten."""
+        notified = False
+        for note in listen.notifies(timeout=wait, stop_after=1):
+            if note.channel == "cw_topics":
+                self._placement.forget(note.payload)
+            else:
+                notified = True
+        return notified
+
+    def _announce_grown(self, conn: psycopg.Connection) -> None:
+        if self._placement.grown:
+            announce(conn, self._placement.grown)
+            self._placement.grown = []
 
     def relay_once(self, conn: psycopg.Connection) -> int:
         """Publish pending rows not already in flight, and delete the rows Kafka

@@ -60,12 +60,11 @@ from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.offsets import OffsetTracker
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network, allowed_networks
-from cronwheel.kafka import Topics
+from cronwheel.kafka import Placement, Topics
 from cronwheel.store import webhooks
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
-from cronwheel.store.outbox import Placement
 from cronwheel.store.webhooks import DeliveryTarget
 from cronwheel.topic_watch import TopicWatch
 from services.webhook import delivery, signing
@@ -206,7 +205,7 @@ class WebhookService:
         self._assignment = LeasedAssignment(
             Leases(self.group_id),
             f"{self.topics.prefix}.webhook.",
-            Placement(self._producer).partitions,
+            Placement(self._producer),
         )
         self._lease_db = Reconnecting(self.dsn, log)
         self._client = Client(

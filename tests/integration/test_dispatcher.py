@@ -14,9 +14,8 @@ from prometheus_client import REGISTRY
 from cronwheel import kafka
 from cronwheel.core import events
 from cronwheel.core.runs import PRIORITY_RANK
-from cronwheel.kafka import Topics
+from cronwheel.kafka import Topics, class_of_partition
 from cronwheel.store.jobs import Jobs, create_tenant
-from cronwheel.store.outbox import class_of_partition
 from services.dispatcher.service import Dispatcher
 from tests.support.kafka import drain
 from tests.support.running import running
@@ -356,7 +355,7 @@ def test_webhook_and_managed_forwards__placed_in_their_class_partitions(
     database_url, kafka_bootstrap, topics
 ):
     """The webhook service and the executor admit by class; a record's class is
-    its partition's (outbox.partition_for), as on run topics."""
+    its partition's (kafka.partition_for), as on run topics."""
     hook, managed = {"type": "webhook", "url": "https://x"}, {"type": "managed", "command": ["t"]}
     sent = {
         f"r-{kind}-{c}": ready("acme", f"r-{kind}-{c}", target=target, priority=c)

@@ -118,7 +118,10 @@ def test_two_instances__tenants_split_by_lease__handed_over_on_stop__every_run_f
             assert a.forwarded_total > before[0] and b.forwarded_total > before[1]
         # b stopped cleanly and released its leases: a takes its tenants back.
         wait_for(
-            lambda: len(a.assignment.owned) == 1024 and len(a.assignment.assigned) == TENANTS * 4,
+            lambda: (
+                len(a.assignment.owned) == 1024
+                and len(a.assignment.assigned) == TENANTS * kafka.RUN_PARTITIONS
+            ),
             timeout=30,
             what="the remaining instance took every tenant back",
         )

@@ -10,6 +10,7 @@ import uuid
 import psycopg
 import pytest
 
+from cronwheel import kafka
 from cronwheel.core.clock import iso, now_ms, to_dt
 from cronwheel.core.jobs import parse_job
 from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
@@ -337,16 +338,21 @@ def test_rank_of__run_ready_decoded__other_records_normal():
     assert outbox.rank_of(events.OutboxRow(1, "x", b"r1", done)) == outbox.NORMAL
 
 
-def test_class_partitions__quarters_of_the_topic__small_topics_unlaid():
-    assert [list(outbox.class_partitions(r, 8)) for r in range(4)] == [
+def test_class_partitions__quarters_of_the_topic__small_topics_one_normal_lane():
+    assert [list(kafka.class_partitions(r, 8)) for r in range(4)] == [
         [0, 1],
         [2, 3],
         [4, 5],
         [6, 7],
     ]
-    assert list(outbox.class_partitions(3, 10)) == [6, 7, 8, 9]
+    assert list(kafka.class_partitions(3, 10)) == [6, 7, 8, 9]
     for n in (4, 8, 10, 16):
         for rank in range(4):
-            p = outbox.partition_for(rank, b"some-run", n)
-            assert outbox.class_of_partition(p, n) == rank
-    assert outbox.partition_for(0, b"k", 2) is None and outbox.class_of_partition(0, 2) is None
+            p = kafka.partition_for(rank, b"some-run", n)
+            assert kafka.class_of_partition(p, n) == rank
+    # A topic too small to be laid out is one lane, read as the normal class:
+    # every class goes to partition 0, whatever the producer's partitioner says.
+    for rank in range(4):
+        assert kafka.partition_for(rank, b"k", 1) == 0
+    assert kafka.class_of_partition(0, 1) == PRIORITY_RANK["normal"]
+    assert kafka.class_of_partition(1, 1) is None
