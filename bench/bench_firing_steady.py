@@ -4,10 +4,17 @@ first records: docs/architecture.md, "Fresh partitions stall once").
 Lateness is the record's scheduled_at to the wall clock at which a consumer
 could read it. Target: p99 at most 25 ms. Two cases, each in a fresh
 database: anchors spread over the second (about one job due per millisecond)
-and aligned (all 1k due at once)."""
+and aligned (all 1k due at once).
+
+`--idle-tenants N` adds N more tenants beside the ten busy ones, each with one
+queue job every minute (anchors spread over the minute) and its run topic
+made up front, as a platform with thousands of mostly idle teams has: the
+busy tenants' lateness should not move with N (issue 21's 10-against-3,000
+comparison)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 import uuid
 
@@ -30,7 +37,9 @@ from common import (
     vacuum_analyze,
 )
 
+from cronwheel import kafka
 from cronwheel.kafka import Topics
+from cronwheel.store.jobs import create_tenant
 
 JOBS = 1_000
 EVERY_MS = 1_000
@@ -41,12 +50,37 @@ SETTLE_MS = 15_000  # a record not readable this long after the window counts as
 TARGET_P99_MS = 25
 
 
-def case(label: str, spread_ms: int) -> float:
+IDLE_EVERY_MS = 60_000
+
+
+def idle_tenants(conn: psycopg.Connection, topics: Topics, n: int) -> list[str]:
+    """`n` tenants with one job a minute each; returns their run topics, made."""
+    if not n:
+        return []
+    idle = [create_tenant(conn, f"idle-{i}") for i in range(n)]
+    batch = JobBatch(
+        n, now_ms() - IDLE_EVERY_MS, every_ms=IDLE_EVERY_MS, spread_ms=IDLE_EVERY_MS, name="idle"
+    )
+    bulk_jobs(conn, idle, batch)
+    names = [topics.runs(t["tenant_id"]) for t in idle]
+    for i in range(0, len(names), 500):
+        kafka.ensure_topics(names[i : i + 500], partitions=kafka.RUN_PARTITIONS)
+    return names
+
+
+def case(label: str, spread_ms: int, idle: int) -> float:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)
+            t0 = time.monotonic()
+            idle_names = idle_tenants(conn, topics, idle)
+        if idle:
+            say(
+                f"{label}: {idle} idle tenants, their jobs and run topics made in"
+                f" {time.monotonic() - t0:.0f} s"
+            )
         names = [topics.runs(t["tenant_id"]) for t in tenants]
         try:
             with Reader(names, decode=True) as reader, Services(url, prefix) as services:
@@ -75,7 +109,7 @@ def case(label: str, spread_ms: int) -> float:
                     time.sleep(0.05)
                 duplicates = reader.duplicates
         finally:
-            delete_topics(names)
+            delete_topics(names + idle_names)
     # An instant whose record never became readable counts as infinitely late.
     missing = [float("inf")] * (expected - len(arrivals))
     late = [a.received_ms - a.scheduled_ms for a in arrivals] + missing
@@ -87,7 +121,8 @@ def case(label: str, spread_ms: int) -> float:
     to_read = [a.received_ms - a.produced_ms for a in arrivals]
     cpu = ", ".join(f"{n} {100 * (cpu1[n] - cpu0[n]) / (WINDOW_MS / 1000):.0f}%" for n in cpu1)
     say(
-        f"{label}: {JOBS} jobs every {EVERY_MS} ms, anchors spread over {spread_ms} ms;"
+        f"{label}: {JOBS} jobs every {EVERY_MS} ms, anchors spread over {spread_ms} ms,"
+        f" {TENANTS} busy tenants and {idle} idle ones;"
         f" {len(arrivals):,} of {expected:,} instants of a {WINDOW_MS // 1000} s window"
         f" readable by {SETTLE_MS} ms after it, {duplicates} duplicate records"
     )
@@ -102,14 +137,17 @@ def case(label: str, spread_ms: int) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--idle-tenants", type=int, default=0, help="idle tenants beside (0)")
+    args = parser.parse_args()
     header("bench_firing_steady: 1k jobs every second, lateness to a consumer")
     say(
         f"setup: per case a fresh database, {TENANTS} tenants, `cronwheel serve timer` and"
         " `cronwheel serve relay` as processes, a confluent-kafka reader (poll) in this"
         f" process; the first {WARMUP_MS} ms are warm-up and not counted"
     )
-    spread = case("spread", EVERY_MS)
-    aligned = case("aligned", 1)
+    spread = case("spread", EVERY_MS, args.idle_tenants)
+    aligned = case("aligned", 1, args.idle_tenants)
     for label, p99 in (("spread", spread), ("aligned", aligned)):
         say(
             f"RESULT steady {label}: p99 lateness {p99:.0f} ms"
