@@ -7,15 +7,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cronwheel.core.avro import default_registry, fast_writer
+from cronwheel.core.runs import NORMAL_RANK
 
 
 @dataclass(frozen=True)
 class OutboxRow:
+    """A record to publish. Its builder says its class (0 critical .. 3 low; a
+    run's RunReady takes the run's, every other record is normal), so nothing
+    downstream decodes the value to find it, and, for a run fired ahead of its
+    instant, when it may be published."""
+
     partition_id: int
     topic: str
     key: bytes
     value: bytes
     headers: dict | None = None
+    priority: int = NORMAL_RANK
+    not_before_ms: int | None = None
 
 
 def run_ready(

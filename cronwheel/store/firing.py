@@ -14,23 +14,23 @@ from dataclasses import dataclass, field
 import psycopg
 
 from cronwheel import metrics
-from cronwheel.core import events
 from cronwheel.core.clock import to_dt, to_ms
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import due_at, plan_fire
 from cronwheel.core.ids import run_id_for_instant
 from cronwheel.core.jobs import Catchup
-from cronwheel.core.runs import PRIORITY_RANK, priority_rank
+from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays
 from cronwheel.store.leases import Leases
+from cronwheel.store.new_runs import NewRuns, insert_runs, run_spec_text
+from cronwheel.store.new_runs import run_spec as run_spec  # where it was
 from cronwheel.store.quotas import Buckets, fair_shares
 from cronwheel.store.sql_loader import queries
 
 Q = queries("firing")
 CRITICAL = PRIORITY_RANK["critical"]
-_json_string = json.encoder.encode_basestring_ascii  # json.dumps of a str
 
 
 @dataclass(frozen=True)
@@ -116,139 +116,6 @@ class ScheduleCache:
                 self._items.clear()
             sched = self._items[key] = parse_schedule(json.loads(text), anchor_ms=anchor_ms)
         return sched
-
-
-def run_spec(job: dict) -> dict:
-    """The snapshot a run keeps of what to execute."""
-    return {
-        "target": job["target"],
-        "payload": job["payload"],
-        "retry": job["retry"],
-        "timeout_ms": job["timeout_ms"],
-        "lease_ms": job["lease_ms"],
-    }
-
-
-def run_spec_text(
-    target: str, payload: str, retry: str, timeout_ms: int | None, lease_ms: int
-) -> str:
-    """run_spec as JSON text, from the job's target and retry as JSON text: what
-    the firing loop writes without decoding and re-encoding them per run."""
-    timeout = "null" if timeout_ms is None else str(int(timeout_ms))
-    return (
-        f'{{"target": {target}, "payload": {_json_string(payload)}, "retry": {retry},'
-        f' "timeout_ms": {timeout}, "lease_ms": {int(lease_ms)}}}'
-    )
-
-
-@dataclass
-class NewRuns:
-    """Runs to insert, column by column (the shape insert_runs sends)."""
-
-    partition_id: list[int] = field(default_factory=list)
-    run_id: list[str] = field(default_factory=list)
-    tenant_id: list[str] = field(default_factory=list)
-    job_id: list[str | None] = field(default_factory=list)
-    scheduled_ms: list[int] = field(default_factory=list)
-    covers: list[tuple[int, ...] | None] = field(default_factory=list)
-    priority: list[str] = field(default_factory=list)
-    spec: list[str] = field(default_factory=list)  # JSON text
-    target_type: list[str] = field(default_factory=list)
-    queue: list[str | None] = field(default_factory=list)
-    payload: list[str] = field(default_factory=list)
-    # When the RunReady may be published (fired ahead of its instant), or None
-    not_before_ms: list[int | None] = field(default_factory=list)
-
-    def add(
-        self, partition_id, run_id, tenant_id, job_id, scheduled_ms, covers, priority, spec,
-        target_type, queue, payload, not_before_ms=None,
-    ) -> None:  # fmt: skip
-        self.partition_id.append(partition_id)
-        self.run_id.append(run_id)
-        self.tenant_id.append(tenant_id)
-        self.job_id.append(job_id)
-        self.scheduled_ms.append(scheduled_ms)
-        self.covers.append(covers)
-        self.priority.append(priority)
-        self.spec.append(spec)
-        self.target_type.append(target_type)
-        self.queue.append(queue)
-        self.payload.append(payload)
-        self.not_before_ms.append(not_before_ms)
-
-
-def insert_runs(
-    conn: psycopg.Connection, topics: Topics, runs: list[dict] | NewRuns, now: int
-) -> list[OutboxRow]:
-    """Insert runs (ON CONFLICT DO NOTHING) and return the RunReady rows for the
-    ones that are new. Each dict: partition_id, run_id, tenant_id, job_id,
-    scheduled_ms, covers, priority, spec (or NewRuns, the firing loop's columns)."""
-    if not runs:
-        return []
-    if not isinstance(runs, NewRuns):
-        cols = NewRuns()
-        for r in runs:
-            spec = r["spec"]
-            cols.add(
-                r["partition_id"], r["run_id"], r["tenant_id"], r["job_id"], r["scheduled_ms"],
-                r.get("covers"), r["priority"], json.dumps(spec), spec["target"]["type"],
-                spec["target"].get("queue"), spec["payload"], r.get("not_before_ms"),
-            )  # fmt: skip
-        runs = cols
-    if not runs.run_id:
-        return []
-    inserted = {
-        r[0]
-        for r in conn.execute(
-            Q["insert_runs"],
-            {
-                "now": to_dt(now),
-                "p": pgarrays.int2_array(runs.partition_id),
-                "id": pgarrays.text_array(runs.run_id),
-                "t": pgarrays.text_array(runs.tenant_id),
-                "j": pgarrays.text_array(runs.job_id),
-                "s": pgarrays.timestamptz_array(runs.scheduled_ms),
-                "c": pgarrays.text_array([json.dumps(list(c)) if c else None for c in runs.covers]),
-                "pr": pgarrays.text_array(runs.priority),
-                "sp": pgarrays.text_array(runs.spec),
-            },
-        )
-    }
-    rows = []
-    topic_of: dict[str, str] = {}
-    for i, run_id in enumerate(runs.run_id):
-        if run_id not in inserted:
-            continue
-        tenant_id = runs.tenant_id[i]
-        priority = runs.priority[i]
-        value = events.run_ready(
-            run_id=run_id,
-            tenant_id=tenant_id,
-            partition_id=runs.partition_id[i],
-            attempt=1,
-            scheduled_ms=runs.scheduled_ms[i],
-            created_ms=now,
-            priority=priority,
-            target_type=runs.target_type[i],
-            queue=runs.queue[i],
-            payload=runs.payload[i],
-            job_id=runs.job_id[i],
-            covers=runs.covers[i],
-        )
-        topic = topic_of.get(tenant_id)
-        if topic is None:
-            topic = topic_of[tenant_id] = topics.runs(tenant_id)
-        rows.append(
-            outbox.RankedRow(
-                runs.partition_id[i],
-                topic,
-                run_id.encode(),
-                value,
-                priority=priority_rank(priority),
-                not_before_ms=runs.not_before_ms[i],
-            )
-        )
-    return rows
 
 
 class JobTimers:

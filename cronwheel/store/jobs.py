@@ -27,8 +27,9 @@ from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, webhooks
-from cronwheel.store.firing import insert_runs, job_timer_id, run_spec
+from cronwheel.store.firing import job_timer_id
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.new_runs import NewRuns, insert_runs, run_spec
 from cronwheel.store.sql_loader import queries
 
 Q = queries("jobs")
@@ -403,21 +404,15 @@ class Jobs:
             _set_timer(conn, job_id, p, None, row["priority"])
             self.lifecycle.cancel_waiting_runs_of_job(conn, p, job_id, now, "job deleted")
 
-    def _runs_for(self, row: dict, instants: list[tuple[str, int]]) -> list[dict]:
+    def _runs_for(self, row: dict, instants: list[tuple[str, int]]) -> NewRuns:
         spec = run_spec(row)
-        return [
-            {
-                "partition_id": row["partition_id"],
-                "run_id": run_id,
-                "tenant_id": row["tenant_id"],
-                "job_id": row["job_id"],
-                "scheduled_ms": at,
-                "covers": None,
-                "priority": row["priority"],
-                "spec": spec,
-            }
-            for run_id, at in instants
-        ]
+        runs = NewRuns()
+        for run_id, at in instants:
+            runs.add_spec(
+                row["partition_id"], run_id, row["tenant_id"], row["job_id"], at,
+                row["priority"], spec,
+            )  # fmt: skip
+        return runs
 
     def trigger(self, conn, tenant: dict, job_id: str, now: int) -> dict:
         """A run now, outside the schedule (also for paused jobs: an explicit ask)."""

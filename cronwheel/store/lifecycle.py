@@ -49,7 +49,8 @@ from cronwheel.core.runs import (
 )
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays
-from cronwheel.store.firing import FireReport, Timer, insert_runs
+from cronwheel.store.firing import FireReport, Timer
+from cronwheel.store.new_runs import NewRuns, insert_runs, ready_row, run_spec
 from cronwheel.store.sql_loader import queries
 
 Q = queries("lifecycle")
@@ -608,11 +609,7 @@ class Lifecycle:
             return
         done = self._completed(p, run_id, row, error, now)
         if row.buffered_at is None:
-            conn.execute(
-                Q["announce"],
-                {"p": p, "topic": done.topic, "key": done.key, "value": done.value,
-                 "priority": outbox.rank_of(done)},
-            )  # fmt: skip
+            outbox.append(conn, [done])  # one statement
             return
         outbox.append(conn, [done, *self._buffered_run(conn, p, row.job_id, row, now)])
 
@@ -632,21 +629,14 @@ class Lifecycle:
     def _buffered_run(self, conn, p: int, job_id: str, got: Ended, now: int) -> list[OutboxRow]:
         """Create the run of the buffered instant a transition took from its job."""
         at = to_ms(got.buffered_at)
-        spec = {
-            "target": got.target,
-            "payload": got.payload,
-            "retry": got.retry,
-            "timeout_ms": got.timeout_ms,
-            "lease_ms": got.lease_ms,
-        }
-        run = {
-            "partition_id": p, "run_id": run_id_for_instant(job_id, at),
-            "tenant_id": got.buffered_tenant_id, "job_id": job_id, "scheduled_ms": at,
-            "covers": None, "priority": got.buffered_priority, "spec": spec,
+        run = NewRuns()
+        run.add_spec(
+            p, run_id_for_instant(job_id, at), got.buffered_tenant_id, job_id, at,
+            got.buffered_priority, run_spec(vars(got)),
             # An instant fired ahead and buffered: published no earlier than it.
-            "not_before_ms": at if at > now else None,
-        }  # fmt: skip
-        return insert_runs(conn, self.topics, [run], now)
+            not_before_ms=at if at > now else None,
+        )  # fmt: skip
+        return insert_runs(conn, self.topics, run, now)
 
     # -- timer kinds -----------------------------------------------------------
     def on_expiry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
@@ -694,15 +684,14 @@ class Lifecycle:
             if got is None:
                 continue
             attempt, spec, tenant_id, job_id, wf_run, node, scheduled, priority = got
-            value = events.run_ready(
-                run_id=t.owner_id, tenant_id=tenant_id, partition_id=t.partition_id, attempt=attempt,
-                scheduled_ms=to_ms(scheduled), created_ms=now, priority=priority,
-                target=spec["target"], payload=spec["payload"], job_id=job_id,
-                workflow_run_id=wf_run, node=node,
-            )  # fmt: skip
+            target = spec["target"]
             rows.append(
-                OutboxRow(t.partition_id, self.topics.runs(tenant_id), t.owner_id.encode(), value)
-            )
+                ready_row(
+                    self.topics.runs(tenant_id), t.partition_id, t.owner_id, tenant_id, attempt,
+                    to_ms(scheduled), now, priority, target["type"], target.get("queue"),
+                    spec["payload"], job_id=job_id, workflow_run_id=wf_run, node=node,
+                )
+            )  # fmt: skip
             report.runs_created += 1
         return rows
 

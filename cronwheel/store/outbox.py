@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from cronwheel.core.avro import default_registry
 from cronwheel.core.clock import to_dt
 from cronwheel.core.events import OutboxRow
-from cronwheel.core.runs import NORMAL_RANK, priority_rank
+from cronwheel.core.runs import NORMAL_RANK
 from cronwheel.store.pgarrays import (
     PackedArray,
     bytea_array,
@@ -38,32 +37,26 @@ log = logging.getLogger("cronwheel.outbox")
 
 Q = queries("outbox")
 NORMAL = NORMAL_RANK
-
-
-@dataclass(frozen=True)
-class RankedRow(OutboxRow):
-    """An outbox row that says its class, so append need not decode it, and
-    (a run fired ahead of its instant) when it may be published."""
-
-    priority: int = NORMAL
-    not_before_ms: int | None = None
-
-
-def rank_of(row: OutboxRow) -> int:
-    """The class of a row: given (RankedRow), or read from a RunReady value;
-    every other record (RunCompleted, ...) is normal."""
-    if isinstance(row, RankedRow):
-        return row.priority
-    registry = default_registry()
-    if bytes(row.value[:10]) != registry.latest("RunReady").header:
-        return NORMAL
-    _name, datum = registry.decode(row.value)
-    return priority_rank(datum["priority"])
+# Every row says its class and hold (cronwheel.core.events.OutboxRow); the
+# name a row that said them once had, for callers that still use it.
+RankedRow = OutboxRow
 
 
 def append(conn: psycopg.Connection, rows: Sequence[OutboxRow]) -> None:
-    """Add rows in the caller's transaction and wake the relay when it commits."""
+    """Add rows in the caller's transaction and wake the relay when it commits.
+    One row (a CompleteRun's RunCompleted, a trigger's run) is one statement."""
     if not rows:
+        return
+    if len(rows) == 1:
+        (r,) = rows
+        conn.execute(
+            Q["append_one"],
+            {
+                "p": r.partition_id, "topic": r.topic, "key": r.key, "value": r.value,
+                "headers": json.dumps(r.headers) if r.headers else None,
+                "priority": r.priority, "not_before": _at(r.not_before_ms),
+            },
+        )  # fmt: skip
         return
     conn.execute(
         Q["append"],
@@ -73,8 +66,8 @@ def append(conn: psycopg.Connection, rows: Sequence[OutboxRow]) -> None:
             "keys": bytea_array([r.key for r in rows]),
             "values": bytea_array([r.value for r in rows]),
             "headers": text_array([json.dumps(r.headers) if r.headers else None for r in rows]),
-            "priorities": int2_array([rank_of(r) for r in rows]),
-            "not_before": timestamptz_array([getattr(r, "not_before_ms", None) for r in rows]),
+            "priorities": int2_array([r.priority for r in rows]),
+            "not_before": timestamptz_array([r.not_before_ms for r in rows]),
         },
     )
     conn.execute(Q["notify"])
@@ -175,6 +168,10 @@ def read_fair(
 def _partitions(partitions: Sequence[int] | PackedArray) -> PackedArray:
     """Partitions as a binary smallint[] (Leases.owned_array is one already)."""
     return partitions if isinstance(partitions, PackedArray) else int2_array(list(partitions))
+
+
+def _at(ms: int | None):
+    return None if ms is None else to_dt(ms)
 
 
 def _until(ms: int | None):

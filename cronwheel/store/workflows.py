@@ -25,14 +25,13 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from cronwheel.core import events
 from cronwheel.core.clock import iso, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import next_due, plan_fire
 from cronwheel.core.ids import new_id, partition_of, partition_of_run, run_id_for_node
 from cronwheel.core.jobs import Catchup
-from cronwheel.core.runs import PRIORITY_RANK, RunState, priority_rank
+from cronwheel.core.runs import PRIORITY_RANK, RunState
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.core.workflows import (
     WorkflowSpec,
@@ -45,6 +44,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store import outbox
 from cronwheel.store.firing import FireReport, ScheduleCache, Timer
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.new_runs import ready_row
 from cronwheel.store.sql_loader import queries
 
 Q = queries("workflows")
@@ -466,14 +466,14 @@ class Workflows:
         for (node, spec), run_id in zip(nodes, ids, strict=True):
             if created.get(node) != run_id:
                 continue
-            value = events.run_ready(
-                run_id=run_id, tenant_id=ctx.tenant_id, partition_id=ctx.p, attempt=1,
-                scheduled_ms=ctx.scheduled_ms, created_ms=now, priority=ctx.priority,
-                target=spec["target"], payload=spec["payload"],
-                workflow_run_id=ctx.workflow_run_id, node=node, covers=ctx.covers,
+            target = spec["target"]
+            rows.append(
+                ready_row(
+                    topic, ctx.p, run_id, ctx.tenant_id, 1, ctx.scheduled_ms, now, ctx.priority,
+                    target["type"], target.get("queue"), spec["payload"],
+                    workflow_run_id=ctx.workflow_run_id, node=node, covers=ctx.covers,
+                )
             )  # fmt: skip
-            rank = priority_rank(ctx.priority)
-            rows.append(outbox.RankedRow(ctx.p, topic, run_id.encode(), value, priority=rank))
         return rows
 
     def _release_buffered(self, conn, p: int, workflow_id: str, now: int) -> list[OutboxRow]:

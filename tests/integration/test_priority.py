@@ -317,25 +317,24 @@ def test_read_small__fits_a_batch__all_by_class_then_age__else_none(conn):
     assert outbox.read_small(conn, parts, 7) is None
 
 
-def test_rank_of__run_ready_decoded__other_records_normal():
+def test_outbox_rows__say_their_class__run_ready_the_runs__others_normal(conn):
     from cronwheel.core import events
+    from cronwheel.core.avro import default_registry
+    from cronwheel.store.new_runs import ready_row
 
-    value = events.run_ready(
-        run_id="r1",
-        tenant_id="t1",
-        partition_id=1,
-        attempt=1,
-        scheduled_ms=1,
-        created_ms=2,
-        priority="high",
-        target={"type": "queue", "queue": "q"},
-        payload="null",
-    )
-    assert outbox.rank_of(events.OutboxRow(1, "x", b"r1", value)) == PRIORITY_RANK["high"]
+    ready = ready_row("x", 1, "r1", "t1", 1, 1, 2, "high", "queue", "q", "null")
+    assert ready.priority == PRIORITY_RANK["high"] and ready.not_before_ms is None
+    assert default_registry().decode(ready.value)[1]["priority"] == "high"
     done = events.run_completed(
         run_id="r1", tenant_id="t1", partition_id=1, attempt=1, state="SUCCEEDED", finished_ms=3
     )
-    assert outbox.rank_of(events.OutboxRow(1, "x", b"r1", done)) == outbox.NORMAL
+    assert events.OutboxRow(1, "x", b"r1", done).priority == outbox.NORMAL
+    # As written: one row (one statement) or many, each with its class.
+    with conn.transaction():
+        outbox.append(conn, [ready])
+        outbox.append(conn, [events.OutboxRow(1, "x", b"r2", done), ready])
+    got = conn.execute("SELECT key, priority FROM outbox ORDER BY id").fetchall()
+    assert got == [(b"r1", 1), (b"r2", 2), (b"r1", 1)]
 
 
 def test_class_partitions__quarters_of_the_topic__small_topics_one_normal_lane():

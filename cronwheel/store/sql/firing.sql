@@ -112,17 +112,6 @@ SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule::text, j.target::text, 
     ON j.partition_id = k.p AND j.job_id = k.id
  WHERE j.deleted_at IS NULL AND NOT j.paused;
 
--- name: insert_runs
--- Deterministic run ids: a duplicate fire of the same instant inserts nothing.
-INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, covers, priority,
-                  spec, created_at, updated_at)
-SELECT v.p, v.id, v.t, v.j, v.s, v.c::jsonb, v.pr, v.sp::jsonb, %(now)s, %(now)s
-  FROM unnest(%(p)b::smallint[], %(id)b::text[], %(t)b::text[], %(j)b::text[],
-              %(s)b::timestamptz[], %(c)b::text[], %(pr)b::text[], %(sp)b::text[])
-       AS v(p, id, t, j, s, c, pr, sp)
-ON CONFLICT DO NOTHING
-RETURNING run_id;
-
 -- name: advance_jobs
 UPDATE jobs j
    SET last_instant = v.li,

@@ -132,7 +132,7 @@ SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry
 -- history row ends and its lease and timeout timers go. For a terminal state,
 -- the instant an overlap=buffer_one job held back is taken and comes back in
 -- the last columns. The retry timer and the RunCompleted record are the
--- caller's next statement (arm_retry, announce). The scalar shape of
+-- caller's next statement (arm_retry, outbox.append). The scalar shape of
 -- end_attempts (see above on why both).
 WITH cur AS (
     SELECT partition_id, run_id FROM runs
@@ -195,14 +195,6 @@ WITH t AS (
     DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
                   attempt = EXCLUDED.attempt)
 SELECT pg_notify('cw_timers', %(due_ms)s::text);
-
--- name: announce
--- One outbox row (a RunCompleted) and the relay's wake-up, in one statement
--- (outbox.append's two).
-WITH o AS (
-    INSERT INTO outbox (partition_id, topic, key, value, priority)
-    VALUES (%(p)s, %(topic)s, %(key)s, %(value)s, %(priority)s))
-SELECT pg_notify('cw_outbox', '');
 
 -- Batches: start_attempt and end_attempt over arrays, one row back per call
 -- in the calls' order (`i`), one round trip per transition and batch. Calls

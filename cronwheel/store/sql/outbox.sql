@@ -10,6 +10,15 @@ SELECT p, t, k, v, h::jsonb, pr, nb
               %(not_before)b::timestamptz[])
        AS r(p, t, k, v, h, pr, nb);
 
+-- name: append_one
+-- One row and the relay's wake-up in one statement (append and notify are two):
+-- a single CompleteRun's RunCompleted. Scalar, so its generic plan is kept.
+WITH o AS (
+    INSERT INTO outbox (partition_id, topic, key, value, headers, priority, not_before)
+    VALUES (%(p)s, %(topic)s, %(key)s, %(value)s, %(headers)s::jsonb, %(priority)s,
+            %(not_before)s::timestamptz))
+SELECT pg_notify('cw_outbox', '');
+
 -- name: notify
 SELECT pg_notify('cw_outbox', '');
 
