@@ -1,16 +1,24 @@
-"""Errors the core raises for bad input. Each names the field at fault, so the
-gateway can answer a 4xx problem+json and the CLI one readable line."""
+"""Errors the core raises for bad input or a refused request. Each carries a
+stable `code` (and, for bad input, the `field` at fault); what a code means in
+HTTP is the gateway's to say (services/gateway/problems.py), and the CLI prints
+one readable line."""
 
 from __future__ import annotations
 
 
 class ValidationError(ValueError):
-    def __init__(self, field: str, message: str, code: str = "INVALID_FIELD", status: int = 422):
+    # Callers that still pass `status` (core/jobs.py, core/workflows.py,
+    # store/lifecycle.py) keep working until they drop it: it is not stored, and
+    # the class attribute answers None.
+    status = None
+
+    def __init__(
+        self, field: str, message: str, code: str = "INVALID_FIELD", status: object = None
+    ):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
         self.code = code
-        self.status = status
 
 
 class NotFound(LookupError):
@@ -20,14 +28,12 @@ class NotFound(LookupError):
         super().__init__(f"{what} not found")
         self.what = what
         self.code = "NOT_FOUND"
-        self.status = 404
 
 
 class Conflict(RuntimeError):
     """A request that is well formed but cannot apply to the object's current state."""
 
-    def __init__(self, code: str, message: str, status: int = 409):
+    def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.status = status

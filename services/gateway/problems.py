@@ -1,7 +1,8 @@
 """Errors as `application/problem+json` (RFC 9457): type, title, status, detail,
 plus a stable machine-readable `code` and, for bad input, the `field` at fault.
 
-The core raises ValidationError / NotFound / Conflict; the gateway adds its own
+The core raises ValidationError / NotFound / Conflict, each with a code and no
+HTTP; `status_of` says which status each answers with. The gateway adds its own
 Problem for what only HTTP knows (auth, size, rate, idempotency). Every bad
 input becomes a 4xx here; a 5xx means a bug, and is logged as one.
 """
@@ -65,16 +66,33 @@ def render(status: int, body: dict | str, headers: dict[str, str] | None = None)
     return Response(text, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
+# The core's codes that answer with another status than their kind's.
+STATUS_BY_CODE = {
+    "PAYLOAD_TOO_LARGE": 413,  # a payload, node graph or result over its limit
+    "PRIORITY_NOT_ALLOWED": 403,  # a class the tenant is not entitled to
+}
+STATUS_BY_KIND: dict[type[Exception], int] = {ValidationError: 422, NotFound: 404, Conflict: 409}
+
+
+def status_of(e: ValidationError | NotFound | Conflict) -> int:
+    """The HTTP status of a core error: by its code, else by its kind."""
+    if e.code in STATUS_BY_CODE:
+        return STATUS_BY_CODE[e.code]
+    return next(status for kind, status in STATUS_BY_KIND.items() if isinstance(e, kind))
+
+
 def from_exception(e: Exception) -> tuple[int, dict, dict[str, str]]:
     """(status, problem document, headers) for the errors requests may raise."""
     if isinstance(e, Problem):
         return e.status, document(e.status, e.code, e.detail, e.field), e.headers
     if isinstance(e, ValidationError):
-        return e.status, document(e.status, e.code, e.message, e.field), {}
+        status = status_of(e)
+        return status, document(status, e.code, e.message, e.field), {}
     if isinstance(e, NotFound):
         return 404, document(404, e.code, f"no such {e.what}"), {}
     if isinstance(e, Conflict):
-        return e.status, document(e.status, e.code, e.message), {}
+        status = status_of(e)
+        return status, document(status, e.code, e.message), {}
     if isinstance(e, OverflowError):
         return 422, out_of_range(), {}
     raise TypeError(f"not a request error: {e!r}")

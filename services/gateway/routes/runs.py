@@ -186,7 +186,7 @@ def _answers(results: list) -> dict:
     for i, (run_id, got) in enumerate(results):
         if isinstance(got, ValidationError):
             field = got.field if got.field == "worker_id" else f"runs[{i}].{got.field}"
-            raise ValidationError(field, got.message, code=got.code, status=got.status)
+            raise ValidationError(field, got.message, code=got.code)
         if isinstance(got, Exception):
             status, doc, _headers = from_exception(got)
             out.append({"run_id": run_id, "status": status, "problem": doc})

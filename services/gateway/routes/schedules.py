@@ -45,6 +45,6 @@ def preview(
             return preview_json(spec, count=count, from_iso=from_)
         except ValidationError as e:
             field = e.field.removeprefix("dst.")
-            raise ValidationError(field, e.message, e.code, e.status) from e
+            raise ValidationError(field, e.message, e.code) from e
 
     return gw.as_anyone(who, compute)
