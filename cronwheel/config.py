@@ -1,33 +1,312 @@
-"""Settings read from the environment, with the local stack's addresses as defaults.
+"""Settings: the environment variables the platform reads, typed, checked once at
+start-up, each default in one place. docs/settings.md is the table of them all.
 
-Every service and test asks here, so `DATABASE_URL` / `KAFKA_BOOTSTRAP` switch the
-whole system to external servers in one place.
+A service's settings are one frozen dataclass (in its `main.py`) whose fields are
+`setting(...)`s, plus the groups below that several services share (`Common`,
+`Metrics`, `Firing`). `load(TimerSettings)` reads the environment once; a value
+the service cannot use raises SettingsError, whose message is one line naming
+the variable and what it accepts (the `cronwheel` command prints it and exits 1).
+An empty variable counts as unset.
+
+The local stack's addresses are the defaults, so `DATABASE_URL` /
+`KAFKA_BOOTSTRAP` switch the whole system to external servers in one place.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
-# Below Linux's ephemeral range (32768-60999): a client that keeps reconnecting
-# to a stopped server on a port inside it can be handed that very port as its
-# own, connect to itself, and hold the port (then TIME_WAIT for 60 s), so the
-# next `cronwheel up` fails with "Address already in use".
-PG_PORT = int(os.environ.get("CRONWHEEL_PG_PORT", "25432"))
-KAFKA_PORT = int(os.environ.get("CRONWHEEL_KAFKA_PORT", "29092"))
-KAFKA_CONTROLLER_PORT = int(os.environ.get("CRONWHEEL_KAFKA_CONTROLLER_PORT", "29093"))
+from cronwheel.core.ssrf import Network, allowed_networks
+
+T = TypeVar("T")
+
 PG_USER = "cronwheel"
 PG_PASSWORD = "cronwheel"
 PG_DATABASE = "cronwheel"
-LOCAL_DATABASE_URL = f"postgresql://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{PG_PORT}/{PG_DATABASE}"
-LOCAL_KAFKA_BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class SettingsError(ValueError):
+    """A variable's value the process cannot use: `NAME='value': expected ...`."""
+
+    def __init__(self, env: str, raw: str, accepts: str):
+        super().__init__(f"{env}={raw!r}: expected {accepts}")
+        self.env = env
+        self.raw = raw
+        self.accepts = accepts
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a settings field reads: the variable, and how its text becomes a value
+    (None: by the field's type)."""
+
+    env: str
+    parse: Callable[[str], Any] | None = None
+    accepts: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+
+def setting(
+    env: str,
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], Any] | None = None,
+    accepts: str | None = None,
+) -> Any:
+    """A settings field read from `env`. Integers and numbers may carry a
+    `minimum` and `maximum`, text its `choices` (matched without case; the value
+    is the choice); `parse` (raising ValueError) with `accepts` for anything else."""
+    meta = {"setting": Setting(env, parse, accepts, minimum, maximum, choices)}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def group(cls: type) -> Any:
+    """A field holding a settings group that several services share."""
+    return dataclasses.field(default_factory=cls, metadata={"group": cls})
+
+
+def load(cls: type[T], env: Mapping[str, str] | None = None) -> T:
+    """`cls` with every field read from `env` (default: the process's
+    environment); SettingsError for the first value it cannot use."""
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if "group" in f.metadata:
+            values[f.name] = load(f.metadata["group"], env)
+            continue
+        spec: Setting = f.metadata["setting"]
+        raw = env.get(spec.env, "")
+        if raw.strip():
+            values[f.name] = _parse(spec, hints[f.name], raw)
+    return cls(**values)
+
+
+def variables(cls: type) -> Iterator[tuple[str, Any]]:
+    """(variable, default) for every setting of `cls`, its groups' included."""
+    for f in dataclasses.fields(cls):
+        if "group" in f.metadata:
+            yield from variables(f.metadata["group"])
+        else:
+            default = f.default
+            if f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            yield f.metadata["setting"].env, default
+
+
+def _parse(spec: Setting, kind: Any, raw: str) -> Any:
+    text = raw.strip()
+    if spec.parse is not None:
+        try:
+            return spec.parse(text)
+        except ValueError:
+            raise SettingsError(spec.env, raw, spec.accepts or "a valid value") from None
+    base = _without_none(kind)
+    if spec.choices is not None:
+        for choice in spec.choices:
+            if text.upper() == choice.upper():
+                return choice
+        raise SettingsError(spec.env, raw, "one of " + ", ".join(spec.choices))
+    if base is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(spec.env, raw, "1 or 0 (true/false, yes/no, on/off)")
+    if base in (int, float):
+        low, high = spec.minimum, spec.maximum
+        what = "an integer" if base is int else "a number"
+        if low is not None and high is not None:
+            what += f" from {low:g} to {high:g}"
+        elif low is not None:
+            what += f" >= {low:g}"
+        elif high is not None:
+            what += f" <= {high:g}"
+        try:
+            value = base(text)
+        except ValueError:
+            raise SettingsError(spec.env, raw, what) from None
+        if (
+            not math.isfinite(value)
+            or (low is not None and value < low)
+            or (high is not None and value > high)
+        ):
+            raise SettingsError(spec.env, raw, what)
+        return value
+    if base is str:
+        return text
+    raise TypeError(f"{spec.env}: no parser for {kind!r}")
+
+
+def _without_none(kind: Any) -> Any:
+    """`int` for `int | None`; `kind` itself otherwise."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(kind) if a is not type(None))
+    return kind
+
+
+def host_port(text: str) -> str:
+    """`host:port` (host may be empty or [v6]); ValueError otherwise."""
+    _host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(text)
+    return text
+
+
+def port(text: str) -> int:
+    n = int(text)
+    if not 0 < n < 65536:
+        raise ValueError(text)
+    return n
+
+
+PORT = "a TCP port (1-65535)"
+HOST_PORT = "host:port"
+
+
+# -- the local stack (`cronwheel up`) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where the local stack runs. Ports below Linux's ephemeral range
+    (32768-60999): a client that keeps reconnecting to a stopped server on a
+    port inside it can be handed that very port as its own, connect to itself,
+    and hold the port (then TIME_WAIT for 60 s), so the next `cronwheel up`
+    fails with "Address already in use"."""
+
+    home: str | None = setting("CRONWHEEL_HOME", None)
+    pg_port: int = setting("CRONWHEEL_PG_PORT", 25432, parse=port, accepts=PORT)
+    kafka_port: int = setting("CRONWHEEL_KAFKA_PORT", 29092, parse=port, accepts=PORT)
+    kafka_controller_port: int = setting(
+        "CRONWHEEL_KAFKA_CONTROLLER_PORT", 29093, parse=port, accepts=PORT
+    )
+    # Split on spaces; unset: stack/kafka.py's heap and collector options.
+    kafka_jvm_opts: str | None = setting("CRONWHEEL_KAFKA_JVM_OPTS", None)
+
+
+def local_database_url() -> str:
+    pg_port = _one(Stack, "pg_port")
+    return f"postgresql://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{pg_port}/{PG_DATABASE}"
+
+
+def local_kafka_bootstrap() -> str:
+    return f"127.0.0.1:{_one(Stack, 'kafka_port')}"
+
+
+def __getattr__(name: str) -> Any:
+    """PG_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT, LOCAL_DATABASE_URL and
+    LOCAL_KAFKA_BOOTSTRAP, read when asked (so a bad port is the command's
+    one-line error, not an import's traceback)."""
+    match name:
+        case "PG_PORT":
+            return load(Stack).pg_port
+        case "KAFKA_PORT":
+            return load(Stack).kafka_port
+        case "KAFKA_CONTROLLER_PORT":
+            return load(Stack).kafka_controller_port
+        case "LOCAL_DATABASE_URL":
+            return local_database_url()
+        case "LOCAL_KAFKA_BOOTSTRAP":
+            return local_kafka_bootstrap()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- what the services share -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Common:
+    """Every service: its servers, topic names and log level."""
+
+    database_url: str = setting("DATABASE_URL", default_factory=local_database_url)
+    kafka_bootstrap: str = setting("KAFKA_BOOTSTRAP", default_factory=local_kafka_bootstrap)
+    topic_prefix: str = setting("CRONWHEEL_TOPIC_PREFIX", "cw")
+    log_level: str = setting("CRONWHEEL_LOG_LEVEL", "INFO", choices=LOG_LEVELS)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Where a service other than the gateway serves /metrics: `addr`
+    (host:port, one service per container), else 127.0.0.1 at `port` plus the
+    service's offset (`cronwheel dev`), else nowhere."""
+
+    addr: str | None = setting("CRONWHEEL_METRICS_ADDR", None, parse=host_port, accepts=HOST_PORT)
+    port: int | None = setting("CRONWHEEL_METRICS_PORT", None, parse=port, accepts=PORT)
+
+
+@dataclass(frozen=True)
+class Firing:
+    """The timer's and the relay's: partition leases and firing ahead."""
+
+    lease_ttl_ms: int = setting("CRONWHEEL_LEASE_TTL_MS", 10_000, minimum=1)
+    # How long before a job's instant the timer may create its run
+    # (docs/architecture.md, "Firing ahead"); the relay publishes it at the
+    # instant. 0: create each run at its instant.
+    fire_ahead_ms: int = setting("CRONWHEEL_FIRE_AHEAD_MS", 1_000, minimum=0)
+
+
+@dataclass(frozen=True)
+class Processed:
+    """The dispatcher's and the workflow service's record of what they consumed."""
+
+    # How long a (run_id, attempt) stays recorded as processed (7 days).
+    retention_ms: int = setting("CRONWHEEL_PROCESSED_RETENTION_MS", 7 * 86_400_000, minimum=1)
+
+
+def _cidrs(text: str) -> tuple[Network, ...]:
+    return tuple(allowed_networks(text))
+
+
+@dataclass(frozen=True)
+class Destinations:
+    """Where webhooks may go beyond public addresses: the gateway checks a job's
+    URL against it, the webhook service every connection (core/ssrf.py)."""
+
+    allow: tuple[Network, ...] = setting(
+        "CRONWHEEL_WEBHOOK_ALLOW_CIDRS",
+        (),
+        parse=_cidrs,
+        accepts="comma-separated CIDRs, e.g. 10.0.0.0/8,fd00::/8",
+    )
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The gateway's address and the cell it serves (`cronwheel dev` prints the
+    address too)."""
+
+    cell: str = setting("CRONWHEEL_CELL", "local")
+    http_addr: str = setting(
+        "CRONWHEEL_HTTP_ADDR", "127.0.0.1:8080", parse=host_port, accepts=HOST_PORT
+    )
+
+
+# -- one value, for callers outside a service (the CLI, tests, benchmarks) -------
 
 
 def project_home() -> Path:
     """Where the local stack keeps its state: `CRONWHEEL_HOME`, else `.cronwheel/`
     beside the checkout this package runs from, else in the working directory."""
-    if env := os.environ.get("CRONWHEEL_HOME"):
-        return Path(env).resolve()
+    if home := _one(Stack, "home"):
+        return Path(home).resolve()
     checkout = Path(__file__).resolve().parents[1]
     if (checkout / "pyproject.toml").exists():
         return checkout / ".cronwheel"
@@ -35,31 +314,38 @@ def project_home() -> Path:
 
 
 def database_url() -> str:
-    return os.environ.get("DATABASE_URL") or LOCAL_DATABASE_URL
+    return _one(Common, "database_url")
 
 
 def kafka_bootstrap() -> str:
-    return os.environ.get("KAFKA_BOOTSTRAP") or LOCAL_KAFKA_BOOTSTRAP
+    return _one(Common, "kafka_bootstrap")
 
 
 def external_database() -> bool:
-    return bool(os.environ.get("DATABASE_URL"))
+    return bool(os.environ.get("DATABASE_URL", "").strip())
 
 
 def external_kafka() -> bool:
-    return bool(os.environ.get("KAFKA_BOOTSTRAP"))
-
-
-def cell() -> str:
-    return os.environ.get("CRONWHEEL_CELL", "local")
-
-
-def http_addr() -> str:
-    return os.environ.get("CRONWHEEL_HTTP_ADDR", "127.0.0.1:8080")
+    return bool(os.environ.get("KAFKA_BOOTSTRAP", "").strip())
 
 
 def fire_ahead_ms() -> int:
-    """How long before a job's instant the timer service may create its run
-    (docs/architecture.md, "Firing ahead"); the relay publishes it at the
-    instant. 0: create each run at its instant."""
-    return max(0, int(os.environ.get("CRONWHEEL_FIRE_AHEAD_MS", "1000")))
+    return _one(Firing, "fire_ahead_ms")
+
+
+def cell() -> str:
+    return _one(Serving, "cell")
+
+
+def http_addr() -> str:
+    return _one(Serving, "http_addr")
+
+
+def _one(cls: type, name: str) -> Any:
+    """One field of `cls`, read and checked alone."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    spec: Setting = f.metadata["setting"]
+    raw = os.environ.get(spec.env, "")
+    if raw.strip():
+        return _parse(spec, typing.get_type_hints(cls)[name], raw)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

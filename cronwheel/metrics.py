@@ -4,9 +4,9 @@ dev`); the gateway also serves them at /metrics."""
 
 from __future__ import annotations
 
-import os
-
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from cronwheel import config
 
 LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -72,15 +72,15 @@ SERVICE_PORT_OFFSET = {
 }  # fmt: skip
 
 
-def serve(service: str) -> None:
+def serve(service: str, settings: config.Metrics) -> None:
     """Expose /metrics (any path answers, so /healthz serves as liveness) on
     CRONWHEEL_METRICS_ADDR (host:port, one service per container), or on
     127.0.0.1 at CRONWHEEL_METRICS_PORT + the service's offset (`cronwheel dev`).
     The gateway serves /metrics on its own HTTP port."""
     if service == "gateway":
         return
-    if addr := os.environ.get("CRONWHEEL_METRICS_ADDR"):
-        host, _, port = addr.rpartition(":")
-        start_http_server(int(port), addr=host or "0.0.0.0")
-    elif base := os.environ.get("CRONWHEEL_METRICS_PORT"):
-        start_http_server(int(base) + SERVICE_PORT_OFFSET[service], addr="127.0.0.1")
+    if settings.addr:
+        host, _, port = settings.addr.rpartition(":")
+        start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0")
+    elif settings.port is not None:
+        start_http_server(settings.port + SERVICE_PORT_OFFSET[service], addr="127.0.0.1")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 
 
-def setup_logging(service: str) -> logging.Logger:
+def setup_logging(service: str, level: str) -> logging.Logger:
+    """Log lines on stderr at `level` (the service's CRONWHEEL_LOG_LEVEL)."""
     logging.basicConfig(
-        level=os.environ.get("CRONWHEEL_LOG_LEVEL", "INFO"),
+        level=level,
         format=f"%(asctime)s {service} %(levelname)s %(message)s",
     )
     return logging.getLogger(f"cronwheel.{service}")

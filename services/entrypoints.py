@@ -38,6 +38,12 @@ def service_main(name: str) -> Callable[[], None]:
     return main.main
 
 
+def service_settings(name: str) -> type:
+    """The settings class of service `name`: `<Name>Settings` in its main.py."""
+    module = sys.modules[service_main(name).__module__]
+    return getattr(module, f"{name.title()}Settings")
+
+
 def cmd_serve(args) -> None:
     from cronwheel.cli import CliError
 
@@ -67,21 +73,28 @@ def cmd_dev(args) -> None:
         from cronwheel.demo import ensure_demo, operator_key
         from cronwheel.kafka import Topics
 
-        demo = ensure_demo(config.database_url())
-        print(f"admin API     http://{config.http_addr()}/v1  (spec at /openapi.json)")
-        print(f"operator key  {operator_key()}")
+        gateway = config.load(service_settings("gateway"))
+        demo = ensure_demo(gateway.common.database_url)
+        topics = Topics(gateway.common.topic_prefix)
+        print(f"admin API     http://{gateway.serving.http_addr}/v1  (spec at /openapi.json)")
+        print(f"operator key  {gateway.operator_key or operator_key()}")
         print(f"demo tenant   {demo['tenant_id']}  key {demo['api_key']}")
-        print(f"demo queue    {Topics.from_env().queue(demo['tenant_id'], 'demo')}")
+        print(f"demo queue    {topics.queue(demo['tenant_id'], 'demo')}")
     _supervise(_dev_services())
 
 
 def _supervise(names: list[str]) -> None:
     """Run each service as its own process under the supervisor: a service
     that dies is started again (with backoff and a line saying why) while the
-    others go on; SIGINT/SIGTERM stops them all."""
+    others go on; SIGINT/SIGTERM stops them all. Each service's settings are
+    checked first, so a bad value is one line and exit status 1 here rather than
+    a service dying at every restart."""
     from cronwheel import config
     from cronwheel.runtime import stop_on_signals
     from cronwheel.supervisor import Supervisor
+
+    for name in names:
+        config.load(service_settings(name))
 
     # This module by its import name (`__name__` is "__main__" under `python -m`).
     commands = {n: [sys.executable, "-m", __spec__.name, "serve", n] for n in names}

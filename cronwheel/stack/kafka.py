@@ -235,7 +235,7 @@ def _cluster_id() -> str:
 def jvm_options() -> list[str]:
     """The broker's heap and collector: CRONWHEEL_KAFKA_JVM_OPTS (split on
     spaces) replaces the default."""
-    raw = os.environ.get("CRONWHEEL_KAFKA_JVM_OPTS", "").split()
+    raw = (config.load(config.Stack).kafka_jvm_opts or "").split()
     return raw or ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
 
 

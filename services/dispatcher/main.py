@@ -1,30 +1,41 @@
-"""`cronwheel serve dispatcher`.
-
-Settings: CRONWHEEL_DISPATCHER_BATCH (records per batch, 500),
-CRONWHEEL_DISPATCHER_MAX_WAIT_MS (how long a batch waits to fill, 5) and
-CRONWHEEL_DISPATCHER_IN_FLIGHT (batches produced and awaiting their
-acknowledgements at once, 4; 1 waits for each batch before reading the next)."""
+"""`cronwheel serve dispatcher`. Settings: DispatcherSettings (docs/settings.md)."""
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 from cronwheel import config, metrics
+from cronwheel.config import Common, Metrics, Processed, group, setting
 from cronwheel.kafka import Topics
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.dispatcher.service import Dispatcher
 
 
+@dataclass(frozen=True)
+class DispatcherSettings:
+    common: Common = group(Common)
+    metrics: Metrics = group(Metrics)
+    processed: Processed = group(Processed)
+    batch: int = setting("CRONWHEEL_DISPATCHER_BATCH", 500, minimum=1)  # records per batch
+    # How long a batch waits to fill.
+    max_wait_ms: int = setting("CRONWHEEL_DISPATCHER_MAX_WAIT_MS", 5, minimum=0)
+    # Batches produced and awaiting their acknowledgements at once; 1 waits for
+    # each batch before reading the next.
+    in_flight: int = setting("CRONWHEEL_DISPATCHER_IN_FLIGHT", 4, minimum=1)
+
+
 def main() -> None:
-    log = setup_logging("dispatcher")
-    metrics.serve("dispatcher")
+    settings = config.load(DispatcherSettings)
+    log = setup_logging("dispatcher", settings.common.log_level)
+    metrics.serve("dispatcher", settings.metrics)
     dispatcher = Dispatcher(
-        config.database_url(),
-        config.kafka_bootstrap(),
-        Topics.from_env(),
-        batch=int(os.environ.get("CRONWHEEL_DISPATCHER_BATCH", "500")),
-        max_wait_ms=int(os.environ.get("CRONWHEEL_DISPATCHER_MAX_WAIT_MS", "5")),
-        in_flight=int(os.environ.get("CRONWHEEL_DISPATCHER_IN_FLIGHT", "4")),
+        settings.common.database_url,
+        settings.common.kafka_bootstrap,
+        Topics(settings.common.topic_prefix),
+        batch=settings.batch,
+        max_wait_ms=settings.max_wait_ms,
+        in_flight=settings.in_flight,
+        processed_retention_ms=settings.processed.retention_ms,
     )
     log.info("dispatcher starting (group %s)", dispatcher.group_id)
     dispatcher.run(stop_on_signals())

@@ -1,10 +1,5 @@
 """`cronwheel serve gateway`: the API on CRONWHEEL_HTTP_ADDR (default 127.0.0.1:8080).
-Settings: CRONWHEEL_OPERATOR_KEY, CRONWHEEL_RATE_LIMIT (requests per second per
-key, default 1000), CRONWHEEL_RATE_BURST (default 2000),
-CRONWHEEL_WEBHOOK_ALLOW_CIDRS, CRONWHEEL_GATEWAY_POOL (connections per process,
-default 10), CRONWHEEL_GATEWAY_WORKERS (processes, default one per two CPUs,
-at most 8), CRONWHEEL_GATEWAY_FASTPATH (0 serves the worker protocol through
-FastAPI's routing too; for comparisons).
+Settings: GatewaySettings (docs/settings.md).
 
 One Python process is held to one core by its GIL (bench/RESULTS-lifecycle.md).
 With several workers this process binds the socket and supervises: each worker
@@ -19,6 +14,7 @@ limit holds across the workers, not per worker.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -26,8 +22,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 
 from cronwheel import config
+from cronwheel.config import Common, Destinations, Serving, group, setting
 from cronwheel.runtime import setup_logging, stop_on_signals
 
 LISTEN_FD = "CRONWHEEL_GATEWAY_LISTEN_FD"  # set for a worker: the inherited socket
@@ -35,29 +33,55 @@ WORKERS = "CRONWHEEL_GATEWAY_WORKERS"
 RATE_LIMIT_TABLE = "CRONWHEEL_GATEWAY_RATE_LIMIT_TABLE"  # set for a worker: the shared buckets
 
 
-def worker_count() -> int:
-    raw = os.environ.get(WORKERS, "").strip()
-    if raw:
-        n = int(raw)
-        if n < 1:
-            raise ValueError(f"{WORKERS} must be at least 1, not {n}")
-        return n
+def _rate(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    common: Common = group(Common)
+    serving: Serving = group(Serving)
+    destinations: Destinations = group(Destinations)
+    # Unset: a local key kept in the stack's state directory (cronwheel/demo.py).
+    operator_key: str | None = setting("CRONWHEEL_OPERATOR_KEY", None)
+    rate_limit: float = setting(
+        "CRONWHEEL_RATE_LIMIT", 1000.0, parse=_rate, accepts="a number > 0"
+    )  # requests per second per key
+    rate_burst: float = setting("CRONWHEEL_RATE_BURST", 2000.0, minimum=1)
+    pool: int = setting("CRONWHEEL_GATEWAY_POOL", 10, minimum=1)  # connections per process
+    # Off: the worker protocol and job creation go through FastAPI's routing
+    # too (for comparisons); the answers are the same.
+    fastpath: bool = setting("CRONWHEEL_GATEWAY_FASTPATH", True)
+    # Processes; unset: one per two CPUs, at most 8 (worker_count).
+    workers: int | None = setting(WORKERS, None, minimum=1)
+    # Set by the gateway for its workers, not by people.
+    listen_fd: int | None = setting(LISTEN_FD, None, minimum=0)
+    rate_limit_table: str | None = setting(RATE_LIMIT_TABLE, None)
+
+
+def worker_count(settings: GatewaySettings | None = None) -> int:
+    settings = settings or config.load(GatewaySettings)
+    if settings.workers is not None:
+        return settings.workers
     # PostgreSQL takes about half the gateway's CPU per request and usually
     # shares the host: leave it half of the cores.
     return max(1, min(8, len(os.sched_getaffinity(0)) // 2))
 
 
 def main() -> None:
-    log = setup_logging("gateway")
-    fd = os.environ.get(LISTEN_FD)
-    if fd is None and worker_count() > 1:
-        supervise(worker_count(), log)
+    settings = config.load(GatewaySettings)
+    log = setup_logging("gateway", settings.common.log_level)
+    if settings.listen_fd is None and worker_count(settings) > 1:
+        supervise(settings, worker_count(settings), log)
     else:
-        serve(None if fd is None else int(fd), log)
+        serve(settings, log)
 
 
-def serve(fd: int | None, log) -> None:
-    """One process: the app on the inherited socket `fd`, or on its own."""
+def serve(settings: GatewaySettings, log) -> None:
+    """One process: the app on the inherited socket (a worker's), or on its own."""
     import socket
 
     from cronwheel.demo import operator_key
@@ -66,17 +90,20 @@ def serve(fd: int | None, log) -> None:
     from services.gateway.app import create_app
     from services.gateway.service import GatewayService
 
-    host, _, port = config.http_addr().rpartition(":")
+    fd = settings.listen_fd
+    host, _, port = settings.serving.http_addr.rpartition(":")
     app = create_app(
-        config.database_url(),
-        Topics.from_env(),
-        config.kafka_bootstrap(),
-        operator_key(),
-        rate_per_s=float(os.environ.get("CRONWHEEL_RATE_LIMIT", "1000")),
-        burst=float(os.environ.get("CRONWHEEL_RATE_BURST", "2000")),
-        pool_max=int(os.environ.get("CRONWHEEL_GATEWAY_POOL", "10")),
-        worker_fastpath=os.environ.get("CRONWHEEL_GATEWAY_FASTPATH", "1") != "0",
-        rate_limit_table=os.environ.get(RATE_LIMIT_TABLE) if fd is not None else None,
+        settings.common.database_url,
+        Topics(settings.common.topic_prefix),
+        settings.common.kafka_bootstrap,
+        settings.operator_key or operator_key(),
+        rate_per_s=settings.rate_limit,
+        burst=settings.rate_burst,
+        cell=settings.serving.cell,
+        webhook_allow=settings.destinations.allow,
+        pool_max=settings.pool,
+        worker_fastpath=settings.fastpath,
+        rate_limit_table=settings.rate_limit_table if fd is not None else None,
     )
     metrics_dir.collect_for_all_workers()
     try:
@@ -85,7 +112,7 @@ def serve(fd: int | None, log) -> None:
             app,
             host.strip("[]") or "127.0.0.1",
             int(port),
-            log_level=os.environ.get("CRONWHEEL_LOG_LEVEL", "info").lower(),
+            log_level=settings.common.log_level.lower(),
             sock=sock,
         )
         if fd is None:
@@ -95,14 +122,14 @@ def serve(fd: int | None, log) -> None:
         app.state.gateway.close()
 
 
-def supervise(n: int, log) -> None:
+def supervise(settings: GatewaySettings, n: int, log) -> None:
     """Bind, start `n` workers on the socket, restart any that dies, and pass
     SIGTERM / SIGINT on to them."""
     from services.gateway.metrics_dir import MULTIPROC_ENV, mark_dead
     from services.gateway.ratelimit import create_table
     from services.gateway.service import listen, url_of
 
-    host, _, port = config.http_addr().rpartition(":")
+    host, _, port = settings.serving.http_addr.rpartition(":")
     sock = listen(host.strip("[]") or "127.0.0.1", int(port))
     metrics = tempfile.mkdtemp(prefix="cronwheel-gateway-metrics-")
     limits = os.path.join(metrics, "rate-limit.table")  # not a *.db: metrics ignore it

@@ -1,26 +1,37 @@
-"""`cronwheel serve timer`."""
+"""`cronwheel serve timer`. Settings: TimerSettings (docs/settings.md)."""
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 from cronwheel import config, metrics
+from cronwheel.config import Common, Firing, Metrics, group, setting
 from cronwheel.kafka import Topics
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.timer.service import TimerService
 
 
+@dataclass(frozen=True)
+class TimerSettings:
+    common: Common = group(Common)
+    metrics: Metrics = group(Metrics)
+    firing: Firing = group(Firing)
+    batch: int = setting("CRONWHEEL_TIMER_BATCH", 500, minimum=1)
+    # > 0: a critical-first batch of that size (docs/priority.md); 0: off.
+    critical_batch: int = setting("CRONWHEEL_TIMER_CRITICAL_BATCH", 0, minimum=0)
+
+
 def main() -> None:
-    log = setup_logging("timer")
-    metrics.serve("timer")
+    settings = config.load(TimerSettings)
+    log = setup_logging("timer", settings.common.log_level)
+    metrics.serve("timer", settings.metrics)
     service = TimerService(
-        config.database_url(),
-        Topics.from_env(),
-        batch=int(os.environ.get("CRONWHEEL_TIMER_BATCH", "500")),
-        # > 0: a critical-first batch of that size (docs/priority.md); 0: off.
-        critical_batch=int(os.environ.get("CRONWHEEL_TIMER_CRITICAL_BATCH", "0")),
-        lease_ttl_ms=int(os.environ.get("CRONWHEEL_LEASE_TTL_MS", "10000")),
-        ahead_ms=config.fire_ahead_ms(),
+        settings.common.database_url,
+        Topics(settings.common.topic_prefix),
+        batch=settings.batch,
+        critical_batch=settings.critical_batch,
+        lease_ttl_ms=settings.firing.lease_ttl_ms,
+        ahead_ms=settings.firing.fire_ahead_ms,
     )
     log.info("timer %s starting", service.leases.owner)
     service.run(stop_on_signals())

@@ -1,30 +1,80 @@
-"""`cronwheel serve webhook`.
-
-Settings: CRONWHEEL_WEBHOOK_ALLOW_CIDRS (destinations allowed beyond public
-addresses), CRONWHEEL_WEBHOOK_INSTANCE (the `webhook:<instance>` worker id;
-random if unset) and CRONWHEEL_WEBHOOK_<SETTING> for each field of
-services.webhook.service.Settings (PER_ENDPOINT, MAX_IN_FLIGHT,
-BREAKER_FAILURES, BREAKER_COOLDOWN_MS, CONNECT_TIMEOUT_MS, ...)."""
+"""`cronwheel serve webhook`. Settings: WebhookSettings (docs/settings.md)."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
+from dataclasses import dataclass
 
 from cronwheel import config, metrics
+from cronwheel.config import Common, Destinations, Metrics, group, setting
 from cronwheel.kafka import Topics
 from cronwheel.runtime import setup_logging, stop_on_signals
-from services.webhook.service import Settings, WebhookService
+from services.webhook.service import Settings as Tunables
+from services.webhook.service import WebhookService
+
+
+@dataclass(frozen=True)
+class TuningSettings:
+    """CRONWHEEL_WEBHOOK_<NAME> for each field of the service's Settings, whose
+    defaults (and meanings) are there."""
+
+    per_endpoint: int = setting("CRONWHEEL_WEBHOOK_PER_ENDPOINT", Tunables.per_endpoint, minimum=1)
+    max_in_flight: int = setting(
+        "CRONWHEEL_WEBHOOK_MAX_IN_FLIGHT", Tunables.max_in_flight, minimum=1
+    )
+    breaker_failures: int = setting(
+        "CRONWHEEL_WEBHOOK_BREAKER_FAILURES", Tunables.breaker_failures, minimum=1
+    )
+    breaker_cooldown_ms: int = setting(
+        "CRONWHEEL_WEBHOOK_BREAKER_COOLDOWN_MS", Tunables.breaker_cooldown_ms, minimum=0
+    )
+    connect_timeout_ms: int = setting(
+        "CRONWHEEL_WEBHOOK_CONNECT_TIMEOUT_MS", Tunables.connect_timeout_ms, minimum=1
+    )
+    default_timeout_ms: int = setting(
+        "CRONWHEEL_WEBHOOK_DEFAULT_TIMEOUT_MS", Tunables.default_timeout_ms, minimum=1
+    )
+    max_response_bytes: int = setting(
+        "CRONWHEEL_WEBHOOK_MAX_RESPONSE_BYTES", Tunables.max_response_bytes, minimum=0
+    )
+    retry_after_cap_ms: int = setting(
+        "CRONWHEEL_WEBHOOK_RETRY_AFTER_CAP_MS", Tunables.retry_after_cap_ms, minimum=0
+    )
+    db_workers: int = setting("CRONWHEEL_WEBHOOK_DB_WORKERS", Tunables.db_workers, minimum=1)
+    db_group: int = setting("CRONWHEEL_WEBHOOK_DB_GROUP", Tunables.db_group, minimum=1, maximum=128)
+    batch: int = setting("CRONWHEEL_WEBHOOK_BATCH", Tunables.batch, minimum=1)
+    max_waiting_per_partition: int = setting(
+        "CRONWHEEL_WEBHOOK_MAX_WAITING_PER_PARTITION",
+        Tunables.max_waiting_per_partition,
+        minimum=1,
+    )
+    shutdown_grace_ms: int = setting(
+        "CRONWHEEL_WEBHOOK_SHUTDOWN_GRACE_MS", Tunables.shutdown_grace_ms, minimum=0
+    )
+    keepalive_ms: int = setting("CRONWHEEL_WEBHOOK_KEEPALIVE_MS", Tunables.keepalive_ms, minimum=0)
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    common: Common = group(Common)
+    metrics: Metrics = group(Metrics)
+    destinations: Destinations = group(Destinations)
+    tuning: TuningSettings = group(TuningSettings)
+    # The `webhook:<instance>` worker id; random if unset.
+    instance: str | None = setting("CRONWHEEL_WEBHOOK_INSTANCE", None)
 
 
 def main() -> None:
-    log = setup_logging("webhook")
-    metrics.serve("webhook")
+    settings = config.load(WebhookSettings)
+    log = setup_logging("webhook", settings.common.log_level)
+    metrics.serve("webhook", settings.metrics)
     service = WebhookService(
-        config.database_url(),
-        config.kafka_bootstrap(),
-        Topics.from_env(),
-        instance=os.environ.get("CRONWHEEL_WEBHOOK_INSTANCE") or None,
-        settings=Settings.from_env(),
+        settings.common.database_url,
+        settings.common.kafka_bootstrap,
+        Topics(settings.common.topic_prefix),
+        instance=settings.instance,
+        allow=settings.destinations.allow,
+        settings=Tunables(**dataclasses.asdict(settings.tuning)),
     )
     log.info(
         "webhook %s starting (group %s, allowed beyond public: %s)",
