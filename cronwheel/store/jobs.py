@@ -1,4 +1,5 @@
-"""Tenant and job operations: the one place that writes jobs and their timers.
+"""Tenant and job operations: the one place that writes jobs, and the `job`
+timer kind (JobTimers: a job's next instants, fired by the firing loop).
 
 Each operation is one transaction in one partition (the job's), so a job, its
 timer and the runs it creates change together or not at all.
@@ -20,20 +21,19 @@ from psycopg.types.json import Jsonb
 
 from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
-from cronwheel.core.firing import next_due
+from cronwheel.core.events import OutboxRow
+from cronwheel.core.firing import due_at, next_due, plan_fire
 from cronwheel.core.ids import new_id, partition_of, run_id_for_instant, run_id_for_trigger
-from cronwheel.core.jobs import JobSpec, parse_job
-from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
+from cronwheel.core.jobs import Catchup, JobSpec, parse_job
+from cronwheel.core.runs import PRIORITIES
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox, webhooks
-from cronwheel.store.firing import job_timer_id
+from cronwheel.store import outbox, pgarrays, timers, webhooks
 from cronwheel.store.lifecycle import Lifecycle
-from cronwheel.store.new_runs import NewRuns, insert_runs, run_spec
+from cronwheel.store.new_runs import NewRuns, insert_runs, run_spec, run_spec_text
 from cronwheel.store.sql_loader import queries
 
 Q = queries("jobs")
-QF = queries("firing")
 MAX_BACKFILL = 1000
 DEFAULT_CLASSES = ("high", "normal", "low")
 # What refuses one job of a batch without refusing the others: bad input
@@ -94,24 +94,8 @@ def tenant_for_key(conn: psycopg.Connection, secret: str) -> dict | None:
     return {"tenant_id": row[0], "name": row[1], "cell": row[2], "priority_classes": row[3]}
 
 
-def _timer_params(job_id: str, partition: int, due_ms: int, priority: str) -> dict:
-    return {
-        "p": partition,
-        "id": job_timer_id(job_id),
-        "kind": "job",
-        "owner": job_id,
-        "due": to_dt(due_ms),
-        "prio": PRIORITY_RANK[priority],
-        "attempt": None,
-    }
-
-
 def _set_timer(conn, job_id: str, partition: int, due_ms: int | None, priority: str) -> None:
-    if due_ms is None:
-        conn.execute(QF["delete_timers"], {"p": [partition], "id": [job_timer_id(job_id)]})
-        return
-    conn.execute(QF["upsert_timer"], _timer_params(job_id, partition, due_ms, priority))
-    conn.execute(QF["notify_timer"], {"due_ms": due_ms})
+    timers.set_timer(conn, "job", job_id, partition, due_ms, priority)
 
 
 def _spec_columns(spec: JobSpec) -> dict:
@@ -272,20 +256,11 @@ class Jobs:
                     **{k: [c[k] for c in columns] for k in columns[0]},
                 },
             ).fetchall()
-            timers = [(job_id, part, due, spec) for _i, job_id, part, spec, due in made if due]
-            if timers:
-                conn.execute(
-                    QF["insert_new_job_timers"],
-                    {
-                        "tenant_id": tenant["tenant_id"],
-                        "p": [p for _j, p, _d, _s in timers],
-                        "id": [job_timer_id(j) for j, _p, _d, _s in timers],
-                        "owner": [j for j, _p, _d, _s in timers],
-                        "due": [to_dt(d) for _j, _p, d, _s in timers],
-                        "prio": [PRIORITY_RANK[s.priority] for _j, _p, _d, s in timers],
-                    },
-                )
-                conn.execute(QF["notify_timer"], {"due_ms": min(d for _j, _p, d, _s in timers)})
+            timers.insert_job_timers(
+                conn,
+                tenant["tenant_id"],
+                [(part, job_id, due, spec.priority) for _i, job_id, part, spec, due in made if due],
+            )
             for _i, job_id, _part, spec, _due in made:
                 if spec.target["type"] == "webhook":
                     secrets_by_job[job_id] = webhooks.create_secret(
@@ -452,3 +427,103 @@ class Jobs:
             "created": len(rows),
             "already_existed": len(instants) - len(rows),
         }
+
+
+class JobTimers:
+    """The handler of `job` timers: a job's next scheduled instant(s)."""
+
+    def __init__(
+        self, topics: Topics, cache: timers.ScheduleCache | None = None, *, ahead_ms: int = 0
+    ):
+        self.topics = topics
+        self.cache = cache or timers.ScheduleCache()
+        self._catchups: dict[str, Catchup] = {}
+        # Firing ahead: instants due within this of `now` are fired now, their
+        # RunReady held by the relay until due (docs/architecture.md).
+        self.ahead_ms = ahead_ms
+
+    def _catchup(self, text: str) -> Catchup:
+        got = self._catchups.get(text)
+        if got is None:
+            if len(self._catchups) >= 10_000:
+                self._catchups.clear()
+            got = self._catchups[text] = Catchup(**json.loads(text))
+        return got
+
+    def __call__(
+        self,
+        conn: psycopg.Connection,
+        due: list[timers.Timer],
+        now: int,
+        report: timers.FireReport,
+    ) -> list[OutboxRow]:
+        jobs = conn.execute(
+            Q["jobs_for_timers"],
+            {
+                "partitions": pgarrays.int2_array([t.partition_id for t in due]),
+                "job_ids": pgarrays.text_array([t.owner_id for t in due]),
+            },
+        ).fetchall()
+        new_runs = NewRuns()
+        horizon = now + self.ahead_ms
+        adv: dict[str, list] = {k: [] for k in ("p", "id", "li", "m", "f", "o", "b")}
+
+        def step(t: timers.Timer, job: tuple) -> int | None:
+            (
+                partition_id, job_id, tenant_id, schedule, target, payload, priority, retry,
+                timeout_ms, lease_ms, overlap, catchup, jitter_ms, anchor_ms, last_ms, _version,
+                has_active, target_type, queue,
+            ) = job  # fmt: skip
+            plan = plan_fire(
+                self.cache.by_text(schedule, anchor_ms),
+                job_id=job_id,
+                last_instant_ms=last_ms,
+                now_ms=now,
+                due_by_ms=horizon,
+                catchup=self._catchup(catchup),
+                jitter_ms=jitter_ms,
+                overlap=overlap,
+                has_active_run=has_active,
+            )
+            if plan.runs:
+                spec = run_spec_text(target, payload, retry, timeout_ms, lease_ms)
+                for pr in plan.runs:
+                    # Fired ahead of its due time: the relay holds it until then.
+                    at = due_at(job_id, pr.instant_ms, jitter_ms) if self.ahead_ms else now
+                    new_runs.add(
+                        partition_id, run_id_for_instant(job_id, pr.instant_ms), tenant_id,
+                        job_id, pr.instant_ms, pr.covers, priority, spec, target_type, queue,
+                        payload, not_before_ms=at if at > now else None,
+                    )  # fmt: skip
+                    report.lateness_ms.append(now - t.due_ms)
+            report.missed += plan.missed
+            adv["p"].append(partition_id)
+            adv["id"].append(job_id)
+            adv["li"].append(plan.last_instant_ms)
+            adv["m"].append(plan.missed)
+            adv["f"].append(len(plan.runs))
+            adv["o"].append(plan.overlap_skipped)
+            adv["b"].append(plan.buffered_ms)
+            if plan.next_due_ms is not None:
+                report.job_due_ms.append(plan.next_due_ms)
+            return plan.next_due_ms
+
+        # Deleted or paused since the timer was written: not loaded, the timer goes.
+        moves = timers.plan_each(due, {row[1]: row for row in jobs}, step)
+        rows = insert_runs(conn, self.topics, new_runs, now)
+        report.runs_created += len(rows)
+        if adv["id"]:
+            conn.execute(
+                Q["advance_jobs"],
+                {
+                    "p": pgarrays.int2_array(adv["p"]),
+                    "id": pgarrays.text_array(adv["id"]),
+                    "li": pgarrays.timestamptz_array(adv["li"]),
+                    "m": pgarrays.int8_array(adv["m"]),
+                    "f": pgarrays.int8_array(adv["f"]),
+                    "o": pgarrays.int8_array(adv["o"]),
+                    "b": pgarrays.timestamptz_array(adv["b"]),
+                },
+            )
+        moves.apply(conn)
+        return rows

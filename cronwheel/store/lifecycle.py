@@ -45,16 +45,14 @@ from cronwheel.core.runs import (
     RunState,
     decide,
     needs_policy,
-    priority_rank,
 )
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox, pgarrays
-from cronwheel.store.firing import FireReport, Timer
+from cronwheel.store import outbox, pgarrays, timers
 from cronwheel.store.new_runs import NewRuns, insert_runs, ready_row, run_spec
 from cronwheel.store.sql_loader import queries
+from cronwheel.store.timers import FireReport, Timer
 
-Q = queries("lifecycle")
-QF = queries("firing")
+Q = timers.spliced(queries("lifecycle"))  # with their timer fragments
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 4096
 
@@ -90,18 +88,6 @@ def _generic_plans(conn) -> None:
     would do nothing; nothing is sent."""
     if conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-
-
-def _timer(p: int, kind: str, run_id: str, due_ms: int, priority: str, attempt: int) -> dict:
-    return {
-        "p": p,
-        "id": f"{kind}:{run_id}",
-        "kind": kind,
-        "owner": run_id,
-        "due": to_dt(due_ms),
-        "prio": priority_rank(priority),
-        "attempt": attempt,
-    }
 
 
 class StartCall(NamedTuple):
@@ -252,7 +238,7 @@ class Lifecycle:
         token = secrets.token_urlsafe(18)
         args = {
             "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
-            "token": token, "now": to_dt(now), "attempt": attempt,
+            "token": token, "now": to_dt(now), "attempt": attempt, **timers.CLASS_PARAMS,
         }  # fmt: skip
         row = _named(Started, conn.execute(Q["start_attempt"], args)).fetchone()
         if row is None:
@@ -297,6 +283,7 @@ class Lifecycle:
                         "token": pgarrays.text_array([t for _i, _p, t in batch]),
                         "attempt": pgarrays.int4_array([c.attempt for c in cs]),
                         "now": to_dt(now),
+                        **timers.CLASS_PARAMS,
                     },
                 )
                 rows = _named(Started, cur).fetchall()
@@ -418,7 +405,7 @@ class Lifecycle:
                 todo.append((i, _partition(c.run_id), result))
             except (ValidationError, NotFound) as e:
                 answers[i] = e
-        retries: list[dict] = []
+        retries: list[timers.Retry] = []
         records: list[OutboxRow] = []
         with _atomic(conn):
             _generic_plans(conn)
@@ -505,7 +492,7 @@ class Lifecycle:
         endings: list[Ending],
         ended: list[Ended],
         now: int,
-        retries: list[dict],
+        retries: list[timers.Retry],
         records: list[OutboxRow],
     ) -> None:
         """What follows the runs end_attempts changed: a retry timer for each
@@ -516,14 +503,7 @@ class Lifecycle:
             if row.state is None:
                 continue
             if row.state == RunState.RETRY_WAIT:
-                due = e.decision.retry_at_ms
-                retries.append(
-                    {
-                        **_timer(e.p, "retry", e.run_id, due, row.priority, row.attempt),
-                        "t": row.tenant_id,
-                        "due_ms": due,
-                    }
-                )
+                retries.append(_retry(e.p, e.run_id, row, e.decision))
                 continue
             records.append(self._completed(e.p, e.run_id, row, e.attempt_error, now))
             job = (e.p, row.job_id)
@@ -532,24 +512,15 @@ class Lifecycle:
                 records += self._buffered_run(conn, e.p, row.job_id, row, now)
 
     @staticmethod
-    def _flush(conn, retries: list[dict], records: list[OutboxRow]) -> None:
+    def _flush(conn, retries: list[timers.Retry], records: list[OutboxRow]) -> None:
         """Arm the retry timers and append the records _follow_ups collected."""
-        if retries:
-            conn.execute(
-                Q["arm_retries"],
-                {
-                    **{k: [r[k] for r in retries] for k in ("p", "owner", "due", "prio")},
-                    "attempt": [r["attempt"] for r in retries],
-                    "tenant_id": [r["t"] for r in retries],
-                    "due_ms": min(r["due_ms"] for r in retries),
-                },
-            )
+        timers.arm_retries(conn, retries)
         outbox.append(conn, records)
 
     def _end(self, conn, endings: list[Ending], now: int) -> list[Ended]:
         """end_attempts and all that follows, for runs the caller locked."""
         ended = self._write_ends(conn, endings, now)
-        retries: list[dict] = []
+        retries: list[timers.Retry] = []
         records: list[OutboxRow] = []
         self._follow_ups(conn, endings, ended, now, retries, records)
         self._flush(conn, retries, records)
@@ -603,9 +574,7 @@ class Lifecycle:
         """After end_attempt (history, timers and buffered instant done): arm the
         retry, or announce the terminal state (and run the buffered instant)."""
         if row.state == RunState.RETRY_WAIT:
-            due = decision.retry_at_ms
-            timer = _timer(p, "retry", run_id, due, row.priority, row.attempt)
-            conn.execute(Q["arm_retry"], {**timer, "tenant_id": row.tenant_id, "due_ms": due})
+            timers.arm_retries(conn, [_retry(p, run_id, row, decision)])
             return
         done = self._completed(p, run_id, row, error, now)
         if row.buffered_at is None:
@@ -639,13 +608,14 @@ class Lifecycle:
         return insert_runs(conn, self.topics, run, now)
 
     # -- timer kinds -----------------------------------------------------------
-    def on_expiry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
+    def on_expiry(self, conn, due: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
         """`lease` and `timeout` timers: end the attempt unless it already ended;
         a lease that heartbeats extended is re-armed at its new expiry."""
-        keys = sorted({(t.partition_id, t.owner_id) for t in timers})
+        keys = sorted({(t.partition_id, t.owner_id) for t in due})
         runs = {(r.p, r.run_id): r for r in self._runs_to_end(conn, keys)}
         endings: dict[tuple[int, str], Ending] = {}
-        for t in timers:
+        moves = timers.Moves()
+        for t in due:
             key = (t.partition_id, t.owner_id)
             run = runs.get(key)
             check_lease = t.kind == "lease"
@@ -657,21 +627,22 @@ class Lifecycle:
                         run, "lease expired" if check_lease else "timed out", now
                     )
             elif current and check_lease and run.lease_expires_at:
-                conn.execute(
-                    QF["reschedule_timers"],
-                    {"p": [t.partition_id], "id": [t.timer_id], "d": [run.lease_expires_at]},
-                )
+                moves.move(t, to_ms(run.lease_expires_at))
             else:
-                conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
+                moves.drop(t)
+        moves.apply(conn)
         if endings:
             self._end(conn, list(endings.values()), now)
         return []
 
-    def on_retry(self, conn, timers: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
+    def on_retry(self, conn, due: list[Timer], now: int, report: FireReport) -> list[OutboxRow]:
         """`retry` timers: RETRY_WAIT -> PENDING at attempt + 1, published again."""
         rows: list[OutboxRow] = []
-        for t in timers:
-            conn.execute(QF["delete_timers"], {"p": [t.partition_id], "id": [t.timer_id]})
+        gone = timers.Moves()
+        for t in due:
+            gone.drop(t)
+        gone.apply(conn)
+        for t in due:
             got = conn.execute(
                 Q["retry_run"],
                 {
@@ -694,6 +665,11 @@ class Lifecycle:
             )  # fmt: skip
             report.runs_created += 1
         return rows
+
+
+def _retry(p: int, run_id: str, row: Ended, decision: Decision) -> timers.Retry:
+    """The retry timer of an attempt that ended in RETRY_WAIT."""
+    return timers.Retry(p, run_id, row.tenant_id, decision.retry_at_ms, row.priority, row.attempt)
 
 
 def _named(cls, cur):

@@ -31,7 +31,7 @@ from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import next_due, plan_fire
 from cronwheel.core.ids import new_id, partition_of, partition_of_run, run_id_for_node
 from cronwheel.core.jobs import Catchup
-from cronwheel.core.runs import PRIORITY_RANK, RunState
+from cronwheel.core.runs import RunState
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.core.workflows import (
     WorkflowSpec,
@@ -41,20 +41,16 @@ from cronwheel.core.workflows import (
     workflow_run_id_for_trigger,
 )
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox
-from cronwheel.store.firing import FireReport, ScheduleCache, Timer
+from cronwheel.store import outbox, timers
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.new_runs import ready_row
 from cronwheel.store.sql_loader import queries
+from cronwheel.store.timers import FireReport, ScheduleCache, Timer
+from cronwheel.store.timers import workflow_timer_id as workflow_timer_id  # where it was
 
 Q = queries("workflows")
-QF = queries("firing")
 CONSUMER = "workflow"  # its rows in `processed`: one per node run's RunCompleted
 FAILURES = (RunState.FAILED, RunState.TIMED_OUT, RunState.CANCELLED)
-
-
-def workflow_timer_id(workflow_id: str) -> str:
-    return f"workflow:{workflow_id}"
 
 
 @dataclass
@@ -206,18 +202,7 @@ class Workflows:
         nxt = None
         if schedule is not None:
             nxt = next_due(parse_schedule(schedule, anchor_ms=anchor), workflow_id, after, jitter)
-        if nxt is None:
-            conn.execute(QF["delete_timers"], {"p": [p], "id": [workflow_timer_id(workflow_id)]})
-            return
-        conn.execute(
-            QF["upsert_timer"],
-            {
-                "p": p, "id": workflow_timer_id(workflow_id), "kind": "workflow",
-                "owner": workflow_id, "due": to_dt(nxt[1]), "prio": PRIORITY_RANK[priority],
-                "attempt": None,
-            },
-        )  # fmt: skip
-        conn.execute(QF["notify_timer"], {"due_ms": nxt[1]})
+        timers.set_timer(conn, "workflow", workflow_id, p, nxt[1] if nxt else None, priority)
 
     def get(self, conn, tenant: dict, workflow_id: str) -> dict:
         """GET /v1/workflows/{id}: the workflow with its nodes."""
@@ -256,9 +241,7 @@ class Workflows:
                 conn.execute(
                     Q["set_paused"], {"paused": True, "now": to_dt(now), "p": p, "wf": workflow_id}
                 )
-                conn.execute(
-                    QF["delete_timers"], {"p": [p], "id": [workflow_timer_id(workflow_id)]}
-                )
+                timers.set_timer(conn, "workflow", workflow_id, p, None, row["priority"])
         return self.get(conn, tenant, workflow_id)
 
     def resume(self, conn, tenant: dict, workflow_id: str, now: int) -> dict:
@@ -281,7 +264,7 @@ class Workflows:
             row = self._load(conn, tenant["tenant_id"], workflow_id, lock=True)
             p = row["partition_id"]
             conn.execute(Q["soft_delete"], {"now": to_dt(now), "p": p, "wf": workflow_id})
-            conn.execute(QF["delete_timers"], {"p": [p], "id": [workflow_timer_id(workflow_id)]})
+            timers.set_timer(conn, "workflow", workflow_id, p, None, row["priority"])
             running = conn.execute(Q["running_workflow_runs"], {"p": p, "wf": workflow_id})
             for (wfr,) in running.fetchall():
                 self._cancel(conn, p, wfr, now, "workflow deleted")
@@ -493,7 +476,7 @@ class Workflows:
 
     # -- the `workflow` timer kind ---------------------------------------------------
     def on_timers(
-        self, conn: psycopg.Connection, timers: list[Timer], now: int, report: FireReport
+        self, conn: psycopg.Connection, due: list[Timer], now: int, report: FireReport
     ) -> list[OutboxRow]:
         """`workflow` timers: a workflow's next instant. Planned like a job's
         (catch-up window, overlap, jitter); each instant becomes a workflow run."""
@@ -501,20 +484,13 @@ class Workflows:
             rows = cur.execute(
                 Q["workflows_for_timers"],
                 {
-                    "partitions": [t.partition_id for t in timers],
-                    "ids": [t.owner_id for t in timers],
+                    "partitions": [t.partition_id for t in due],
+                    "ids": [t.owner_id for t in due],
                 },
             ).fetchall()
-        by_id = {r["workflow_id"]: r for r in rows}
         out: list[OutboxRow] = []
-        resched: dict[str, list] = {"p": [], "id": [], "d": []}
-        gone: dict[str, list] = {"p": [], "id": []}
-        for t in timers:
-            wf = by_id.get(t.owner_id)
-            if wf is None:  # deleted, paused or unscheduled since the timer was written
-                gone["p"].append(t.partition_id)
-                gone["id"].append(t.timer_id)
-                continue
+
+        def step(t: Timer, wf: dict) -> int | None:
             wf_id = wf["workflow_id"]
             sched = self.cache.get(wf_id, wf["version"], wf["schedule"], to_ms(wf["anchor_at"]))
             plan = plan_fire(
@@ -544,16 +520,11 @@ class Workflows:
                     "buffered": None if plan.buffered_ms is None else to_dt(plan.buffered_ms),
                 },
             )  # fmt: skip
-            target = resched if plan.next_due_ms is not None else gone
-            target["p"].append(t.partition_id)
-            target["id"].append(t.timer_id)
-            if plan.next_due_ms is not None:
-                resched["d"].append(to_dt(plan.next_due_ms))
+            return plan.next_due_ms
+
+        # Deleted, paused or unscheduled since the timer was written: the timer goes.
+        timers.plan_each(due, {r["workflow_id"]: r for r in rows}, step).apply(conn)
         report.runs_created += len(out)
-        if resched["id"]:
-            conn.execute(QF["reschedule_timers"], resched)
-        if gone["id"]:
-            conn.execute(QF["delete_timers"], gone)
         return out
 
     # -- the completion step ------------------------------------------------------------

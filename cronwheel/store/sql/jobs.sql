@@ -98,3 +98,38 @@ SELECT x.partition_id, x.job_id, %(tenant_id)s, x.name, x.schedule, x.target, x.
        AS x(partition_id, job_id, name, schedule, target, payload, priority, retry,
             timeout_ms, lease_ms, overlap, catchup, jitter_ms)
 RETURNING *;
+
+-- The `job` timer kind (jobs.JobTimers): the jobs a firing pass plans, and
+-- what it records of each.
+
+-- name: jobs_for_timers
+-- JSON comes back as text (the loop parses what it needs once per distinct
+-- text, and passes target and retry on into the run's spec as they are),
+-- instants as epoch milliseconds: no per-row JSON decoding or datetimes.
+-- has_active: an unfinished run of a job whose overlap is not `allow`
+-- (finished_at IS NULL is state IN (PENDING, RUNNING, RETRY_WAIT) by the
+-- finished_iff_terminal check; runs_open_job serves it).
+SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule::text, j.target::text, j.payload,
+       j.priority, j.retry::text, j.timeout_ms, j.lease_ms, j.overlap, j.catchup::text,
+       j.jitter_ms, floor(extract(epoch FROM j.anchor_at) * 1000)::bigint,
+       floor(extract(epoch FROM j.last_instant) * 1000)::bigint, j.version,
+       (j.overlap <> 'allow' AND EXISTS (
+            SELECT 1 FROM runs r
+             WHERE r.job_id = j.job_id AND r.finished_at IS NULL))
+         AS has_active,
+       j.target->>'type', j.target->>'queue'
+  FROM jobs j
+  JOIN unnest(%(partitions)b::smallint[], %(job_ids)b::text[]) AS k(p, id)
+    ON j.partition_id = k.p AND j.job_id = k.id
+ WHERE j.deleted_at IS NULL AND NOT j.paused;
+
+-- name: advance_jobs
+UPDATE jobs j
+   SET last_instant = v.li,
+       missed_count = j.missed_count + v.m,
+       fired_count = j.fired_count + v.f,
+       overlap_skipped = j.overlap_skipped + v.o,
+       buffered_at = COALESCE(v.b, j.buffered_at)
+  FROM unnest(%(p)b::smallint[], %(id)b::text[], %(li)b::timestamptz[], %(m)b::bigint[],
+              %(f)b::bigint[], %(o)b::bigint[], %(b)b::timestamptz[]) AS v(p, id, li, m, f, o, b)
+ WHERE j.partition_id = v.p AND j.job_id = v.id;

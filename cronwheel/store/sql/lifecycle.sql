@@ -68,22 +68,7 @@ a AS (
     INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at)
     SELECT partition_id, run_id, attempt, %(worker_id)s, %(now)s FROM s
     ON CONFLICT (partition_id, run_id, attempt) DO NOTHING),
-t AS (
-    INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt,
-                        tenant_id)
-    SELECT s.partition_id, k.kind || ':' || s.run_id, k.kind, s.run_id, k.due,
-           CASE s.priority WHEN 'critical' THEN 0 WHEN 'high' THEN 1 WHEN 'low' THEN 3
-                ELSE 2 END,
-           s.attempt, s.tenant_id
-      FROM s CROSS JOIN LATERAL (VALUES
-           ('lease', s.lease_expires_at),
-           ('timeout', CASE WHEN (s.spec->>'timeout_ms')::bigint > 0 THEN %(now)s
-                + make_interval(secs => (s.spec->>'timeout_ms')::bigint / 1000.0) END)
-           ) AS k(kind, due)
-     WHERE k.due IS NOT NULL
-    ON CONFLICT (partition_id, timer_id)
-    DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
-                  attempt = EXCLUDED.attempt)
+{{timers.arm_attempt_timers}}
 SELECT s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
        cur.state AS found_state, cur.attempt AS found_attempt,
        cur.scheduled_at AS found_scheduled_at
@@ -154,19 +139,7 @@ a AS (
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
-ended_timers AS MATERIALIZED (
-    SELECT u.partition_id, k.timer_id
-      FROM u CROSS JOIN LATERAL (VALUES ('lease:' || u.run_id), ('timeout:' || u.run_id))
-           AS k(timer_id)),
-d AS (
-    -- Each timer by its whole primary key. With `timer_id IN (two expressions)`
-    -- the key was searched on partition_id alone (or the table scanned), and
-    -- every timer of the partition -- all the leases of a busy job -- was read
-    -- for each run; the materialized list keeps the planner from folding the
-    -- ids back in as a filter.
-    DELETE FROM timers t
-     USING ended_timers e
-     WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id),
+{{timers.end_attempt_timers}},
 old AS (
     SELECT j.partition_id, j.job_id, j.buffered_at
       FROM jobs j JOIN u ON j.partition_id = u.partition_id AND j.job_id = u.job_id
@@ -183,24 +156,6 @@ SELECT u.state, u.attempt, u.tenant_id, u.job_id, u.workflow_run_id, u.node, u.p
        b.buffered_at, b.tenant_id AS buffered_tenant_id, b.target, b.payload, b.retry,
        b.timeout_ms, b.lease_ms, b.priority AS buffered_priority
   FROM u LEFT JOIN b ON true;
-
--- name: arm_retry
--- The backoff timer of an attempt that ended in RETRY_WAIT, and the wake-up of
--- the firing loop, in one statement.
-WITH t AS (
-    INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt,
-                        tenant_id)
-    VALUES (%(p)s, %(id)s, 'retry', %(owner)s, %(due)s, %(prio)s, %(attempt)s, %(tenant_id)s)
-    ON CONFLICT (partition_id, timer_id)
-    DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
-                  attempt = EXCLUDED.attempt)
-SELECT pg_notify('cw_timers', %(due_ms)s::text);
-
--- Batches: start_attempt and end_attempt over arrays, one row back per call
--- in the calls' order (`i`), one round trip per transition and batch. Calls
--- come sorted by (partition, run) so that two batches lock shared runs in the
--- same order; a run appears at most once per statement (the caller sends
--- repeats in a later one).
 
 -- name: start_many
 WITH c AS (
@@ -226,22 +181,7 @@ a AS (
     INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at)
     SELECT partition_id, run_id, attempt, worker_id, %(now)s FROM s
     ON CONFLICT (partition_id, run_id, attempt) DO NOTHING),
-t AS (
-    INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt,
-                        tenant_id)
-    SELECT s.partition_id, k.kind || ':' || s.run_id, k.kind, s.run_id, k.due,
-           CASE s.priority WHEN 'critical' THEN 0 WHEN 'high' THEN 1 WHEN 'low' THEN 3
-                ELSE 2 END,
-           s.attempt, s.tenant_id
-      FROM s CROSS JOIN LATERAL (VALUES
-           ('lease', s.lease_expires_at),
-           ('timeout', CASE WHEN (s.spec->>'timeout_ms')::bigint > 0 THEN %(now)s
-                + make_interval(secs => (s.spec->>'timeout_ms')::bigint / 1000.0) END)
-           ) AS k(kind, due)
-     WHERE k.due IS NOT NULL
-    ON CONFLICT (partition_id, timer_id)
-    DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
-                  attempt = EXCLUDED.attempt)
+{{timers.arm_attempt_timers}}
 SELECT c.i, s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
        cur.state AS found_state, cur.attempt AS found_attempt,
        cur.scheduled_at AS found_scheduled_at
@@ -296,14 +236,7 @@ a AS (
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
-ended_timers AS MATERIALIZED (
-    SELECT u.partition_id, k.timer_id
-      FROM u CROSS JOIN LATERAL (VALUES ('lease:' || u.run_id), ('timeout:' || u.run_id))
-           AS k(timer_id)),
-d AS (
-    DELETE FROM timers t
-     USING ended_timers e
-     WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id),
+{{timers.end_attempt_timers}},
 old AS (
     SELECT j.partition_id, j.job_id, j.buffered_at
       FROM jobs j
@@ -325,16 +258,3 @@ SELECT c.i, u.state, u.attempt, u.tenant_id, u.job_id, u.workflow_run_id, u.node
          LEFT JOIN b ON b.partition_id = u.partition_id AND b.job_id = u.job_id
  ORDER BY c.i;
 
--- name: arm_retries
--- arm_retry over arrays: the backoff timers of attempts that ended in RETRY_WAIT.
-WITH t AS (
-    INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt,
-                        tenant_id)
-    SELECT p, 'retry:' || owner, 'retry', owner, due, prio, attempt, tenant_id
-      FROM unnest(%(p)s::smallint[], %(owner)s::text[], %(due)s::timestamptz[],
-                  %(prio)s::smallint[], %(attempt)s::int[], %(tenant_id)s::text[])
-           AS x(p, owner, due, prio, attempt, tenant_id)
-    ON CONFLICT (partition_id, timer_id)
-    DO UPDATE SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority,
-                  attempt = EXCLUDED.attempt)
-SELECT pg_notify('cw_timers', %(due_ms)s::text);
