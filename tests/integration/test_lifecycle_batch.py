@@ -281,3 +281,34 @@ def test_complete__a_busy_jobs_partition__its_timers_deleted_by_whole_key(conn, 
         ).fetchone()[0]
         == 579
     )
+
+
+def test_start_and_retry__timers_take_the_runs_class__scalar_and_batch_alike(conn, world):
+    from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
+
+    topics, lc, _acme, _other, job, runs = world
+    tenant = create_tenant(conn, "every-class", priority_classes=list(PRIORITIES))
+    for cls in PRIORITIES:
+        j = job(tenant, priority=cls, timeout_ms=60_000)
+        single, *batch = runs(tenant, j, 3)
+        lc.start(conn, tenant["tenant_id"], single, "w", NOW)
+        lc.start_many(conn, [StartCall(tenant["tenant_id"], r, "w") for r in batch], NOW)
+        started = [single, *batch]
+        got = conn.execute(
+            "SELECT kind, priority FROM timers WHERE owner_id = ANY(%s) ORDER BY kind",
+            [started],
+        ).fetchall()
+        assert got == [("lease", PRIORITY_RANK[cls])] * 3 + [("timeout", PRIORITY_RANK[cls])] * 3
+        # A retryable failure's backoff timer: the same class, single and batched.
+        tokens = dict(
+            conn.execute(
+                "SELECT run_id, start_token FROM runs WHERE run_id = ANY(%s)", [started]
+            ).fetchall()
+        )
+        lc.complete(conn, tenant["tenant_id"], single, 1, tokens[single], "FAILED", NOW)
+        calls = [CompleteCall(tenant["tenant_id"], r, 1, tokens[r], "FAILED") for r in batch]
+        lc.complete_many(conn, calls, NOW)
+        got = conn.execute(
+            "SELECT kind, priority FROM timers WHERE owner_id = ANY(%s)", [started]
+        ).fetchall()
+        assert got == [("retry", PRIORITY_RANK[cls])] * 3
