@@ -21,6 +21,7 @@ from cronwheel.store.leases import Leases
 
 # Where these were before timers.py and new_runs.py: services/timer and the
 # benches import them from here.
+from cronwheel.store.new_runs import insert_runs as insert_runs
 from cronwheel.store.new_runs import run_spec as run_spec
 from cronwheel.store.new_runs import run_spec_text as run_spec_text
 from cronwheel.store.quotas import Buckets, fair_shares
