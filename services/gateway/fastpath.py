@@ -1,7 +1,8 @@
 """A few hot POST routes answered without FastAPI's per-request machinery:
 routing tries every route in order until one matches, and each request solves
 its dependency tree again. For a short handler that machinery is a large part
-of the request's CPU (docs/api.md, "Fast paths").
+of the request's CPU (docs/api.md, "Worker processes, the fast paths, and
+/metrics").
 
 This ASGI middleware sits inside HttpMetrics and answers exactly the routes of
 its table (`WORKER` and `JOBS` below), each only while the app has it. It
