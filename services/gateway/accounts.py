@@ -3,14 +3,12 @@ issue more than one key per tenant (rotation), list keys, revoke one.
 
 A key's secret is shown once, when issued; only its SHA-256 is stored. Tenant
 creation itself is cronwheel.store.jobs.create_tenant; this module adds what
-only the admin API needs. Its SQL is accounts.sql beside it.
+only the admin API needs. Its SQL is cronwheel/store/sql/accounts.sql.
 """
 
 from __future__ import annotations
 
-import functools
 import re
-from pathlib import Path
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -18,15 +16,14 @@ from psycopg.rows import dict_row
 from cronwheel.core.clock import iso, to_dt, to_ms
 from cronwheel.core.errors import NotFound, ValidationError
 from cronwheel.store.jobs import create_tenant, hash_key, new_api_key
-from cronwheel.store.sql_loader import parse_blocks
+from cronwheel.store.sql_loader import queries
 
 CELL = re.compile(r"^[a-z0-9-]{1,50}$")
 MAX_TENANT_PAGE = 200
 
 
-@functools.cache
 def _q() -> dict[str, str]:
-    return parse_blocks(Path(__file__).with_name("accounts.sql").read_text())
+    return queries("accounts")
 
 
 def _tenant_view(row: dict) -> dict:

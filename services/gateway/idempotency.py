@@ -12,15 +12,13 @@ Keys are kept for RETENTION_MS; after that the key may be used afresh.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cronwheel.core.clock import to_dt
-from cronwheel.store.sql_loader import parse_blocks
+from cronwheel.store.sql_loader import queries
 from services.gateway.problems import Problem
 
 HEADER = "Idempotency-Key"
@@ -28,9 +26,8 @@ RETENTION_MS = 24 * 3600 * 1000
 MAX_KEY_CHARS = 255
 
 
-@functools.cache
 def _q() -> dict[str, str]:
-    return parse_blocks(Path(__file__).with_name("idempotency.sql").read_text())
+    return queries("idempotency")
 
 
 @dataclass(frozen=True)

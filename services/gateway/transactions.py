@@ -18,7 +18,6 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from psycopg_pool import ConnectionPool
@@ -30,7 +29,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store.db import pipelined_transaction
 from cronwheel.store.jobs import Jobs, hash_key, tenant_for_key
 from cronwheel.store.lifecycle import Lifecycle
-from cronwheel.store.sql_loader import parse_blocks
+from cronwheel.store.sql_loader import queries
 from cronwheel.store.workflows import Workflows
 from services.gateway import idempotency, problems
 from services.gateway.auth import Caller, unauthenticated
@@ -42,11 +41,7 @@ OPERATOR_SCOPE = "operator"  # the idempotency scope of operator requests
 
 @functools.cache
 def _q() -> dict[str, str]:
-    here = Path(__file__)
-    return {
-        **parse_blocks(here.with_name("transactions.sql").read_text()),
-        **parse_blocks(here.with_name("auth.sql").read_text()),
-    }
+    return {**queries("transactions"), **queries("auth")}
 
 
 @dataclass(frozen=True)
