@@ -4,6 +4,9 @@
 -- (cronwheel.core.runs.decide) and passed in: no statement here knows the
 -- retry rule. lifecycle.py is the only caller, and the only writer of
 -- runs.state (the firing loop and the workflow service insert runs PENDING).
+-- An attempt's timers are armed and ended by fragments of timers.sql, written
+-- in where they stand as {{timers.<name>}} (timers.spliced, at load): the
+-- statement is still one, its timer part written once.
 
 -- name: run_state
 SELECT state, attempt, scheduled_at FROM runs
