@@ -1,8 +1,12 @@
-"""Connections for the services' loops, and transactions in pipeline mode."""
+"""Connections for the services' loops, the one reconnect policy they share,
+and transactions in pipeline mode."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -26,34 +30,91 @@ def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Conne
     return conn
 
 
-class Reconnecting:
-    """One connection for a consumer loop that outlives database restarts: `call`
-    runs `fn(conn)`, reconnecting with backoff while the database is away."""
+# The reconnect policy, the same for every service loop: a failure to reach
+# PostgreSQL is waited out 0.1 s, then twice as long each time, at most 5 s.
+RECONNECT_FIRST_S = 0.1
+RECONNECT_MAX_S = 5.0
+_NEVER = threading.Event()  # a `stop` that never comes
 
-    def __init__(self, dsn: str, log) -> None:
+
+class Backoff:
+    """The waits between tries while the database is away (the policy above).
+    Only `psycopg.OperationalError` is waited out: the server restarted, ended
+    the session (`pg_terminate_backend`), or cannot be reached; psycopg also
+    raises it for a deadlock or a cancelled statement, which a new try mends
+    as well. Every other error is the caller's."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.delay = RECONNECT_FIRST_S
+
+    def wait(self, exc: BaseException, stop: threading.Event) -> bool:
+        """Log `exc` and wait the next delay; True if `stop` came meanwhile."""
+        self.log.warning("database unavailable (%s); retrying in %.1fs", exc, self.delay)
+        stopped = stop.wait(self.delay)
+        self.delay = min(self.delay * 2, RECONNECT_MAX_S)
+        return stopped
+
+    def reset(self) -> None:
+        self.delay = RECONNECT_FIRST_S
+
+
+class Reconnecting:
+    """One connection that outlives database restarts: `call` runs `fn(conn)`,
+    reconnecting with the policy's backoff while the database is away."""
+
+    def __init__(self, dsn: str, log: logging.Logger) -> None:
         self.dsn = dsn
         self.log = log
         self.conn: psycopg.Connection | None = None
 
-    def call(self, fn, stop, stopped=None):
-        """`fn(conn)`; `stopped` when `stop` is set while waiting to reconnect."""
-        backoff = 0.1
+    def connection(self) -> psycopg.Connection:
+        """The connection, opened again if it was closed or never opened."""
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(self.dsn, autocommit=True)
+        return self.conn
+
+    def call(self, fn, stop: threading.Event | None, stopped=None, *, tries: int | None = None):
+        """`fn(conn)`; `stopped` when `stop` is set while waiting to reconnect.
+        `stop` None: no stop request ends the waits (work that must be done
+        while stopping). With `tries`, the last error is raised after that
+        many failures."""
+        backoff = Backoff(self.log)
+        failures = 0
         while True:
             try:
-                if self.conn is None or self.conn.closed:
-                    self.conn = psycopg.connect(self.dsn, autocommit=True)
-                return fn(self.conn)
+                return fn(self.connection())
             except psycopg.OperationalError as exc:
-                self.log.warning("database unavailable (%s); retrying", exc)
                 self.close()
-                if stop.wait(backoff):
+                failures += 1
+                if tries is not None and failures >= tries:
+                    raise
+                if backoff.wait(exc, stop or _NEVER):
                     return stopped
-                backoff = min(backoff * 2, 5.0)
 
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+
+
+def keep_connected(loop, stop: threading.Event, log: logging.Logger) -> None:
+    """Run `loop(stop)` until it returns, starting it again (with the policy's
+    backoff) each time it loses the database: a loop that holds connections of
+    its own (a LISTEN, a transaction per pass) opens them again, and the
+    service outlives a PostgreSQL restart instead of exiting. The backoff
+    starts afresh after a loop that ran longer than the longest wait."""
+    backoff = Backoff(log)
+    while not stop.is_set():
+        began = time.monotonic()
+        try:
+            loop(stop)
+            return
+        except psycopg.OperationalError as exc:
+            if time.monotonic() - began > RECONNECT_MAX_S:
+                backoff.reset()
+            if backoff.wait(exc, stop):
+                return
 
 
 @contextlib.contextmanager

@@ -64,6 +64,7 @@ from services.executor.sandbox import (
 log = logging.getLogger("cronwheel.executor")
 
 CONSUMER = "executor"
+COMPLETE_TRIES = 6  # waits of 0.1 to 1.6 s between them: about 3 s in all
 RUNS = Counter(
     "cronwheel_executor_runs_total",
     "Managed runs the executor ended, by how",
@@ -161,7 +162,7 @@ class Executor:
         self._room = threading.Event()
         self._runners: set[threading.Thread] = set()
         self._stop = threading.Event()
-        self._dbs: list[_Db] = []  # idle connections of finished runs, for the next ones
+        self._dbs: list[Reconnecting] = []  # idle connections of finished runs, for the next ones
         self._dbs_lock = threading.Lock()
 
     # -- the consumer loop ----------------------------------------------------
@@ -299,7 +300,7 @@ class Executor:
 
     def _execute(self, run: _Started) -> None:
         with self._dbs_lock:
-            db = self._dbs.pop() if self._dbs else _Db(self.dsn)
+            db = self._dbs.pop() if self._dbs else Reconnecting(self.dsn, log)
         try:
             self._run_and_complete(db, run)
         except Exception:
@@ -313,7 +314,7 @@ class Executor:
             self._room.set()
             self._runners.discard(threading.current_thread())
 
-    def _run_and_complete(self, db: _Db, run: _Started) -> None:
+    def _run_and_complete(self, db: Reconnecting, run: _Started) -> None:
         target, spec = run.spec["target"], run.spec
         try:
             limits = self.policy.limits_for(target)
@@ -336,7 +337,7 @@ class Executor:
         def heartbeat() -> bool:
             try:
                 self.lifecycle.heartbeat(
-                    db(), run.tenant_id, run.run_id, run.attempt, run.token, now_ms()
+                    db.connection(), run.tenant_id, run.run_id, run.attempt, run.token, now_ms()
                 )
             except (Conflict, NotFound):
                 return False  # cancelled, or the attempt already ended: stop the command
@@ -372,7 +373,7 @@ class Executor:
         )  # fmt: skip
         self._finish(db, run, got, job_deadline)
 
-    def _finish(self, db: _Db, run: _Started, got: Exit, job_deadline: bool) -> None:
+    def _finish(self, db: Reconnecting, run: _Started, got: Exit, job_deadline: bool) -> None:
         result = {
             "exit_code": got.code,
             "output": got.output,
@@ -395,25 +396,28 @@ class Executor:
         else:  # aborted: the attempt is no longer ours
             RUNS.labels("lost").inc()
 
-    def _complete(self, db: _Db, run: _Started, outcome, result, error, retryable: bool) -> None:
-        for delay in (0.1, 0.5, 1, 2, None):
-            try:
-                self.lifecycle.complete(
-                    db(), run.tenant_id, run.run_id, run.attempt, run.token, outcome,
-                    now_ms(), result=result, error=error, retryable=retryable,
-                )  # fmt: skip
-                return
-            except (Conflict, NotFound) as e:
-                log.info("run %s attempt %d: completion refused: %s", run.run_id, run.attempt, e)
-                return
-            except psycopg.OperationalError as e:
-                log.warning("run %s: completing failed (%s)", run.run_id, e)
-                db.close()
-                if delay is not None:
-                    time.sleep(delay)
-        log.error(
-            "run %s attempt %d: not completed; its lease will expire", run.run_id, run.attempt
-        )
+    def _complete(
+        self, db: Reconnecting, run: _Started, outcome, result, error, retryable: bool
+    ) -> None:
+        """CompleteRun, tried again while the database is away (the reconnect
+        policy, stopping or not: an interrupted run is completed on the way
+        out), at most COMPLETE_TRIES times; then the lease brings the run back."""
+
+        def complete(conn: psycopg.Connection) -> None:
+            self.lifecycle.complete(
+                conn, run.tenant_id, run.run_id, run.attempt, run.token, outcome,
+                now_ms(), result=result, error=error, retryable=retryable,
+            )  # fmt: skip
+
+        try:
+            db.call(complete, None, tries=COMPLETE_TRIES)
+        except (Conflict, NotFound) as e:
+            log.info("run %s attempt %d: completion refused: %s", run.run_id, run.attempt, e)
+        except psycopg.OperationalError as e:
+            log.error(
+                "run %s attempt %d: not completed (%s); its lease will expire",
+                run.run_id, run.attempt, e,
+            )  # fmt: skip
 
     def _wait_for_runners(self) -> None:
         """Commands get shutdown_grace_ms to finish (they see `stop`), then are
@@ -497,24 +501,6 @@ class _Started:
     lease_ms: int
     spec: dict
     started_at: float  # time.monotonic() just before StartRun: timeout_ms counts from here
-
-
-class _Db:
-    """One runner thread's connection, opened on first use and again after an error."""
-
-    def __init__(self, dsn: str):
-        self.dsn = dsn
-        self._conn: psycopg.Connection | None = None
-
-    def __call__(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=True)
-        return self._conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 _STOPPED = object()

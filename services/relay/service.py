@@ -38,7 +38,7 @@ import psycopg
 from cronwheel import kafka, metrics
 from cronwheel.core.clock import now_ms
 from cronwheel.store import outbox
-from cronwheel.store.db import connect
+from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import announce
 
@@ -85,6 +85,14 @@ class Relay:
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap))
 
     def run(self, stop: threading.Event) -> None:
+        """Publish until `stop`. A lost database (a restart, a terminated
+        session) ends only the pass: the loop connects again (the services'
+        reconnect policy, cronwheel.store.db) and goes on with what it holds:
+        rows in flight, acknowledged and held stay in memory, and the leases
+        are renewed first."""
+        keep_connected(self._run_connected, stop, log)
+
+    def _run_connected(self, stop: threading.Event) -> None:
         with (
             connect(self.dsn, idle_tx_timeout_ms=self.leases.ttl_ms) as conn,
             connect(self.dsn) as listen,
@@ -93,6 +101,7 @@ class Relay:
             listen.execute("LISTEN cw_topics")  # topics grown: their counts asked again
             next_lease = 0.0
             read = True  # look for new rows this turn (else only settle acks)
+            lost = False
             try:
                 while not stop.is_set():
                     if time.monotonic() >= next_lease:
@@ -121,13 +130,22 @@ class Relay:
                     notified = self._notified(listen, wait)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
+            except psycopg.OperationalError:
+                lost = True  # connected again by run(); nothing here is given up
+                raise
             finally:
-                self.producer.flush(10)
-                try:
-                    self._settle(conn)
-                    self.leases.release_all(conn)
-                except psycopg.Error:
-                    log.warning("could not delete acknowledged rows or release leases")
+                if not lost:
+                    self._wind_down(conn)
+
+    def _wind_down(self, conn: psycopg.Connection) -> None:
+        """Leaving: wait for what is in flight, delete what was acknowledged,
+        hand the leases back."""
+        self.producer.flush(10)
+        try:
+            self._settle(conn)
+            self.leases.release_all(conn)
+        except psycopg.Error:
+            log.warning("could not delete acknowledged rows or release leases")
 
     def _notified(self, listen: psycopg.Connection, wait: float) -> bool:
         """Wait up to `wait` s for a notification; True if new outbox rows
@@ -299,9 +317,12 @@ class Relay:
         if lazy and len(self._acked) < 256 and time.monotonic() - self._settled_at < 0.02:
             return
         self._settled_at = time.monotonic()
-        acked, self._acked = self._acked, []
+        acked = self._acked
         if acked:
+            # Forgotten only once deleted: after a lost connection they are
+            # deleted on the next one, not read and published again.
             outbox.delete_delivered(conn, acked)
+            self._acked = []
             self._inflight.difference_update(acked)
             self.published_total += len(acked)
             metrics.OUTBOX_PUBLISHED.inc(len(acked))

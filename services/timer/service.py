@@ -25,8 +25,7 @@ import psycopg
 from cronwheel import metrics
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
-from cronwheel.runtime import keep_running
-from cronwheel.store.db import connect
+from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.firing import FireReport, Firing, Handler, wake_lead
 from cronwheel.store.leases import Leases
 from cronwheel.store.timer_kinds import timer_handlers
@@ -129,7 +128,7 @@ class TimerService:
         self.fired_total = 0
 
     def run(self, stop: threading.Event) -> None:
-        keep_running(self._run_connected, stop, log, "timer")
+        keep_connected(self._run_connected, stop, log)
 
     def _run_connected(self, stop: threading.Event) -> None:
         with (

@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 from prometheus_client import Histogram
 
-from cronwheel.store.db import pipelined_transaction
+from cronwheel.store.db import Reconnecting, pipelined_transaction
 
 log = logging.getLogger("cronwheel.webhook")
 
@@ -52,6 +52,7 @@ GROUP_CALLS = Histogram(
 # about 1,600 deliveries/s (StartRun and CompleteRun each a call), however many
 # were in flight; with 128, bench_webhook measured 1,700-2,400/s.
 MAX_GROUP = 128
+_STOPPED = object()
 
 
 class Stopping(Exception):
@@ -76,7 +77,7 @@ class Database:
         # queues behind a full set of groups.
         self.pool = ThreadPoolExecutor(workers + 1, thread_name_prefix="webhook-db")
         self._local = threading.local()
-        self._all: list[psycopg.Connection] = []
+        self._all: list[Reconnecting] = []  # every thread's connection
         self._lock = threading.Lock()
         # (fn, args, future, batched): batched calls carry their one item as args[0]
         self._queue: list[tuple[Callable[..., Any], tuple, asyncio.Future, bool]] = []
@@ -95,23 +96,18 @@ class Database:
         return self._with_connection(lambda conn: fn(conn, *args))
 
     def _with_connection(self, work: Callable[[psycopg.Connection], Any]) -> Any:
-        backoff = 0.1
-        while True:
-            conn = getattr(self._local, "conn", None)
-            try:
-                if conn is None or conn.closed:
-                    conn = self._local.conn = psycopg.connect(self.dsn, autocommit=True)
-                    with self._lock:
-                        self._all.append(conn)
-                return work(conn)
-            except psycopg.OperationalError as exc:
-                log.warning("database unavailable (%s); retrying", exc)
-                if conn is not None:
-                    conn.close()
-                self._local.conn = None
-                if self.stop.wait(backoff):
-                    raise Stopping() from exc
-                backoff = min(backoff * 2, 5.0)
+        """`work(conn)` on this thread's connection, under the services'
+        reconnect policy (cronwheel.store.db); Stopping if `stop` came while
+        the database was away."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = Reconnecting(self.dsn, log)
+            with self._lock:
+                self._all.append(db)
+        got = db.call(work, self.stop, _STOPPED)
+        if got is _STOPPED:
+            raise Stopping()
+        return got
 
     # -- calls grouped into transactions -------------------------------------------
 
@@ -230,8 +226,8 @@ class Database:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         with self._lock:
-            for conn in self._all:
-                conn.close()
+            for db in self._all:
+                db.close()
 
 
 def _answer(value: Any) -> tuple[bool, Any]:
