@@ -1,8 +1,9 @@
-"""What every Kafka consumer of the platform does the same way: commit the
-offsets of finished records (only of partitions it still holds), hand over
-revoked partitions cleanly, report its lag, and set aside the client's error
-events. The services (dispatcher, workflow, executor, webhook) differ in what
-a record means, not in this.
+"""What every Kafka consumer of the platform does the same way with its
+offsets: commit those of finished records (only of partitions it still holds),
+paced, hand over revoked partitions cleanly, report its lag, and set aside the
+client's error events. `Offsets` holds a consumer's; the services' skeleton
+(cronwheel.consumer) is built on it. The services (dispatcher, workflow,
+executor, webhook) differ in what a record means, not in this.
 
 Offsets are bookmarks here, never the idempotency record (that is the
 database), so a failed commit only means records come again and are skipped.
@@ -26,24 +27,30 @@ from collections.abc import Iterable, MutableMapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from cronwheel import metrics
+from cronwheel.core.offsets import OffsetTracker
 
 log = logging.getLogger("cronwheel.consuming")
 
 Where = tuple[str, int]  # (topic, partition)
 
 COMMIT_EVERY_S = 0.2  # asynchronous offset commits from a poll loop at most this often
+LAG_EVERY_S = 5.0  # consumer lag published at most this often
 
 
 class Pacer:
-    """Says yes at most once per `every_s`: paces a poll loop's asynchronous
-    offset commits. Committing on every poll or batch cost the broker a commit
-    per record at a trickle (at 200 runs/s, with the consumers' 10 ms fetches,
-    60% of a core); a record consumed again after a crash is skipped by the
-    database, so committing a little later loses nothing."""
+    """Says yes at most once per `every_s`, the first time `every_s` after it
+    was made: paces a poll loop's asynchronous offset commits. Committing on
+    every poll or batch cost the broker a commit per record at a trickle (at
+    200 runs/s, with the consumers' 10 ms fetches, 60% of a core); a record
+    consumed again after a crash is skipped by the database, so committing a
+    little later loses nothing. Counting from the start, a service killed
+    within its first interval has committed nothing yet
+    (tests/e2e/test_workflow_faults.py kills the workflow service, which
+    commits every 5 s there, and expects its records to come again)."""
 
     def __init__(self, every_s: float = COMMIT_EVERY_S):
         self.every_s = every_s
-        self._last = 0.0
+        self._last = time.monotonic()
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -106,6 +113,18 @@ def on_commit(err, _partitions) -> None:
         log.warning("offset commit failed (the records come again and are skipped): %s", err)
 
 
+def take(
+    consumer: Consumer, batch: int, wait_s: float, more_s: float, quiet: tuple[int, ...] = ()
+) -> list[Message]:
+    """Up to `batch` records: block up to `wait_s` for one, then take what
+    else arrives within `more_s`, so batches grow under load and a lone
+    record waits little. Error events handled as by `records`."""
+    msgs = consumer.consume(1, timeout=wait_s)
+    if msgs and batch > 1:
+        msgs += consumer.consume(batch - 1, timeout=more_s)
+    return records(msgs, quiet)
+
+
 def records(msgs: Iterable[Message], quiet: tuple[int, ...] = ()) -> list[Message]:
     """The records among what `consume` returned: a fatal error event raises,
     end-of-partition events are dropped, other events are logged (at debug for
@@ -122,3 +141,79 @@ def records(msgs: Iterable[Message], quiet: tuple[int, ...] = ()) -> list[Messag
         elif err.code() != KafkaError._PARTITION_EOF:
             log.warning("consume: %s", err)
     return good
+
+
+class Offsets:
+    """One consumer's finished offsets (the next offset to read, per
+    partition), committed paced and only where something finished since, and
+    its lag, reported every `lag_every_s`. A record counts as finished once
+    its effect is durable (in the database, or acknowledged by the broker)."""
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        commit_every_s: float = COMMIT_EVERY_S,
+        lag_every_s: float = LAG_EVERY_S,
+    ):
+        self.label = label
+        self.done: dict[Where, int] = {}
+        self.lag_every_s = lag_every_s
+        self._pacer = Pacer(commit_every_s)
+        self._moved = False  # finished since the last commit
+        self._next_lag = 0.0
+
+    def finished(self, m: Message) -> None:
+        """`m` and every record before it in its partition are done."""
+        self.done[(m.topic(), m.partition())] = m.offset() + 1
+        self._moved = True
+
+    def committable(self) -> MutableMapping[Where, int]:
+        return self.done
+
+    def commit(self, consumer: Consumer, *, asynchronous: bool) -> None:
+        """Commit on partitions still assigned: asynchronously only when
+        something finished and the pacer allows (a record consumed again is
+        skipped by the database), synchronously always (a stop, a hand-over)."""
+        if asynchronous and not (self._moved and self._pacer.due()):
+            return
+        self._moved = False
+        commit_assigned(consumer, self.committable(), asynchronous=asynchronous)
+
+    def give_up(self, consumer: Consumer, partitions: Iterable[TopicPartition]) -> set[Where]:
+        """These partitions go (revoked, or their lease moved): commit what was
+        finished of them and forget them; returns them."""
+        return commit_revoked(consumer, self.committable(), partitions)
+
+    def report_lag(self, consumer: Consumer) -> None:
+        """The lag, when `lag_every_s` passed since it was last reported."""
+        now = time.monotonic()
+        if now >= self._next_lag:
+            report_lag(consumer, self.label)
+            self._next_lag = now + self.lag_every_s
+
+
+class TrackedOffsets(Offsets):
+    """Offsets of a consumer that finishes records out of order (the webhook
+    service's concurrent deliveries): a partition's offset moves only past
+    records that are all finished (cronwheel.core.offsets)."""
+
+    def __init__(self, label: str, **kwargs):
+        super().__init__(label, **kwargs)
+        self.tracker = OffsetTracker()
+
+    def begin(self, topic: str, partition: int, offset: int) -> None:
+        self.tracker.begin(topic, partition, offset)
+
+    def finish(self, topic: str, partition: int, offset: int) -> None:
+        self.tracker.finish(topic, partition, offset)
+        self._moved = True
+
+    def committable(self) -> MutableMapping[Where, int]:
+        return self.tracker.committable()
+
+    def give_up(self, consumer: Consumer, partitions: Iterable[TopicPartition]) -> set[Where]:
+        gone = super().give_up(consumer, partitions)
+        for topic, partition in gone:
+            self.tracker.forget(topic, partition)
+        return gone

@@ -44,24 +44,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
-from cronwheel import consuming, kafka, metrics
-from cronwheel.assignment import LeasedAssignment
-from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel import kafka, metrics
+from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.kafka import Placement, Topics, class_of_partition
-from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
-from cronwheel.store.leases import Leases
 from cronwheel.store.quotas import Buckets
-from cronwheel.topic_watch import TopicWatch, announce
+from cronwheel.topic_watch import announce
 
 log = logging.getLogger("cronwheel.dispatcher")
 
 CONSUMER = "dispatcher"
-RECORD_HEADER = "record"  # every record the dispatcher writes names its Avro record here
 _DEAD_LETTER_RANK = len(PRIORITY_RANK)
 # Destinations laid out by class (kafka.partition_for), as run topics are: the
 # topics of the platform's own workers, which admit by class and find a
@@ -70,36 +66,15 @@ _DEAD_LETTER_RANK = len(PRIORITY_RANK)
 CLASS_LAID_OUT = frozenset({"webhook", "managed"})
 
 
-class Poison(Exception):
-    """A record that cannot be routed; `kind` labels the dead-letter metric."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
-def route(topics: Topics, source_topic: str, value: bytes | None) -> tuple[str, dict]:
-    """(destination topic, decoded RunReady) for a value read from a run topic.
+def route(topics: Topics, m: Message) -> tuple[str, dict]:
+    """(destination topic, decoded RunReady) for a record read from a run topic.
 
     Raises Poison for anything else: undecodable bytes, another record type, a
     tenant that does not own the topic it came from, an unknown target type.
     """
-    try:
-        name, datum = default_registry().decode(value)
-    except UndecodableRecord as exc:
-        raise Poison("undecodable", exc.reason) from None
-    if name != "RunReady":
-        raise Poison("wrong_record", f"expected RunReady, got {name}")
-    tenant, target = datum["tenant_id"], datum["target_type"]
-    try:
-        owner_topic = topics.runs(tenant)
-    except ValueError:
-        owner_topic = None
-    if owner_topic != source_topic:
-        # Never let one tenant's topic deliver into another tenant's queue.
-        raise Poison("wrong_tenant", f"tenant_id {tenant!r} does not own {source_topic}")
-    return destination(topics, tenant, target, datum["queue"]), datum
+    # Never let one tenant's topic deliver into another tenant's queue.
+    datum = expect_owned(m, "RunReady", topics.runs)
+    return destination(topics, datum["tenant_id"], datum["target_type"], datum["queue"]), datum
 
 
 def destination(topics: Topics, tenant: str, target_type: str, queue: str | None) -> str:
@@ -149,52 +124,31 @@ class _Batch:
         return [o.done_key for o in self.outs if o.done_key]
 
 
-class Dispatcher:
+class Dispatcher(ConsumerService):
+    name = CONSUMER
+
     def __init__(
         self,
-        dsn: str,
-        bootstrap: str,
-        topics: Topics,
-        *,
-        group_id: str | None = None,
-        batch: int = 500,
+        *args,  # ConsumerService's: dsn, bootstrap, topics
         in_flight: int = 4,
         max_wait_ms: int = 5,
-        idle_ms: int = 200,
-        lag_every_ms: int = 5_000,
-        shutdown_grace_ms: int = 10_000,
         class_pausing: bool = True,
         stall_ms: int = 1_000,
         quotas: Buckets | None = None,
         processed_retention_ms: int | None = None,
         topic_scan_s: float = 30.0,
         lease_ttl_ms: int = 10_000,
+        **skeleton,  # ConsumerService's: group_id, batch, idle_ms, lag_every_ms, ...
     ):
-        self.dsn = dsn
-        self.bootstrap = bootstrap
-        self.topics = topics
-        self.group_id = group_id or f"{topics.prefix}.dispatcher"
-        self.batch = batch
+        super().__init__(*args, max_wait_ms=max_wait_ms, **skeleton)
         self.in_flight = max(1, in_flight)
-        self.max_wait_ms = max_wait_ms
-        self.idle_ms = idle_ms
-        self.lag_every_ms = lag_every_ms
-        self.shutdown_grace_ms = shutdown_grace_ms
         self.processed = Processed(CONSUMER)
         self.pruner = Pruner(self.processed, processed_retention_ms or retention_ms())
-        self.producer = kafka.producer(bootstrap)
         self._placement = Placement(self.producer)
         self.forwarded_total = 0
         self.duplicates_total = 0
-        self.dead_lettered_total = 0
-        self._db = Reconnecting(self.dsn, log)
-        self._consumer: Consumer | None = None
-        self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
-        self._pacer = consuming.Pacer()
         self._batches: deque[_Batch] = deque()  # produced, not yet settled, oldest first
         self._on_way: set[str] = set()  # their done keys (not yet in `processed`)
-        self._stop = threading.Event()
-        self._uncommitted = False  # batches finished since the last commit
         self._known_topics: set[str] = set()  # destinations known to exist
         # Priority: where each partition was
         # consumed to (next offset; committed offsets until the first record),
@@ -210,19 +164,14 @@ class Dispatcher:
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
         self._held_until: dict[tuple[str, int], int] = {}
-        self._admin = kafka.admin(bootstrap)
+        self._admin = kafka.admin(self.bootstrap)
         # The run topics, by name: one per tenant, created when the tenant is;
         # read are those of the tenants whose partitions this instance leases.
-        self.assignment = LeasedAssignment(
-            Leases(self.group_id, ttl_ms=lease_ttl_ms),
-            f"{topics.prefix}.runs.",
-            self._placement,
-        )
-        self.watch = TopicWatch(
-            dsn,
-            self.producer,
-            f"{topics.prefix}.runs.",
-            tenant_topic=topics.runs,
+        self.lease_tenant_topics(
+            "runs",
+            ttl_ms=lease_ttl_ms,
+            placement=self._placement,
+            tenant_topic=self.topics.runs,
             ensure=lambda names: kafka.ensure_topics(
                 names, partitions=kafka.RUN_PARTITIONS, client=self._admin
             ),
@@ -232,48 +181,26 @@ class Dispatcher:
 
     # -- the loop -------------------------------------------------------------
 
-    def run(self, stop: threading.Event) -> None:
-        consumer = kafka.consumer(self.group_id, self.bootstrap, on_commit=consuming.on_commit)
-        self._consumer = consumer
-        self._stop = stop
-        next_lag = 0.0
-        try:
-            while not stop.is_set():
-                if not self._follow(consumer, stop):
-                    break
-                read = self._released(consumer) + self._consume(consumer)
-                msgs = self._within_quota(consumer, read, stop) if read else read
-                if msgs and not self._send(msgs, stop):
-                    break  # stopping mid-batch: uncommitted, so consumed again later
-                if not self._settle(stop, until=self.in_flight - 1):
-                    break
-                if self._uncommitted:
-                    self._commit(asynchronous=True)
-                if read or self._class_paused or self._waiting_since:
-                    # Idle (nothing read, nothing held back for a class): no
-                    # class can be waiting behind another, and the pass over
-                    # every assigned partition was most of an idle
-                    # dispatcher's CPU with hundreds of tenants.
-                    self._prioritise(consumer)
-                if self.pruner.due(now_ms()):
-                    self._with_db(lambda c: self.pruner.run(c, now_ms()), stop)
-                if time.monotonic() >= next_lag:
-                    self._report_lag(consumer)
-                    next_lag = time.monotonic() + self.lag_every_ms / 1000
-        finally:
-            if self._batches and stop.is_set():
-                self._settle(stop, until=0)  # within the shutdown grace
-            self._commit(asynchronous=False)  # only settled batches are in _done
-            self.assignment.leave(self._db)
-            consumer.close()
-            self._consumer = None
-            self.watch.close()
-            self.close()
+    def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
+        read = self._released(consumer) + self._consume(consumer)
+        msgs = self._within_quota(consumer, read, stop) if read else read
+        if msgs and not self._send(msgs, stop):
+            return False  # stopping mid-batch: uncommitted, so consumed again later
+        if not self._settle(stop, until=self.in_flight - 1):
+            return False
+        if read or self._class_paused or self._waiting_since:
+            # Idle (nothing read, nothing held back for a class): no class can
+            # be waiting behind another, and the pass over every assigned
+            # partition was most of an idle dispatcher's CPU with hundreds of
+            # tenants.
+            self._prioritise(consumer)
+        if self.pruner.due(now_ms()):
+            self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
+        return True
 
-    def close(self) -> None:
-        """Flush the producer and close the database connection (run() does this)."""
-        self.producer.flush(self.shutdown_grace_ms / 1000)
-        self._db.close()
+    def stopping(self, stop: threading.Event) -> None:
+        if self._batches and stop.is_set():
+            self._settle(stop, until=0)  # within the shutdown grace
 
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block until one record arrives, then take what else comes within
@@ -283,24 +210,12 @@ class Dispatcher:
             wait_ms = self.max_wait_ms
         if self._held_until:
             wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
-        msgs = consumer.consume(1, timeout=wait_ms / 1000)
-        if msgs and self.batch > 1:
-            msgs += consumer.consume(self.batch - 1, timeout=self.max_wait_ms / 1000)
-        good = []
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                good.append(m)
-                self._next[(m.topic(), m.partition())] = m.offset() + 1
-                rank = self._class_of(m.topic(), m.partition())
-                if rank is not None:
-                    self._progress[rank] = time.monotonic()
-            elif err.fatal():
-                raise KafkaException(err)
-            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                log.debug("consume: %s", err)  # a subscribed topic deleted or not yet known
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume: %s", err)
+        good = self.take(consumer, wait_ms)
+        for m in good:
+            self._next[(m.topic(), m.partition())] = m.offset() + 1
+            rank = self._class_of(m.topic(), m.partition())
+            if rank is not None:
+                self._progress[rank] = time.monotonic()
         return good
 
     # -- one batch ------------------------------------------------------------
@@ -317,7 +232,7 @@ class Dispatcher:
         outs: list[_Out] = []
         for m in msgs:
             try:
-                dest, datum = route(self.topics, m.topic(), m.value())
+                dest, datum = route(self.topics, m)
             except Poison as p:
                 outs.append(self._dead_letter(m, p))
                 continue
@@ -335,7 +250,7 @@ class Dispatcher:
                 )
             )
         keys = [o.done_key for o in outs if o.done_key and o.done_key not in self._on_way]
-        seen = self._with_db(lambda c: self.processed.seen(c, keys), stop)
+        seen = self.with_db(lambda c: self.processed.seen(c, keys), stop)
         if seen is None:
             return False
         seen |= self._on_way
@@ -402,19 +317,17 @@ class Dispatcher:
     def _record(self, ready: list[_Batch], stop: threading.Event) -> bool:
         """Mark settled batches processed in one statement; their offsets done."""
         forwarded = [k for b in ready for k in b.keys]
-        if self._with_db(lambda c: self.processed.mark(c, forwarded), stop) is None:
+        if self.with_db(lambda c: self.processed.mark(c, forwarded), stop) is None:
             return False
         for b in ready:
             self._batches.popleft()
             self._on_way.difference_update(b.keys)
             for m in b.msgs:
-                self._done[(m.topic(), m.partition())] = m.offset() + 1
+                self.offsets.finished(m)
             self.forwarded_total += len(b.keys)
             for o in b.outs:
                 if o.poison is not None:
-                    self.dead_lettered_total += 1
-                    metrics.DEAD_LETTERS.labels(CONSUMER, o.poison.kind).inc()
-        self._uncommitted = True
+                    self.dead_letters.count(o.poison)
         return True
 
     def _forget_unsettled(self) -> None:
@@ -430,7 +343,7 @@ class Dispatcher:
         created = self._create_destinations(names)
         if created:
             # The webhook service and the executor subscribe to their topics by name.
-            self._with_db(lambda c: announce(c, sorted(created)), self._stop)
+            self.with_db(lambda c: announce(c, sorted(created)), self._stop)
 
     def _new_destination(self, tenant: str, target_type: str, queue: str) -> None:
         """A job was created or retargeted: its destination topic exists before
@@ -465,28 +378,8 @@ class Dispatcher:
         return missing
 
     def _dead_letter(self, m: Message, p: Poison) -> _Out:
-        log.warning("dead-lettering %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason)
-        value = default_registry().encode(
-            "DeadLetter",
-            {
-                "source_topic": m.topic(),
-                "source_partition": m.partition(),
-                "source_offset": m.offset(),
-                "key": m.key(),
-                "value": m.value(),
-                "reason": p.reason,
-                "consumer": CONSUMER,
-                "at": now_ms(),
-            },
-        )
-        return _Out(
-            self.topics.dead_letter,
-            m.key(),
-            value,
-            [(RECORD_HEADER, b"DeadLetter")],
-            _DEAD_LETTER_RANK,
-            poison=p,
-        )
+        r = self.dead_letters.record(m, p)
+        return _Out(r["topic"], r["key"], r["value"], r["headers"], _DEAD_LETTER_RANK, poison=p)
 
     def _produce(self, batch: _Batch, o: _Out) -> None:
         def on_delivery(err, _msg, o=o):
@@ -498,66 +391,42 @@ class Dispatcher:
         batch.unacked += 1
         # After _ensure_topics: the topic exists, its partition count is known.
         placement = self._placement(o.topic, o.rank, o.key) if o.by_class else {}
-        while True:
-            try:
-                self.producer.produce(
-                    o.topic,
-                    value=o.value,
-                    key=o.key,
-                    headers=o.headers,
-                    on_delivery=on_delivery,
-                    **placement,
-                )
-                return
-            except BufferError:
-                self.producer.poll(0.05)  # local queue full: let deliveries drain
-
-    def _with_db(self, fn, stop: threading.Event):
-        return self._db.call(fn, stop)
-
-    # -- offsets and lag ------------------------------------------------------
-
-    def _commit(self, *, asynchronous: bool) -> None:
-        """Commit the offsets of finished batches on partitions still assigned
-        (a revoked partition's new owner commits its own); asynchronous ones
-        paced (consuming.Pacer: a record consumed again is skipped by the
-        processed table)."""
-        if self._consumer is None or (asynchronous and not self._pacer.due()):
-            return
-        self._uncommitted = False
-        consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
+        produce(
+            self.producer,
+            topic=o.topic,
+            value=o.value,
+            key=o.key,
+            headers=o.headers,
+            on_delivery=on_delivery,
+            **placement,
+        )
 
     # -- what this instance reads ---------------------------------------------
 
-    def _follow(self, consumer: Consumer, stop: threading.Event) -> bool:
-        """Read the run topics of the tenants this instance leases
-        (cronwheel.assignment); False if `stop` came while the database was away."""
-        added = self.assignment.follow(consumer, self.watch, self._db, stop, self._give_up)
-        if added is None:
-            return False
-        for topic in {tp.topic for tp in added}:
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        for topic in {tp.topic for tp in partitions}:
             # New, or grown from one lane to a partition per class: the
             # classes of its partitions are read again (_class_of).
             for p in range(self._placement.known(topic) or 0):
                 self._classes.pop((topic, p), None)
-        for tp in added:
+        for tp in partitions:
             # Where the group left off, so a class's waiting records are seen
             # before the first one is read (_prioritise).
             if tp.offset >= 0:
                 self._next.setdefault((tp.topic, tp.partition), tp.offset)
-        return True
 
-    def _give_up(self, partitions: list[TopicPartition]) -> None:
-        """Hand over cleanly (a lease moved): settle what is on its way, commit
-        what this instance finished, then forget the partitions."""
+    def give_up(self, partitions: list[TopicPartition]) -> None:
+        """Hand over cleanly (a lease moved): settle what is on its way first,
+        so that what this instance forwarded is committed."""
         if self._batches:
             self._settle(self._stop, until=0)
-        assert self._consumer is not None
-        for key in consuming.commit_revoked(self._consumer, self._done, partitions):
-            self._next.pop(key, None)
-            self._class_paused.discard(key)
-            self._held.pop(key, None)  # its new owner reads them again
-            self._held_until.pop(key, None)
+        super().give_up(partitions)
+
+    def forget(self, where: tuple[str, int]) -> None:
+        self._next.pop(where, None)
+        self._class_paused.discard(where)
+        self._held.pop(where, None)  # its new owner reads them again
+        self._held_until.pop(where, None)
 
     # -- priority classes -----------------------------------------------------
 
@@ -631,7 +500,7 @@ class Dispatcher:
         """The records the tenants' dispatch buckets allow now; the rest of each
         partition from its first refused record is held and the partition paused."""
         now = now_ms()
-        limited = self._with_db(lambda c: self.quotas.limited(c, now), stop)
+        limited = self.with_db(lambda c: self.quotas.limited(c, now), stop)
         if not limited:
             return msgs
         wants: dict[str, int] = {}
@@ -641,7 +510,7 @@ class Dispatcher:
                 wants[tenant] = wants.get(tenant, 0) + 1
         if not wants:
             return msgs
-        grants = self._with_db(lambda c: self.quotas.take(c, wants, now), stop)
+        grants = self.with_db(lambda c: self.quotas.take(c, wants, now), stop)
         if grants is None:
             return msgs  # stopping: dispatch() will give up too
         left = {t: g.granted for t, g in grants.items()}
@@ -690,9 +559,6 @@ class Dispatcher:
         if due:
             metrics.QUOTA_HELD.labels("dispatch").set(sum(len(v) for v in self._held.values()))
         return out
-
-    def _report_lag(self, consumer: Consumer) -> int:
-        return consuming.report_lag(consumer, CONSUMER)
 
 
 def _headers(m: Message, record: str) -> list[tuple[str, bytes]]:

@@ -37,21 +37,16 @@ import uuid
 from dataclasses import dataclass
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from cronwheel import consuming, kafka, metrics
-from cronwheel.assignment import LeasedAssignment
-from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.consumer import ConsumerService, Poison, expect_owned
 from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
-from cronwheel.kafka import Placement, Topics
 from cronwheel.store.db import Reconnecting
-from cronwheel.store.leases import Leases
 from cronwheel.store.lifecycle import Lifecycle
-from cronwheel.topic_watch import TopicWatch
 from services.executor.sandbox import (
     PAYLOAD_FILE,
     Exit,
@@ -109,51 +104,33 @@ class Slots:
             return sum(self._by_tenant.values())
 
 
-class Executor:
+class Executor(ConsumerService):
+    name = CONSUMER
+
     def __init__(
         self,
-        dsn: str,
-        bootstrap: str,
-        topics: Topics,
-        *,
+        *args,  # ConsumerService's: dsn, bootstrap, topics
         policy: Policy | None = None,
         concurrency: int = 4,
         per_tenant: int = 2,
-        group_id: str | None = None,
         instance: str | None = None,
         session_timeout_ms: int = 10_000,
-        shutdown_grace_ms: int = 10_000,
-        idle_ms: int = 200,
+        **skeleton,  # ConsumerService's: group_id, idle_ms, shutdown_grace_ms, ...
     ):
-        self.dsn = dsn
-        self.bootstrap = bootstrap
-        self.topics = topics
         self.policy = policy or Policy.from_env()
         # Refuses to construct (SandboxUnavailable) where commands cannot be sandboxed.
         self.sandbox = Sandbox(self.policy, concurrency)
+        super().__init__(*args, commit_every_s=0.5, **skeleton)
         self.slots = Slots(concurrency, per_tenant)
         self.instance = instance or uuid.uuid4().hex[:12]
         self.worker_id = f"executor:{self.instance}"
-        self.group_id = group_id or f"{topics.prefix}.executor"
         self.session_timeout_ms = session_timeout_ms
-        self.shutdown_grace_ms = shutdown_grace_ms
-        self.idle_ms = idle_ms
-        self.lifecycle = Lifecycle(topics)
-        self.producer = kafka.producer(bootstrap)
+        self.lifecycle = Lifecycle(self.topics)
         # Managed topics by name, announced by the dispatcher when it creates
-        # one; read are those of the tenants whose partitions this instance
-        # leases (cronwheel.assignment). A dead instance's tenants move on
-        # after `session_timeout_ms`, the leases' TTL.
-        self.watch = TopicWatch(dsn, self.producer, f"{topics.prefix}.managed.")
-        self.assignment = LeasedAssignment(
-            Leases(self.group_id, ttl_ms=session_timeout_ms),
-            f"{topics.prefix}.managed.",
-            Placement(self.producer),
-        )
+        # one. A dead instance's tenants move on after `session_timeout_ms`,
+        # the leases' TTL.
+        self.lease_tenant_topics("managed", ttl_ms=session_timeout_ms)
         self.started_total = 0
-        self._db = Reconnecting(self.dsn, log)
-        self._consumer: Consumer | None = None
-        self._done: dict[tuple[str, int], int] = {}
         # A partition parked at a cap: its next record, held here, and paused
         # (pausing drops what was fetched after it; resuming continues after it).
         # Held with its class and the order it was held in: offered in that order.
@@ -161,64 +138,35 @@ class Executor:
         self._held_seq = itertools.count()
         self._room = threading.Event()
         self._runners: set[threading.Thread] = set()
-        self._stop = threading.Event()
         self._dbs: list[Reconnecting] = []  # idle connections of finished runs, for the next ones
         self._dbs_lock = threading.Lock()
 
     # -- the consumer loop ----------------------------------------------------
 
-    def run(self, stop: threading.Event) -> None:
-        self._stop = stop
-        consumer = kafka.consumer(self.group_id, self.bootstrap, on_commit=consuming.on_commit)
-        self._consumer = consumer
-        pacer = consuming.Pacer(0.5)
-        try:
-            while not stop.is_set():
-                if (
-                    self.assignment.follow(consumer, self.watch, self._db, stop, self._give_up)
-                    is None
-                ):
-                    break
-                self._retry_held(consumer, stop)
-                msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
-                if msg is not None and not self._consumed(msg):
-                    self._handle(consumer, msg, stop)
-                if self._done and pacer.due():
-                    self._commit(asynchronous=True)
-        finally:
-            self._wait_for_runners()
-            self._commit(asynchronous=False)
-            self.assignment.leave(self._db)
-            consumer.close()
-            self._consumer = None
-            self.watch.close()
-            self.producer.flush(10)
-            self._db.close()
-            for db in self._dbs:
-                db.close()
-            self.sandbox.close()
-
-    def _consumed(self, msg: Message) -> bool:
-        """True for an error event (handled here) rather than a record."""
-        err = msg.error()
-        if err is None:
-            return False
-        if err.fatal():
-            raise KafkaException(err)
-        if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            log.debug("consume: %s", err)  # no tenant has a managed topic yet
-        elif err.code() != KafkaError._PARTITION_EOF:
-            log.warning("consume: %s", err)
+    def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
+        self._retry_held(consumer, stop)
+        msg = consumer.poll(0.01 if self._held else self.idle_ms / 1000)
+        for m in self.records([msg] if msg is not None else []):
+            self._handle(consumer, m, stop)
         return True
+
+    def stopping(self, stop: threading.Event) -> None:
+        self._wait_for_runners()
+
+    def close(self) -> None:
+        super().close()
+        for db in self._dbs:
+            db.close()
+        self.sandbox.close()
 
     def _handle(self, consumer: Consumer, msg: Message, stop: threading.Event) -> None:
         where = (msg.topic(), msg.partition())
         try:
             datum = self._decode(msg)
-        except _Poison as p:
-            self._dead_letter(msg, p)
-            self._done[where] = msg.offset() + 1
-            return
+        except Poison as p:
+            if self.dead_letters.send([(msg, p)], stop, self.shutdown_grace_ms / 1000):
+                self.offsets.finished(msg)
+            return  # else stopping: not done, read again after a restart
         tenant = datum["tenant_id"]
         if not self.slots.take(tenant):
             # At a cap: park this partition at this record until a slot frees.
@@ -226,14 +174,14 @@ class Executor:
             self._held[where] = (priority_rank(datum.get("priority")), next(self._held_seq), msg)
             return
         try:
-            begun = self._with_db(lambda conn: self._start(conn, datum), stop)
+            begun = self.with_db(lambda conn: self._start(conn, datum), stop, _STOPPED)
         except BaseException:
             self.slots.give(tenant)
             raise
         if begun is _STOPPED:
             self.slots.give(tenant)
             return  # not done: read again after a restart
-        self._done[where] = msg.offset() + 1
+        self.offsets.finished(msg)
         if begun is None:
             self.slots.give(tenant)
             return
@@ -245,26 +193,13 @@ class Executor:
         runner.start()
 
     def _decode(self, msg: Message) -> dict:
-        try:
-            name, datum = default_registry().decode(msg.value())
-        except UndecodableRecord as e:
-            raise _Poison("undecodable", e.reason) from None
-        if name != "RunReady":
-            raise _Poison("wrong_record", f"expected RunReady, got {name}")
-        try:
-            owner = self.topics.managed(datum["tenant_id"])
-        except ValueError:
-            owner = None
-        if owner != msg.topic():
-            raise _Poison(
-                "wrong_tenant", f"tenant_id {datum['tenant_id']!r} does not own {msg.topic()}"
-            )
+        datum = expect_owned(msg, "RunReady", self.topics.managed)
         try:
             partition_of_run(datum["run_id"])
         except ValueError:
-            raise _Poison("bad_run_id", f"run_id {datum['run_id']!r} is not a run id") from None
+            raise Poison("bad_run_id", f"run_id {datum['run_id']!r} is not a run id") from None
         if datum["target_type"] != "managed":
-            raise _Poison("wrong_target", f"target_type {datum['target_type']!r} is not managed")
+            raise Poison("wrong_target", f"target_type {datum['target_type']!r} is not managed")
         return datum
 
     def _start(self, conn: psycopg.Connection, datum: dict) -> _Started | None:
@@ -443,51 +378,10 @@ class Executor:
             if where not in self._held:
                 consumer.resume([TopicPartition(*where)])
 
-    def _commit(self, *, asynchronous: bool) -> None:
-        if self._consumer is not None:
-            consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
-            self._done.clear()
-
-    def _give_up(self, partitions: list[TopicPartition]) -> None:
-        """A lease moved: commit what this instance finished of these
-        partitions and forget them (runs in progress go on; StartRun fenced them)."""
-        assert self._consumer is not None
-        for key in consuming.commit_revoked(self._consumer, self._done, partitions):
-            self._held.pop(key, None)  # its new owner reads it again
-
-    def _with_db(self, fn, stop: threading.Event):
-        return self._db.call(fn, stop, _STOPPED)
-
-    def _dead_letter(self, msg: Message, p: _Poison) -> None:
-        log.warning(
-            "dead-lettering %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), p.reason
-        )
-        value = default_registry().encode(
-            "DeadLetter",
-            {
-                "source_topic": msg.topic(),
-                "source_partition": msg.partition(),
-                "source_offset": msg.offset(),
-                "key": msg.key(),
-                "value": msg.value(),
-                "reason": p.reason,
-                "consumer": CONSUMER,
-                "at": now_ms(),
-            },
-        )
-        self.producer.produce(
-            self.topics.dead_letter, value=value, key=msg.key(), headers=[("record", b"DeadLetter")]
-        )
-        if self.producer.flush(30):
-            raise RuntimeError("the dead-letter topic did not acknowledge a record")
-        metrics.DEAD_LETTERS.labels(CONSUMER, p.kind).inc()
-
-
-class _Poison(Exception):
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
+    def forget(self, where: tuple[str, int]) -> None:
+        """A lease moved: the held record's new owner reads it again (runs in
+        progress go on; StartRun fenced them)."""
+        self._held.pop(where, None)
 
 
 @dataclass(frozen=True)

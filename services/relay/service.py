@@ -36,6 +36,7 @@ import time
 import psycopg
 
 from cronwheel import kafka, metrics
+from cronwheel.consumer import produce
 from cronwheel.core.clock import now_ms
 from cronwheel.store import outbox
 from cronwheel.store.db import connect, keep_connected
@@ -239,14 +240,8 @@ class Relay:
 
     def _produce(self, row_id: int, record: dict) -> None:
         self._inflight.add(row_id)
-        while True:
-            try:
-                self.producer.produce(
-                    **record, on_delivery=lambda err, _msg: self._delivered(err, row_id)
-                )
-                return
-            except BufferError:
-                self.producer.poll(0.05)  # local queue full: let deliveries drain
+        # A full local queue is waited out (consumer.produce), never dropped.
+        produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))
 
     def _release_due(self) -> int:
         """Produce the held rows whose time has come (by time, then class)."""

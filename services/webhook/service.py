@@ -52,12 +52,12 @@ try:
 except ImportError:  # pragma: no cover - a dependency; asyncio's loop does the same, slower
     uvloop = None
 
-from cronwheel import consuming, kafka, metrics
+from cronwheel import consuming, kafka
 from cronwheel.assignment import LeasedAssignment
-from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.consumer import QUIET, DeadLetters, Poison, expect_owned, shut_down
+from cronwheel.consuming import TrackedOffsets
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
-from cronwheel.core.offsets import OffsetTracker
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Placement, Topics
@@ -137,13 +137,6 @@ class Settings:
         return cls(**values)
 
 
-class Poison(Exception):
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
 class WebhookService:
     def __init__(
         self,
@@ -188,14 +181,15 @@ class WebhookService:
             on_change=_breaker_moved,
         )
         self._slots = Slots(s.max_in_flight)
-        self._offsets = OffsetTracker()
-        self._pacer = consuming.Pacer()  # asynchronous commits from the loop
+        # Deliveries finish out of order: an offset moves past finished ones only.
+        self._offsets = TrackedOffsets(CONSUMER)
         self._unfinished: Counter[tuple[str, int]] = Counter()
         self._paused: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._waiting: set[asyncio.Task] = set()
         self._active: set[tuple[str, int]] = set()
         self._producer = kafka.producer(self.bootstrap)
+        self._dead_letters = DeadLetters(self._producer, self.topics.dead_letter, CONSUMER, log)
         # Webhook topics by name, announced by the dispatcher when it creates
         # one; read are those of the tenants whose partitions this instance
         # leases (cronwheel.assignment), renewed on the Kafka thread through a
@@ -218,7 +212,7 @@ class WebhookService:
         except BaseException:
             await self._close_clients()
             raise
-        next_sweep = next_lag = time.monotonic()
+        next_sweep = time.monotonic()
         try:
             while not stop.is_set():
                 msgs = await self._kafka(self._consume, consumer)
@@ -227,11 +221,8 @@ class WebhookService:
                         await self._accept(msgs)
                     except Stopping:  # the database is away and we are asked to stop
                         break
+                await self._kafka(self._housekeeping, consumer, self._pause_plan())
                 now = time.monotonic()
-                lag = now >= next_lag
-                await self._kafka(self._housekeeping, consumer, self._pause_plan(), lag)
-                if lag:
-                    next_lag = now + 5
                 if now >= next_sweep:
                     self._client.sweep()
                     next_sweep = now + 5
@@ -259,10 +250,7 @@ class WebhookService:
             is None
         ):
             return []  # stopping while the database is away
-        msgs = consumer.consume(1, timeout=0.1)
-        if msgs:
-            msgs += consumer.consume(self.settings.batch - 1, timeout=0.002)
-        return consuming.records(msgs)
+        return consuming.take(consumer, self.settings.batch, 0.1, 0.002, QUIET)
 
     # -- records in ------------------------------------------------------------
 
@@ -300,36 +288,10 @@ class WebhookService:
             task.add_done_callback(lambda _t, key=key: self._active.discard(key))
 
     def _decode(self, m: Message) -> dict:
-        try:
-            name, rec = default_registry().decode(m.value())
-        except UndecodableRecord as exc:
-            raise Poison("undecodable", exc.reason) from None
-        if name != "RunReady":
-            raise Poison("wrong_record", f"expected RunReady, got {name}")
-        try:
-            owner_topic = self.topics.webhook(rec["tenant_id"])
-        except ValueError:
-            owner_topic = None
-        if owner_topic != m.topic():
-            raise Poison("wrong_tenant", f"tenant_id {rec['tenant_id']!r} does not own {m.topic()}")
-        return rec
+        return expect_owned(m, "RunReady", self.topics.webhook)
 
     def _dead_letter(self, m: Message, where: tuple[str, int, int], p: Poison) -> None:
-        log.warning("dead-lettering %s[%d]@%d: %s", *where, p.reason)
-        metrics.DEAD_LETTERS.labels(CONSUMER, p.kind).inc()
-        value = default_registry().encode(
-            "DeadLetter",
-            {
-                "source_topic": where[0],
-                "source_partition": where[1],
-                "source_offset": where[2],
-                "key": m.key(),
-                "value": m.value(),
-                "reason": p.reason,
-                "consumer": CONSUMER,
-                "at": now_ms(),
-            },
-        )
+        self._dead_letters.count(p)
 
         def on_delivery(err, _msg):
             if err is None:  # only then may its offset be committed
@@ -337,13 +299,7 @@ class WebhookService:
             else:
                 log.error("dead letter for %s[%d]@%d not written: %s", *where, err)
 
-        self._producer.produce(
-            self.topics.dead_letter,
-            value=value,
-            key=m.key(),
-            headers=[("record", b"DeadLetter")],
-            on_delivery=on_delivery,
-        )
+        self._dead_letters.produce(m, p, on_delivery)
 
     def _finish(self, where: tuple[str, int, int]) -> None:
         self._offsets.finish(*where)
@@ -562,28 +518,21 @@ class WebhookService:
         self._paused = (self._paused | over) - under
         return over, under
 
-    def _housekeeping(self, consumer: Consumer, plan: tuple[set, set], lag: bool) -> None:
+    def _housekeeping(self, consumer: Consumer, plan: tuple[set, set]) -> None:
         pause, resume = plan
         if pause:
             consumer.pause([TopicPartition(t, p) for t, p in pause])
         if resume:
             consumer.resume([TopicPartition(t, p) for t, p in resume])
         self._producer.poll(0)
-        if self._pacer.due():
-            self._commit(consumer, asynchronous=True)
-        if lag:
-            consuming.report_lag(consumer, CONSUMER)
-
-    def _commit(self, consumer: Consumer, *, asynchronous: bool) -> None:
-        consuming.commit_assigned(consumer, self._offsets.committable(), asynchronous=asynchronous)
+        self._offsets.commit(consumer, asynchronous=True)
+        self._offsets.report_lag(consumer)
 
     def _give_up(self, partitions: list[TopicPartition]) -> None:
         """A lease moved: commit what this instance finished of these partitions,
         then forget them; deliveries still waiting go on (StartRun lets only
         one instance win)."""
-        consumer = self._consumer
-        for t, p in consuming.commit_revoked(consumer, self._offsets.committable(), partitions):
-            self._offsets.forget(t, p)
+        self._offsets.give_up(self._consumer, partitions)
 
     async def _shutdown(self, consumer: Consumer) -> None:
         """Runs not yet started are dropped (their records come again); started
@@ -608,10 +557,7 @@ class WebhookService:
 
     def _close_consumer(self, consumer: Consumer) -> None:
         self._producer.flush(self.settings.shutdown_grace_ms / 1000)
-        self._commit(consumer, asynchronous=False)
-        self._assignment.leave(self._lease_db)
-        consumer.close()
-        self._watch.close()
+        shut_down(consumer, self._offsets, self._lease_db, self._assignment, self._watch)
         self._lease_db.close()
 
 

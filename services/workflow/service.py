@@ -22,24 +22,18 @@ consuming, and would run the blocking database transaction on its event loop
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from collections.abc import Callable
 
 import psycopg
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message
 from prometheus_client import Counter
 
-from cronwheel import consuming, kafka, metrics
-from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel import consuming, kafka
+from cronwheel.consumer import ConsumerService, Poison, expect
 from cronwheel.core.clock import now_ms
-from cronwheel.kafka import Topics
-from cronwheel.store.db import Reconnecting
 from cronwheel.store.dispatch import Processed, Pruner, retention_ms
 from cronwheel.store.workflows import CONSUMER, NodeStep, Workflows
-
-log = logging.getLogger("cronwheel.workflow")
 
 STEPS = Counter(
     "cronwheel_workflow_steps_total",
@@ -51,72 +45,40 @@ NODE_RUNS_CREATED = Counter(
 )
 
 
-class Poison(Exception):
-    """A record that cannot be applied; `kind` labels the dead-letter metric."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
 def decode_completion(value: bytes | None) -> dict:
     """The RunCompleted datum in `value`; Poison for anything else."""
-    try:
-        name, datum = default_registry().decode(value)
-    except UndecodableRecord as exc:
-        raise Poison("undecodable", exc.reason) from None
-    if name != "RunCompleted":
-        raise Poison("wrong_record", f"expected RunCompleted, got {name}")
-    return datum
+    return expect(value, "RunCompleted")
 
 
-class WorkflowService:
+class WorkflowService(ConsumerService):
+    """The `run-completed` topic is one for the platform, read by a consumer
+    group (with an `on_revoke` that commits), not under leases."""
+
+    name = CONSUMER
+
     def __init__(
         self,
-        dsn: str,
-        bootstrap: str,
-        topics: Topics,
-        *,
-        group_id: str | None = None,
+        *args,  # ConsumerService's: dsn, bootstrap, topics
         group_instance_id: str | None = None,
-        batch: int = 500,
-        max_wait_ms: int = 0,
-        idle_ms: int = 200,
         commit_interval_ms: int = 0,
         session_timeout_ms: int = 10_000,
-        lag_every_ms: int = 5_000,
-        shutdown_grace_ms: int = 10_000,
         clock: Callable[[], int] = now_ms,
         processed_retention_ms: int | None = None,
+        **skeleton,  # ConsumerService's: group_id, batch, max_wait_ms (0), idle_ms, ...
     ):
-        self.dsn = dsn
-        self.bootstrap = bootstrap
-        self.topics = topics
-        self.group_id = group_id or f"{topics.prefix}.workflow"
+        commit_every_s = commit_interval_ms / 1000
+        super().__init__(*args, commit_every_s=commit_every_s, **skeleton)
         # Static membership: a restarted instance with the same id takes its
         # partitions back at once instead of waiting out the session timeout.
         self.group_instance_id = group_instance_id
-        self.batch = batch
-        self.max_wait_ms = max_wait_ms
-        self.idle_ms = idle_ms
-        self.commit_interval_ms = commit_interval_ms
         self.session_timeout_ms = session_timeout_ms
-        self.lag_every_ms = lag_every_ms
-        self.shutdown_grace_ms = shutdown_grace_ms
         self.clock = clock
-        self.store = Workflows(topics)
+        self.store = Workflows(self.topics)
         self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms or retention_ms())
-        self.producer = kafka.producer(bootstrap)
         self.counts: dict[str, int] = {}
-        self.dead_lettered_total = 0
-        self._db = Reconnecting(self.dsn, log)
-        self._consumer: Consumer | None = None
-        self._done: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
-        self._next_commit = 0.0
 
     # -- the loop ---------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
+    def open(self) -> Consumer:
         kafka.ensure_topics(
             [self.topics.run_completed, self.topics.dead_letter], bootstrap=self.bootstrap
         )
@@ -124,43 +86,22 @@ class WorkflowService:
         if self.group_instance_id:
             conf["group.instance.id"] = self.group_instance_id
         consumer = kafka.consumer(self.group_id, self.bootstrap, **conf)
-        self._consumer = consumer
-        consumer.subscribe([self.topics.run_completed], on_revoke=self._on_revoke)
-        next_lag = 0.0
-        self._next_commit = time.monotonic() + self.commit_interval_ms / 1000
-        try:
-            while not stop.is_set():
-                msgs = self._consume(consumer)
-                if msgs:
-                    if not self.handle(msgs, stop):
-                        break  # stopping mid-batch: uncommitted, so consumed again later
-                    if time.monotonic() >= self._next_commit:
-                        self._commit(asynchronous=True)
-                        self._next_commit = time.monotonic() + self.commit_interval_ms / 1000
-                if self.pruner.due(self.clock()):
-                    self._with_db(lambda c: self.pruner.run(c, self.clock()), stop)
-                if time.monotonic() >= next_lag:
-                    self._report_lag(consumer)
-                    next_lag = time.monotonic() + self.lag_every_ms / 1000
-        finally:
-            self._commit(asynchronous=False)  # only finished batches are in _done
-            consumer.close()
-            self._consumer = None
-            self.producer.flush(self.shutdown_grace_ms / 1000)
-            self.close()
+        consumer.subscribe(
+            [self.topics.run_completed], on_revoke=lambda c, ps: self.offsets.give_up(c, ps)
+        )
+        return consumer
 
-    def close(self) -> None:
-        """Release the database connection (`process` used outside `run` opens one)."""
-        self._db.close()
-
-    def _consume(self, consumer: Consumer) -> list[Message]:
-        """Block until one record arrives, then take what else the client already
-        fetched (or arrives within `max_wait_ms`, default 0: a quiet topic adds no
-        wait; under load the batch fills while the previous one is applied)."""
-        msgs = consumer.consume(1, timeout=self.idle_ms / 1000)
-        if msgs and self.batch > 1:
-            msgs += consumer.consume(self.batch - 1, timeout=self.max_wait_ms / 1000)
-        return consuming.records(msgs)
+    def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
+        # Block until one record arrives, then take what else the client
+        # already fetched (or arrives within `max_wait_ms`, default 0: a quiet
+        # topic adds no wait; under load the batch fills while the previous
+        # one is applied).
+        msgs = self.take(consumer)
+        if msgs and not self.handle(msgs, stop):
+            return False
+        if self.pruner.due(self.clock()):
+            self.with_db(lambda c: self.pruner.run(c, self.clock()), stop)
+        return True
 
     # -- one batch ----------------------------------------------------------------
     def handle(self, msgs: list[Message], stop: threading.Event) -> bool:
@@ -180,14 +121,15 @@ class WorkflowService:
             else:
                 nodes.append((m, datum))
         if nodes:
-            failed = self._with_db(lambda conn: self._apply_batch(conn, nodes), stop)
+            failed = self.with_db(lambda conn: self._apply_batch(conn, nodes), stop)
             if failed is None:
                 return False
             dead += failed
-        if dead and not self._dead_letter(dead, stop):
+        grace_s = self.shutdown_grace_ms / 1000
+        if dead and not self.dead_letters.send(dead, stop, grace_s):
             return False
         for m in msgs:
-            self._done[(m.topic(), m.partition())] = m.offset() + 1
+            self.offsets.finished(m)
         return True
 
     def _apply_batch(
@@ -216,7 +158,7 @@ class WorkflowService:
         except ValueError as exc:
             raise Poison("bad_record", str(exc)) from None
         except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
-            log.exception("RunCompleted of run %s could not be applied", datum["run_id"])
+            self.log.exception("RunCompleted of run %s could not be applied", datum["run_id"])
             raise Poison("failed", f"{type(exc).__name__}: {exc}") from None
 
     def process(self, value: bytes | None, stop: threading.Event | None = None) -> NodeStep | None:
@@ -226,7 +168,7 @@ class WorkflowService:
         datum = decode_completion(value)
         if datum["workflow_run_id"] is None:
             return self._count(NodeStep("not_a_node"))
-        step = self._with_db(lambda conn: self._apply(conn, datum), stop or threading.Event())
+        step = self.with_db(lambda conn: self._apply(conn, datum), stop or threading.Event())
         return None if step is None else self._count(step)
 
     def _count(self, step: NodeStep) -> NodeStep:
@@ -234,7 +176,7 @@ class WorkflowService:
         if step.outcome != "not_a_node":
             STEPS.labels(step.outcome).inc()
         if step.outcome == "duplicate":
-            log.info(
+            self.log.info(
                 "RunCompleted of %s node %s already processed: skipped",
                 step.workflow_run_id,
                 step.node,
@@ -242,89 +184,3 @@ class WorkflowService:
         if step.created:
             NODE_RUNS_CREATED.inc(len(step.created))
         return step
-
-    def _with_db(self, fn, stop: threading.Event):
-        return self._db.call(fn, stop)
-
-    # -- dead letters ---------------------------------------------------------------
-    def _dead_letter(self, dead: list[tuple[Message, Poison]], stop: threading.Event) -> bool:
-        """Produce each as a DeadLetter record and wait until the broker has them
-        all; records it refused are produced again. False if `stop` gave up."""
-        pending = dead
-        backoff = 0.1
-        while pending:
-            failed: list[tuple[Message, Poison]] = []
-            for item in pending:
-                self._produce_dead_letter(item, failed)
-            if not self._flush(stop):
-                return False
-            if failed:
-                if stop.wait(backoff):
-                    return False
-                backoff = min(backoff * 2, 5.0)
-            pending = failed
-        for m, p in dead:
-            log.warning(
-                "dead-lettered %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason
-            )
-            self.dead_lettered_total += 1
-            metrics.DEAD_LETTERS.labels(CONSUMER, p.kind).inc()
-        return True
-
-    def _produce_dead_letter(self, item: tuple[Message, Poison], failed: list) -> None:
-        m, p = item
-        value = default_registry().encode(
-            "DeadLetter",
-            {
-                "source_topic": m.topic(),
-                "source_partition": m.partition(),
-                "source_offset": m.offset(),
-                "key": m.key(),
-                "value": m.value(),
-                "reason": p.reason,
-                "consumer": CONSUMER,
-                "at": now_ms(),
-            },
-        )
-
-        def on_delivery(err, _msg):
-            if err is not None:
-                log.warning("dead letter not delivered: %s", err)
-                failed.append(item)
-
-        while True:
-            try:
-                self.producer.produce(
-                    self.topics.dead_letter,
-                    value=value,
-                    key=m.key(),
-                    headers=[("record", b"DeadLetter")],
-                    on_delivery=on_delivery,
-                )
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-
-    def _flush(self, stop: threading.Event) -> bool:
-        give_up: float | None = None
-        while len(self.producer) > 0:
-            self.producer.flush(0.5)
-            if stop.is_set():
-                give_up = give_up or time.monotonic() + self.shutdown_grace_ms / 1000
-                if time.monotonic() >= give_up:
-                    self.producer.purge()
-                    self.producer.flush(0)
-                    return False
-        return True
-
-    # -- offsets and lag ------------------------------------------------------------
-    def _commit(self, *, asynchronous: bool) -> None:
-        """Commit the offsets of finished batches on partitions still assigned."""
-        if self._consumer is not None:
-            consuming.commit_assigned(self._consumer, self._done, asynchronous=asynchronous)
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consuming.commit_revoked(consumer, self._done, partitions)
-
-    def _report_lag(self, consumer: Consumer) -> int:
-        return consuming.report_lag(consumer, CONSUMER)

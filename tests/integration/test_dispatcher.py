@@ -339,10 +339,10 @@ def test_pipelined_batches__record_again_while_its_forward_unacknowledged__forwa
     try:
         assert dispatcher._send(msgs[:2], stop)
         assert dispatcher._send(msgs[1:], stop)  # r1 again, r2 new; r1's first forward unsettled
-        assert dispatcher._done == {}  # nothing committable before the acks
+        assert dispatcher.offsets.done == {}  # nothing committable before the acks
         assert dispatcher._settle(stop, until=0)
         assert (dispatcher.forwarded_total, dispatcher.duplicates_total) == (3, 1)
-        assert dispatcher._done == {(source, 0): msgs[2].offset() + 1}
+        assert dispatcher.offsets.done == {(source, 0): msgs[2].offset() + 1}
     finally:
         dispatcher.close()
     wait_for(lambda: broker.count(dest) >= 3, timeout=30, what="forwards on the queue topic")

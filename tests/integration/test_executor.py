@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from cronwheel import kafka
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
@@ -25,6 +26,7 @@ from services.executor.service import Executor
 from services.relay.service import Relay
 from services.timer.service import TimerService
 from tests.support import db as dbsupport
+from tests.support.kafka import drain
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -276,3 +278,32 @@ def test_tenant_cap__held_runs__critical_takes_the_freed_slot_before_an_earlier_
     done = {r: platform.finished(tenant, r) for r in (normal, critical)}
     assert all(run["state"] == "SUCCEEDED" for run in done.values())
     assert done[critical]["started_at"] < done[normal]["started_at"]
+
+
+def test_poison__on_every_partition__dead_lettered_counted__runs_behind_it_still_run(platform):
+    tenant = platform.tenant()
+    first = platform.trigger(tenant, ["/bin/true"])  # the tenant's managed topic, read
+    assert platform.finished(tenant, first)["state"] == "SUCCEEDED"
+    topic = platform.topics.managed(tenant["tenant_id"])
+    bootstrap = platform.executor.bootstrap
+    producer = kafka.producer(bootstrap)
+    partitions = len(producer.list_topics(topic, timeout=10).topics[topic].partitions)
+    before = platform.executor.dead_lettered_total
+    for p in range(partitions):
+        producer.produce(topic, value=b"not avro", key=f"junk-{p}".encode(), partition=p)
+    assert producer.flush(10) == 0
+    behind = platform.trigger(tenant, ["/bin/true"])
+    assert platform.finished(tenant, behind)["state"] == "SUCCEEDED"
+    wait_for(
+        lambda: platform.executor.dead_lettered_total == before + partitions,
+        what="every poison record counted",
+    )
+    letters = [
+        d
+        for *_x, d, _m in drain(bootstrap, platform.topics.dead_letter, want=partitions)
+        if d["source_topic"] == topic
+    ]
+    assert sorted(d["source_partition"] for d in letters) == list(range(partitions))
+    assert {(d["consumer"], d["value"], d["reason"]) for d in letters} == {
+        ("executor", b"not avro", "not single-object encoded")
+    }

@@ -174,16 +174,18 @@ async def _submit_all_many(db: Database, fn, items) -> list:
 
 
 def _committed_to_the_end(service: WebhookService, topic: str) -> bool:
-    """The service's group has committed every partition of `topic` up to its end."""
+    """The service's group has committed every partition of `topic` that holds
+    records up to its end (a partition of a class no run had holds none and
+    has nothing to commit)."""
     c = kafka.consumer(service.group_id, service.bootstrap)
     try:
-        parts = [TopicPartition(topic, p) for p in range(2)]
+        n = len(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        parts = [TopicPartition(topic, p) for p in range(n)]
         committed = {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(2)}  # fmt: skip
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
     finally:
         c.close()
-    return all(committed[p] == ends[p] for p in ends)
+    return any(ends.values()) and all(committed[p] == end for p, end in ends.items() if end)
 
 
 def test_burst__every_run_delivered_once_signed__succeeded__offsets_committed(
@@ -204,7 +206,7 @@ def test_burst__every_run_delivered_once_signed__succeeded__offsets_committed(
             lambda: _committed_to_the_end(service, topics.webhook(tenant["tenant_id"])), 20,
             what="the offsets of the burst to be committed",
         )  # fmt: skip
-        assert service._offsets.in_flight() == 0
+        assert service._offsets.tracker.in_flight() == 0
         assert service._db.groups < service._db.grouped  # some calls did share a transaction
     got = receiver.requests("/hook")
     assert sorted(g.headers["webhook-id"] for g in got) == sorted(ids)

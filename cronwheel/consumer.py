@@ -1,0 +1,345 @@
+"""The skeleton of every service that consumes Kafka: it owns start and stop,
+the clients, the reconnecting database connection, the leased assignment of
+per-tenant topics, and the Kafka plumbing (poison records and their dead
+letters, produce retries, paced commits, the hand-over of partitions, lag), so
+that a service holds only what a record means to it. River's
+`internal/startstop` and `internal/baseservice` are the model.
+
+Two ways to use it:
+
+- `ConsumerService`, a base for a loop on a thread of its own (dispatcher,
+  workflow, executor): the subclass gives `turn` (one pass: consume and handle
+  what came) and, where it holds state per partition, `forget`; `run` does the
+  rest in this order, each pass: follow the assignment, the turn, commit
+  (paced), report lag; and on the way out: `stopping`, a final synchronous
+  commit, hand back the leases, close the consumer, the watch, the producer
+  (flushed) and the database.
+- The pieces on their own (`Poison`, `expect_owned`, `DeadLetters`,
+  `produce`, `cronwheel.consuming.TrackedOffsets` and `take`, `shut_down`),
+  for a service whose loop is not a thread's (the webhook service runs
+  asyncio, its consumer on a thread of its own).
+
+A poison record is never lost, never crashes a consumer and never stalls its
+partition: it goes to the dead-letter topic as a `DeadLetter` record
+(schemas/DeadLetter.v1.avsc, the source's exact bytes), is counted in
+`cronwheel_dead_letters_total{consumer, reason}`, and its offset is committed
+once the broker has acknowledged the dead letter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+from cronwheel import consuming, kafka, metrics
+from cronwheel.assignment import LeasedAssignment
+from cronwheel.core.avro import UndecodableRecord, default_registry
+from cronwheel.core.clock import now_ms
+from cronwheel.kafka import Placement, Topics
+from cronwheel.store.db import Reconnecting
+from cronwheel.store.leases import Leases
+from cronwheel.topic_watch import TopicWatch
+
+RECORD_HEADER = "record"  # the Avro record a produced value holds (`RunReady`, `DeadLetter`)
+# Error events logged at debug only: a topic assigned before the broker knows
+# it, or deleted, is expected (topics come and go with tenants).
+QUIET = (KafkaError.UNKNOWN_TOPIC_OR_PART,)
+
+
+class Poison(Exception):
+    """A record this consumer cannot handle: it is dead-lettered, not retried.
+    `kind` labels the dead-letter metric, `reason` says why (in the record)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def expect(value: bytes | None, record: str) -> dict:
+    """The datum of the `record` (an Avro record's name) that `value` holds;
+    Poison if it holds something else or nothing that decodes."""
+    try:
+        name, datum = default_registry().decode(value)
+    except UndecodableRecord as exc:
+        raise Poison("undecodable", exc.reason) from None
+    if name != record:
+        raise Poison("wrong_record", f"expected {record}, got {name}")
+    return datum
+
+
+def expect_owned(m: Message, record: str, topic_of: Callable[[str], str]) -> dict:
+    """As `expect`, for a record read from a per-tenant topic: Poison unless
+    the datum's `tenant_id` owns the topic it was read from (`topic_of`
+    names a tenant's), so one tenant's topic never acts for another."""
+    datum = expect(m.value(), record)
+    tenant = datum["tenant_id"]
+    try:
+        owner = topic_of(tenant)
+    except ValueError:
+        owner = None
+    if owner != m.topic():
+        raise Poison("wrong_tenant", f"tenant_id {tenant!r} does not own {m.topic()}")
+    return datum
+
+
+def produce(producer: Producer, **record) -> None:
+    """`producer.produce(**record)`; while its local queue is full
+    (BufferError), let deliveries drain and try again: never drop a record."""
+    while True:
+        try:
+            producer.produce(**record)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+class DeadLetters:
+    """Sets poison records aside on the dead-letter topic, as `DeadLetter`
+    records keyed by the source's key, and counts them per consumer."""
+
+    def __init__(self, producer: Producer, topic: str, consumer: str, log: logging.Logger):
+        self.producer = producer
+        self.topic = topic
+        self.consumer = consumer
+        self.log = log
+        self.total = 0  # counted (`count`): each poison record once
+
+    def record(self, m: Message, p: Poison) -> dict:
+        """produce()'s arguments for `m`'s dead letter (no delivery callback)."""
+        self.log.warning(
+            "dead-lettering %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), p.reason
+        )
+        value = default_registry().encode(
+            "DeadLetter",
+            {
+                "source_topic": m.topic(),
+                "source_partition": m.partition(),
+                "source_offset": m.offset(),
+                "key": m.key(),
+                "value": m.value(),
+                "reason": p.reason,
+                "consumer": self.consumer,
+                "at": now_ms(),
+            },
+        )
+        return {
+            "topic": self.topic,
+            "key": m.key(),
+            "value": value,
+            "headers": [(RECORD_HEADER, b"DeadLetter")],
+        }
+
+    def produce(self, m: Message, p: Poison, on_delivery: Callable | None = None) -> None:
+        """Produce `m`'s dead letter; `on_delivery(err, msg)` says whether the
+        broker has it (only then may `m`'s offset be committed)."""
+        produce(self.producer, **self.record(m, p), on_delivery=on_delivery)
+
+    def count(self, p: Poison) -> None:
+        self.total += 1
+        metrics.DEAD_LETTERS.labels(self.consumer, p.kind).inc()
+
+    def send(
+        self, dead: list[tuple[Message, Poison]], stop: threading.Event, grace_s: float
+    ) -> bool:
+        """Produce each one and wait until the broker has them all, producing
+        again (after a pause doubling to 5 s) what it refused; then count them.
+        False if `stop` came first: after `grace_s` of it, what is still queued
+        is purged, and nothing is counted (the records come again)."""
+        pending = dead
+        backoff = 0.1
+        while pending:
+            failed: list[tuple[Message, Poison]] = []
+            for item in pending:
+
+                def on_delivery(err, _msg, item=item, failed=failed):
+                    if err is not None:
+                        self.log.warning("dead letter not delivered: %s", err)
+                        failed.append(item)
+
+                self.produce(*item, on_delivery=on_delivery)
+            if not flush(self.producer, stop, grace_s):
+                return False
+            if failed:
+                if stop.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, 5.0)
+            pending = failed
+        for _m, p in dead:
+            self.count(p)
+        return True
+
+
+def flush(producer: Producer, stop: threading.Event, grace_s: float) -> bool:
+    """Wait until the producer has an answer for every record; once `stop` is
+    set, at most `grace_s` more, then purge what is left and return False."""
+    give_up: float | None = None
+    while len(producer) > 0:
+        producer.flush(0.5)
+        if stop.is_set():
+            give_up = give_up or time.monotonic() + grace_s
+            if time.monotonic() >= give_up:
+                producer.purge()
+                producer.flush(0)
+                return False
+    return True
+
+
+def shut_down(
+    consumer: Consumer,
+    offsets: consuming.Offsets,
+    db: Reconnecting,
+    assignment: LeasedAssignment | None = None,
+    watch: TopicWatch | None = None,
+) -> None:
+    """A consumer's way out: commit what finished (synchronously), hand the
+    leases back (the others take the tenants at their next renewal), close
+    the consumer and the topic watch."""
+    offsets.commit(consumer, asynchronous=False)
+    if assignment is not None:
+        assignment.leave(db)
+    consumer.close()
+    if watch is not None:
+        watch.close()
+
+
+class ConsumerService:
+    """The base of a consuming service whose loop runs on a thread: see the
+    module's docstring. `name` labels its metrics and dead letters and ends
+    its group id (`<prefix>.<name>`, which also names its leases)."""
+
+    name = ""
+
+    def __init__(
+        self,
+        dsn: str,
+        bootstrap: str,
+        topics: Topics,
+        *,
+        group_id: str | None = None,
+        batch: int = 500,
+        idle_ms: int = 200,
+        max_wait_ms: int = 0,
+        lag_every_ms: int = 5_000,
+        shutdown_grace_ms: int = 10_000,
+        commit_every_s: float = consuming.COMMIT_EVERY_S,
+    ):
+        self.dsn = dsn
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.group_id = group_id or f"{topics.prefix}.{self.name}"
+        self.batch = batch  # records taken at most per consume
+        self.idle_ms = idle_ms  # how long a consume blocks for a first record
+        self.max_wait_ms = max_wait_ms  # then, how long for more
+        self.lag_every_ms = lag_every_ms
+        self.shutdown_grace_ms = shutdown_grace_ms
+        self.log = logging.getLogger(f"cronwheel.{self.name}")
+        self.producer = kafka.producer(bootstrap)
+        self.dead_letters = DeadLetters(self.producer, topics.dead_letter, self.name, self.log)
+        self.offsets = consuming.Offsets(
+            self.name, commit_every_s=commit_every_s, lag_every_s=lag_every_ms / 1000
+        )
+        self._db = Reconnecting(dsn, self.log)
+        self._consumer: Consumer | None = None
+        self._stop = threading.Event()
+        self.assignment: LeasedAssignment | None = None
+        self.watch: TopicWatch | None = None
+
+    @property
+    def dead_lettered_total(self) -> int:
+        return self.dead_letters.total
+
+    def lease_tenant_topics(
+        self, kind: str, *, ttl_ms: int = 10_000, placement: Placement | None = None, **watch
+    ) -> None:
+        """Read the per-tenant topics `<prefix>.<kind>.<tenant>` by name, those
+        of the tenants whose partitions this instance leases
+        (cronwheel.assignment), rather than by a group's rebalance. `watch`:
+        TopicWatch's options."""
+        prefix = f"{self.topics.prefix}.{kind}."
+        self.watch = TopicWatch(self.dsn, self.producer, prefix, **watch)
+        self.assignment = LeasedAssignment(
+            Leases(self.group_id, ttl_ms=ttl_ms), prefix, placement or Placement(self.producer)
+        )
+
+    # -- start and stop ---------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        self._stop = stop
+        consumer = self._consumer = self.open()
+        try:
+            while not stop.is_set():
+                if self.assignment is not None and not self._follow(consumer, stop):
+                    break  # stopping while the database is away
+                if not self.turn(consumer, stop):
+                    break  # stopping mid-batch: uncommitted, so consumed again later
+                self.offsets.commit(consumer, asynchronous=True)
+                self.offsets.report_lag(consumer)
+        finally:
+            self.stopping(stop)
+            shut_down(consumer, self.offsets, self._db, self.assignment, self.watch)
+            self._consumer = None
+            self.close()
+
+    def open(self) -> Consumer:
+        """The consumer (a subclass that subscribes does it here)."""
+        return kafka.consumer(self.group_id, self.bootstrap, on_commit=consuming.on_commit)
+
+    def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
+        """One pass of the loop; False if `stop` interrupted it."""
+        raise NotImplementedError
+
+    def stopping(self, stop: threading.Event) -> None:
+        """On the way out, before the last commit: finish what is under way."""
+
+    def close(self) -> None:
+        """Flush the producer and close the database connection (run() does this)."""
+        self.producer.flush(self.shutdown_grace_ms / 1000)
+        self._db.close()
+
+    # -- the database -----------------------------------------------------------
+
+    def with_db(self, fn, stop: threading.Event, stopped=None):
+        """`fn(conn)` on the loop's connection, waiting out a database that is
+        away (the reconnect policy); `stopped` if `stop` came meanwhile."""
+        return self._db.call(fn, stop, stopped)
+
+    # -- what this instance reads -----------------------------------------------
+
+    def _follow(self, consumer: Consumer, stop: threading.Event) -> bool:
+        assert self.assignment is not None and self.watch is not None
+        added = self.assignment.follow(consumer, self.watch, self._db, stop, self.give_up)
+        if added is None:
+            return False
+        self.assigned(added)
+        return True
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """These partitions were just assigned, at these (committed) offsets."""
+
+    def give_up(self, partitions: list[TopicPartition]) -> None:
+        """Hand these over (their lease moved, or they were revoked): commit
+        what this instance finished of them, then `forget` each."""
+        assert self._consumer is not None
+        for key in self.offsets.give_up(self._consumer, partitions):
+            self.forget(key)
+
+    def forget(self, where: consuming.Where) -> None:
+        """Drop what is held of this partition: its next owner reads it again."""
+
+    # -- records ----------------------------------------------------------------
+
+    def take(self, consumer: Consumer, wait_ms: float | None = None) -> list[Message]:
+        """Up to `batch` records: block up to `wait_ms` (default `idle_ms`)
+        for one, then take what else arrives within `max_wait_ms`."""
+        wait_ms = self.idle_ms if wait_ms is None else wait_ms
+        return consuming.take(consumer, self.batch, wait_ms / 1000, self.max_wait_ms / 1000, QUIET)
+
+    @staticmethod
+    def records(msgs: Iterable[Message]) -> list[Message]:
+        """The records among what was consumed; error events handled."""
+        return consuming.records(msgs, QUIET)
