@@ -69,6 +69,7 @@ class LeasedAssignment:
         self.names: set[str] = set()
         self.owned: frozenset[int] = frozenset()
         self.assigned: set[Where] = set()
+        self.version = 0  # raised whenever `assigned` changes
         self._next_renewal = 0.0
         self._stale = False  # names or leases changed since the last apply
         self._not_before = 0.0  # a topic's count was unknown: when to ask again
@@ -201,6 +202,8 @@ class LeasedAssignment:
                 log.warning("committed offsets unavailable: %s", exc)
             consumer.incremental_assign(new)
             self.assigned.update((tp.topic, tp.partition) for tp in new)
+        if gone or new:
+            self.version += 1
         self._stale = unknown
         # Not on every pass: each ask is a metadata request of its own.
         self._not_before = time.monotonic() + UNKNOWN_RETRY_S if unknown else 0.0

@@ -160,6 +160,9 @@ class Dispatcher(ConsumerService):
         self._class_paused: set[tuple[str, int]] = set()
         self._waiting_since: dict[int, float] = {}
         self._progress: dict[int, float] = {}
+        self._top: int | None = None  # the class the last pass paused the lower ones for
+        self._by_rank: dict[int, list[tuple[str, int]]] | None = None  # assigned, by class
+        self._by_rank_version = -1  # the assignment's version it was made at
         # Dispatch quotas: records held per partition (paused) until `_held_until`.
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
@@ -190,9 +193,7 @@ class Dispatcher(ConsumerService):
             return False
         if read or self._class_paused or self._waiting_since:
             # Idle (nothing read, nothing held back for a class): no class can
-            # be waiting behind another, and the pass over every assigned
-            # partition was most of an idle dispatcher's CPU with hundreds of
-            # tenants.
+            # be waiting behind another.
             self._prioritise(consumer)
         if self.pruner.due(now_ms()):
             self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
@@ -445,36 +446,52 @@ class Dispatcher(ConsumerService):
 
     def _prioritise(self, consumer: Consumer) -> None:
         """Pause every partition of a class lower than the highest class with
-        records waiting; resume them when it has none (or stalls)."""
+        records waiting; resume them when it has none (or stalls).
+
+        Only what can change the answer is looked at. The lowest class
+        present is never the top of anything. A class is examined only while
+        a lower class has records waiting (else pausing below it would hold
+        nothing back), and of the two questions (does this class wait, does
+        anything below it wait) the cheaper is asked first. So a dispatcher
+        with thousands of one-lane tenants (all normal) and a few laid out by
+        class looks at the few critical, high and low partitions on a pass,
+        and at the normal ones only while a low one has records waiting."""
         if not self.class_pausing:
             return
-        assigned = consumer.assignment()
-        waiting: set[int] = set()
-        classes: dict[tuple[str, int], int] = {}
-        for tp in assigned:
-            key = (tp.topic, tp.partition)
-            rank = self._class_of(*key)
-            if rank is None:
-                continue
-            classes[key] = rank
-            if key in self._class_paused or key in self._held:
-                continue  # not fetched: its watermark is stale
-            low, high = consumer.get_watermark_offsets(tp, cached=True)
-            if high is None or high < 0:
-                continue
-            if high > self._next.get(key, max(low or 0, 0)):
-                waiting.add(rank)
+        by_rank = self._partitions_by_rank(consumer)
+        ranks = sorted(by_rank)  # critical (0) first
+        examined: dict[int, bool] = {}
+
+        def waits(rank: int) -> bool:
+            if rank not in examined:
+                examined[rank] = self._has_waiting(consumer, by_rank[rank])
+            return examined[rank]
+
+        def below_waits(rank: int) -> bool:
+            # What the last pass paused for a class at or below this one waits
+            # still: paused partitions are not fetched, their watermarks stale.
+            if self._top is not None and rank <= self._top:
+                return True
+            return any(waits(r) for r in reversed(ranks) if r > rank)  # the lowest first
+
         now = time.monotonic()
-        for rank in list(self._waiting_since):
-            if rank not in waiting:
-                del self._waiting_since[rank]
         top = None
-        for rank in sorted(waiting):
+        for i, rank in enumerate(ranks[:-1]):
+            below = sum(len(by_rank[r]) for r in ranks[i + 1 :])
+            if len(by_rank[rank]) <= below:
+                contended = waits(rank) and below_waits(rank)
+            else:
+                contended = below_waits(rank) and waits(rank)
+            if not contended:
+                continue
             since = max(self._waiting_since.setdefault(rank, now), self._progress.get(rank, 0))
             if now - since < self.stall_ms / 1000:
                 top = rank
                 break
-        want = {k for k, r in classes.items() if top is not None and r > top}
+        for rank in list(self._waiting_since):
+            if not examined.get(rank):
+                del self._waiting_since[rank]
+        want = set() if top is None else {k for r in ranks if r > top for k in by_rank[r]}
         pause = want - self._class_paused
         resume = self._class_paused - want
         if pause:
@@ -486,7 +503,39 @@ class Dispatcher(ConsumerService):
             if back:
                 consumer.resume(back)
         self._class_paused = want
+        self._top = top
         metrics.CLASS_PAUSED.set(len(want))
+
+    def _partitions_by_rank(self, consumer: Consumer) -> dict[int, list[tuple[str, int]]]:
+        """The assigned partitions by class, made again only when the
+        assignment changed or a class was unknown (a count not asked yet)."""
+        version = self.assignment.version
+        if self._by_rank is None or self._by_rank_version != version:
+            by_rank: dict[int, list[tuple[str, int]]] = {}
+            complete = True
+            for key in self.assignment.assigned:
+                rank = self._class_of(*key)
+                if rank is None:
+                    complete = False
+                    continue
+                by_rank.setdefault(rank, []).append(key)
+            self._by_rank = by_rank
+            self._by_rank_version = version if complete else -1
+        return self._by_rank
+
+    def _has_waiting(self, consumer: Consumer, keys: list[tuple[str, int]]) -> bool:
+        """Whether one of these partitions has records past what was consumed,
+        by the watermarks the last fetches brought (paused or held ones are
+        not fetched: their watermarks are stale)."""
+        for key in keys:
+            if key in self._class_paused or key in self._held:
+                continue
+            low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            if high is None or high < 0:
+                continue
+            if high > self._next.get(key, max(low or 0, 0)):
+                return True
+        return False
 
     # -- dispatch quotas ------------------------------------------------------
 

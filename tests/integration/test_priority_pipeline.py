@@ -197,6 +197,47 @@ def test_dispatcher__normal_backlog_then_critical__critical_forwarded_next(
     assert normal_between <= 1200, "critical records waited behind the normal backlog"
 
 
+def test_dispatcher__one_lane_tenants_backlog_then_critical_of_a_laid_out_tenant__critical_next(
+    database_url, kafka_bootstrap, topic_prefix
+):
+    """Tenants whose run topic is one lane (one partition, read as normal) are
+    paused like normal partitions while another tenant's critical records
+    wait: 20 one-lane tenants with 300 normal records each, then critical
+    ones on a tenant whose topic is laid out by class."""
+    topics = Topics(topic_prefix)
+    lanes = [f"lane{i}" for i in range(20)]
+    kafka.ensure_topics([topics.runs(t) for t in lanes], partitions=1, bootstrap=kafka_bootstrap)
+    kafka.ensure_topics(
+        [topics.runs("vip")], partitions=kafka.CLASS_PARTITIONS, bootstrap=kafka_bootstrap
+    )
+    dests = [topics.queue(t, "q") for t in [*lanes, "vip"]]
+    p = kafka.producer(kafka_bootstrap)
+    for t in lanes:
+        for i in range(300):
+            key = f"{t}-n{i}".encode()
+            p.produce(topics.runs(t), key=key, value=_ready(t, key.decode(), "normal"))
+    assert p.flush(30) == 0
+    with (
+        Arrivals(kafka_bootstrap, dests) as got,
+        running(Dispatcher(database_url, kafka_bootstrap, topics, batch=200)),
+    ):
+        wait_for(lambda: len(got.seen) >= 400, 60, 0.01, "the backlog to start draining")
+        for i in range(20):
+            key = f"c{i}".encode()
+            value = _ready("vip", f"c{i}", "critical")
+            p.produce(topics.runs("vip"), key=key, value=value, partition=0)  # critical's lane
+        assert p.flush(30) == 0
+        acked_at = now_ms()
+        wait_for(lambda: len(got.seen) == 6020, 90, 0.05, "every record forwarded")
+    order = got.ordered()
+    last_critical = max(ts for ts, _t, pr in order if pr == "critical")
+    normal_between = sum(
+        1 for ts, _t, pr in order if pr == "normal" and acked_at <= ts <= last_critical
+    )
+    print(f"critical records on the broker; {normal_between} normal forwarded before the last")
+    assert normal_between <= 1200, "critical records waited behind the one-lane tenants' backlog"
+
+
 def test_dispatch_quota__bucket_paces_a_tenant__held_records_follow__nothing_lost(
     database_url, kafka_bootstrap, topic_prefix
 ):
