@@ -267,7 +267,9 @@ class Firing:
 class Processed:
     """The dispatcher's and the workflow service's record of what they consumed."""
 
-    # How long a (run_id, attempt) stays recorded as processed (7 days).
+    # How long a (run_id, attempt) stays recorded as processed (7 days): longer
+    # than any topic keeps a record (the local broker keeps 24 h), so a
+    # redelivery always finds its row.
     retention_ms: int = setting("CRONWHEEL_PROCESSED_RETENTION_MS", 7 * 86_400_000, minimum=1)
 
 
@@ -329,8 +331,16 @@ def external_kafka() -> bool:
     return bool(os.environ.get("KAFKA_BOOTSTRAP", "").strip())
 
 
+def topic_prefix() -> str:
+    return _one(Common, "topic_prefix")
+
+
 def fire_ahead_ms() -> int:
     return _one(Firing, "fire_ahead_ms")
+
+
+def processed_retention_ms() -> int:
+    return _one(Processed, "retention_ms")
 
 
 def cell() -> str:

@@ -31,10 +31,9 @@ def operator_key() -> str:
     return path.read_text().strip()
 
 
-def ensure_demo(dsn: str) -> dict:
+def ensure_demo(dsn: str, topics: Topics) -> dict:
     """Create the demo tenant and job once; every call issues a fresh demo key
     (keys are stored hashed, so an old one cannot be shown again)."""
-    topics = Topics.from_env()
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT tenant_id FROM tenants WHERE name = %s", [DEMO_TENANT]

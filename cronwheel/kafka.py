@@ -12,7 +12,6 @@ so one broker can hold several independent systems.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 import zlib
@@ -32,10 +31,6 @@ _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 @dataclass(frozen=True)
 class Topics:
     prefix: str = "cw"
-
-    @classmethod
-    def from_env(cls) -> Topics:
-        return cls(os.environ.get("CRONWHEEL_TOPIC_PREFIX", "cw"))
 
     def runs(self, tenant_id: str) -> str:
         return f"{self.prefix}.runs.{_safe(tenant_id)}"

@@ -74,8 +74,8 @@ def cmd_dev(args) -> None:
         from cronwheel.kafka import Topics
 
         gateway = config.load(service_settings("gateway"))
-        demo = ensure_demo(gateway.common.database_url)
         topics = Topics(gateway.common.topic_prefix)
+        demo = ensure_demo(gateway.common.database_url, topics)
         print(f"admin API     http://{gateway.serving.http_addr}/v1  (spec at /openapi.json)")
         print(f"operator key  {gateway.operator_key or operator_key()}")
         print(f"demo tenant   {demo['tenant_id']}  key {demo['api_key']}")

@@ -8,13 +8,14 @@ one of the addresses `resolve_destination` returned, not resolve the name again.
 Refused: loopback, private, link-local, multicast, reserved, unspecified and
 shared (CGNAT) addresses, IPv4 addresses hidden in IPv6 (IPv4-mapped, 6to4,
 Teredo, NAT64), and every address that is not globally routable, unless it
-lies inside one of the CIDRs in `CRONWHEEL_WEBHOOK_ALLOW_CIDRS`.
+lies inside one of the CIDRs the operator allows (`CRONWHEEL_WEBHOOK_ALLOW_CIDRS`,
+read once at start-up into the service's settings, cronwheel/config.py
+`Destinations`, and passed in as `allow`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
@@ -32,12 +33,11 @@ class Refused(ValueError):
     """The destination is not one the platform may call."""
 
 
-def allowed_networks(text: str | None = None) -> list[Network]:
-    """The operator's allow list (comma-separated CIDRs); ValueError on a bad entry,
-    so a typo fails at startup instead of silently allowing nothing."""
-    raw = os.environ.get(ALLOW_ENV, "") if text is None else text
+def allowed_networks(text: str = "") -> list[Network]:
+    """The networks of an allow list `text` (comma-separated CIDRs); ValueError on
+    a bad entry, so a typo fails at startup instead of silently allowing nothing."""
     nets = []
-    for part in raw.split(","):
+    for part in text.split(","):
         if part.strip():
             try:
                 nets.append(ipaddress.ip_network(part.strip(), strict=False))
@@ -72,12 +72,11 @@ def why_refused(addr: Address, allow: Sequence[Network] = ()) -> str | None:
 def resolve_destination(
     host: str,
     port: int,
-    allow: Sequence[Network] | None = None,
+    allow: Sequence[Network] = (),
     resolve: Resolver = socket.getaddrinfo,
 ) -> list[str]:
     """Every address `host` resolves to, when all of them may be called; else Refused.
     (All, not any: a name that also answers with a private address is refused.)"""
-    nets = allowed_networks() if allow is None else allow
     try:
         infos = resolve(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError, ValueError) as e:
@@ -89,7 +88,7 @@ def resolve_destination(
             addr = ipaddress.ip_address(text.split("%", 1)[0])
         except ValueError as e:
             raise Refused(f"{host!r} resolved to {text!r}, not an address") from e
-        if reason := why_refused(addr, nets):
+        if reason := why_refused(addr, allow):
             raise Refused(reason)
         if text not in addrs:
             addrs.append(text)
@@ -102,7 +101,7 @@ def check_webhook_url(
     url: object,
     *,
     field: str = "target.url",
-    allow: Sequence[Network] | None = None,
+    allow: Sequence[Network] = (),
     resolve: Resolver = socket.getaddrinfo,
 ) -> None:
     """ValidationError naming `field` unless `url` is http(s) to a callable host."""

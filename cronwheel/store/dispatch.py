@@ -8,24 +8,22 @@ in between forwards again; it never loses a record.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import psycopg
 
-from cronwheel import metrics
+from cronwheel import config, metrics
 from cronwheel.core.clock import to_dt
 from cronwheel.store.sql_loader import queries
 
 Q = queries("dispatch")
-DAY_MS = 86_400_000
 
 
 def retention_ms() -> int:
-    """How long `processed` rows are kept: longer than any topic keeps a message
-    (the local broker keeps 24 h), so a redelivery always finds its row.
-    `CRONWHEEL_PROCESSED_RETENTION_MS`, default 7 days."""
-    return int(os.environ.get("CRONWHEEL_PROCESSED_RETENTION_MS", str(7 * DAY_MS)))
+    """How long `processed` rows are kept (cronwheel/config.py `Processed`):
+    longer than any topic keeps a message, so a redelivery always finds its row.
+    For a caller without its service's settings; a service passes its own."""
+    return config.processed_retention_ms()
 
 
 def message_key(run_id: str, attempt: int) -> str:

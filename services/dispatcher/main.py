@@ -1,27 +1,12 @@
-"""`cronwheel serve dispatcher`. Settings: DispatcherSettings (docs/settings.md)."""
+"""`cronwheel serve dispatcher`. Settings: DispatcherSettings (settings.py, docs/settings.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cronwheel import config, metrics
-from cronwheel.config import Common, Metrics, Processed, group, setting
 from cronwheel.kafka import Topics
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.dispatcher.service import Dispatcher
-
-
-@dataclass(frozen=True)
-class DispatcherSettings:
-    common: Common = group(Common)
-    metrics: Metrics = group(Metrics)
-    processed: Processed = group(Processed)
-    batch: int = setting("CRONWHEEL_DISPATCHER_BATCH", 500, minimum=1)  # records per batch
-    # How long a batch waits to fill.
-    max_wait_ms: int = setting("CRONWHEEL_DISPATCHER_MAX_WAIT_MS", 5, minimum=0)
-    # Batches produced and awaiting their acknowledgements at once; 1 waits for
-    # each batch before reading the next.
-    in_flight: int = setting("CRONWHEEL_DISPATCHER_IN_FLIGHT", 4, minimum=1)
+from services.dispatcher.settings import DispatcherSettings
 
 
 def main() -> None:

@@ -47,13 +47,15 @@ from functools import cached_property
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from cronwheel import kafka, metrics
+from cronwheel.config import Processed as ProcessedSettings
 from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.kafka import Placement, Topics, class_of_partition
-from cronwheel.store.dispatch import Processed, Pruner, message_key, retention_ms
+from cronwheel.store.dispatch import Processed, Pruner, message_key
 from cronwheel.store.quotas import Buckets
 from cronwheel.topic_watch import announce
+from services.dispatcher.settings import DispatcherSettings
 
 log = logging.getLogger("cronwheel.dispatcher")
 
@@ -130,20 +132,21 @@ class Dispatcher(ConsumerService):
     def __init__(
         self,
         *args,  # ConsumerService's: dsn, bootstrap, topics
-        in_flight: int = 4,
-        max_wait_ms: int = 5,
+        batch: int = DispatcherSettings.batch,
+        in_flight: int = DispatcherSettings.in_flight,
+        max_wait_ms: int = DispatcherSettings.max_wait_ms,
         class_pausing: bool = True,
         stall_ms: int = 1_000,
         quotas: Buckets | None = None,
-        processed_retention_ms: int | None = None,
+        processed_retention_ms: int = ProcessedSettings.retention_ms,
         topic_scan_s: float = 30.0,
         lease_ttl_ms: int = 10_000,
-        **skeleton,  # ConsumerService's: group_id, batch, idle_ms, lag_every_ms, ...
+        **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
     ):
-        super().__init__(*args, max_wait_ms=max_wait_ms, **skeleton)
+        super().__init__(*args, batch=batch, max_wait_ms=max_wait_ms, **skeleton)
         self.in_flight = max(1, in_flight)
         self.processed = Processed(CONSUMER)
-        self.pruner = Pruner(self.processed, processed_retention_ms or retention_ms())
+        self.pruner = Pruner(self.processed, processed_retention_ms)
         self._placement = Placement(self.producer)
         self.forwarded_total = 0
         self.duplicates_total = 0

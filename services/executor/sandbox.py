@@ -89,7 +89,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Policy:
-    """The operator's settings: defaults and ceilings for what targets may ask."""
+    """The operator's settings: defaults and ceilings for what targets may ask.
+    main.py's SandboxSettings reads CRONWHEEL_EXECUTOR_<NAME> for each field."""
 
     allow_network: bool = False
     memory_mb: int = 512
@@ -106,30 +107,6 @@ class Policy:
     uid_range: int = 10_000
     cgroup: str | None = None  # a delegated cgroup v2 directory; None: try our own
     lock_dir: str | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Policy:
-        def num(name: str, default: int) -> int:
-            return int(env.get(f"CRONWHEEL_EXECUTOR_{name}", default))
-
-        base = cls()
-        return cls(
-            allow_network=env.get("CRONWHEEL_EXECUTOR_ALLOW_NETWORK", "0") in ("1", "true", "yes"),
-            memory_mb=num("MEMORY_MB", base.memory_mb),
-            max_memory_mb=num("MAX_MEMORY_MB", base.max_memory_mb),
-            cpu_ms=num("CPU_MS", base.cpu_ms),
-            max_cpu_ms=num("MAX_CPU_MS", base.max_cpu_ms),
-            pids=num("PIDS", base.pids),
-            max_pids=num("MAX_PIDS", base.max_pids),
-            fsize_mb=num("FSIZE_MB", base.fsize_mb),
-            nofile=num("NOFILE", base.nofile),
-            scratch_mb=num("SCRATCH_MB", base.scratch_mb),
-            max_wall_ms=num("MAX_WALL_MS", base.max_wall_ms),
-            uid_base=num("UID_BASE", base.uid_base),
-            uid_range=num("UID_RANGE", base.uid_range),
-            cgroup=env.get("CRONWHEEL_EXECUTOR_CGROUP") or None,
-            lock_dir=env.get("CRONWHEEL_EXECUTOR_LOCK_DIR") or None,
-        )
 
     def limits_for(self, target: Mapping) -> Limits:
         """The limits a managed target runs with; TargetRefused if it asks for

@@ -55,6 +55,7 @@ from services.executor.sandbox import (
     TargetRefused,
     command_env,
 )
+from services.executor.settings import ExecutorSettings
 
 log = logging.getLogger("cronwheel.executor")
 
@@ -110,17 +111,18 @@ class Executor(ConsumerService):
     def __init__(
         self,
         *args,  # ConsumerService's: dsn, bootstrap, topics
-        policy: Policy | None = None,
-        concurrency: int = 4,
-        per_tenant: int = 2,
+        policy: Policy | None = None,  # None: Policy's defaults
+        concurrency: int = ExecutorSettings.concurrency,
+        per_tenant: int = ExecutorSettings.per_tenant,
         instance: str | None = None,
-        session_timeout_ms: int = 10_000,
-        **skeleton,  # ConsumerService's: group_id, idle_ms, shutdown_grace_ms, ...
+        session_timeout_ms: int = ExecutorSettings.session_timeout_ms,
+        shutdown_grace_ms: int = ExecutorSettings.shutdown_grace_ms,
+        **skeleton,  # ConsumerService's: group_id, idle_ms, ...
     ):
-        self.policy = policy or Policy.from_env()
+        self.policy = policy or Policy()
         # Refuses to construct (SandboxUnavailable) where commands cannot be sandboxed.
         self.sandbox = Sandbox(self.policy, concurrency)
-        super().__init__(*args, commit_every_s=0.5, **skeleton)
+        super().__init__(*args, commit_every_s=0.5, shutdown_grace_ms=shutdown_grace_ms, **skeleton)
         self.slots = Slots(concurrency, per_tenant)
         self.instance = instance or uuid.uuid4().hex[:12]
         self.worker_id = f"executor:{self.instance}"

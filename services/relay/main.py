@@ -1,21 +1,11 @@
-"""`cronwheel serve relay`. Settings: RelaySettings (docs/settings.md)."""
+"""`cronwheel serve relay`. Settings: RelaySettings (settings.py, docs/settings.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cronwheel import config, metrics
-from cronwheel.config import Common, Firing, Metrics, group, setting
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.relay.service import Relay
-
-
-@dataclass(frozen=True)
-class RelaySettings:
-    common: Common = group(Common)
-    metrics: Metrics = group(Metrics)
-    firing: Firing = group(Firing)
-    batch: int = setting("CRONWHEEL_RELAY_BATCH", 5000, minimum=1)
+from services.relay.settings import RelaySettings
 
 
 def main() -> None:

@@ -36,12 +36,14 @@ import time
 import psycopg
 
 from cronwheel import kafka, metrics
+from cronwheel.config import Firing
 from cronwheel.consumer import produce
 from cronwheel.core.clock import now_ms
 from cronwheel.store import outbox
 from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import announce
+from services.relay.settings import RelaySettings
 
 log = logging.getLogger("cronwheel.relay")
 
@@ -52,8 +54,8 @@ class Relay:
         dsn: str,
         bootstrap: str,
         *,
-        batch: int = 5000,
-        lease_ttl_ms: int = 10_000,
+        batch: int = RelaySettings.batch,
+        lease_ttl_ms: int = Firing.lease_ttl_ms,
         idle_ms: int = 500,
         hold_ms: int = 1_000,
         instance: str | None = None,

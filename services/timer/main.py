@@ -1,24 +1,12 @@
-"""`cronwheel serve timer`. Settings: TimerSettings (docs/settings.md)."""
+"""`cronwheel serve timer`. Settings: TimerSettings (settings.py, docs/settings.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cronwheel import config, metrics
-from cronwheel.config import Common, Firing, Metrics, group, setting
 from cronwheel.kafka import Topics
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.timer.service import TimerService
-
-
-@dataclass(frozen=True)
-class TimerSettings:
-    common: Common = group(Common)
-    metrics: Metrics = group(Metrics)
-    firing: Firing = group(Firing)
-    batch: int = setting("CRONWHEEL_TIMER_BATCH", 500, minimum=1)
-    # > 0: a critical-first batch of that size (docs/priority.md); 0: off.
-    critical_batch: int = setting("CRONWHEEL_TIMER_CRITICAL_BATCH", 0, minimum=0)
+from services.timer.settings import TimerSettings
 
 
 def main() -> None:

@@ -23,12 +23,14 @@ from collections.abc import Callable
 import psycopg
 
 from cronwheel import metrics
+from cronwheel.config import Firing as FiringSettings
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.firing import FireReport, Firing, Handler, wake_lead
 from cronwheel.store.leases import Leases
 from cronwheel.store.timer_kinds import timer_handlers
+from services.timer.settings import TimerSettings
 
 log = logging.getLogger("cronwheel.timer")
 
@@ -93,16 +95,16 @@ class TimerService:
         dsn: str,
         topics: Topics,
         *,
-        batch: int = 500,
-        critical_batch: int = 0,
-        lease_ttl_ms: int = 10_000,
+        batch: int = TimerSettings.batch,
+        critical_batch: int = TimerSettings.critical_batch,
+        lease_ttl_ms: int = FiringSettings.lease_ttl_ms,
         lookahead_ms: int = 2_000,
         idle_ms: int = 1_000,
         wheel_limit: int = 2048,
         handlers: dict[str, Handler] | None = None,
         clock: Callable[[], int] = now_ms,
         instance: str | None = None,
-        ahead_ms: int = 0,
+        ahead_ms: int = FiringSettings.fire_ahead_ms,  # 0: each run at its instant
     ):
         self.dsn = dsn
         self.ahead_ms = ahead_ms

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 import secrets
 import threading
 import time
@@ -59,7 +57,7 @@ from cronwheel.consuming import TrackedOffsets
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.runs import priority_rank
-from cronwheel.core.ssrf import Network, allowed_networks
+from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Placement, Topics
 from cronwheel.store import webhooks
 from cronwheel.store.db import Reconnecting
@@ -109,7 +107,8 @@ OPEN_BREAKERS = Gauge("cronwheel_webhook_open_breakers", "Endpoints whose breake
 
 @dataclass(frozen=True)
 class Settings:
-    """Tunables; `from_env` reads CRONWHEEL_WEBHOOK_<NAME> for each field."""
+    """Tunables, with their defaults; main.py's TuningSettings reads
+    CRONWHEEL_WEBHOOK_<NAME> for each field."""
 
     per_endpoint: int = 16  # concurrent deliveries to one scheme://host:port
     max_in_flight: int = 512  # concurrent deliveries in all
@@ -126,16 +125,6 @@ class Settings:
     shutdown_grace_ms: int = 10_000
     keepalive_ms: int = 30_000
 
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        values = {}
-        for f in dataclasses.fields(cls):
-            raw = env.get(f"CRONWHEEL_WEBHOOK_{f.name.upper()}")
-            if raw:
-                values[f.name] = int(raw)
-        return cls(**values)
-
 
 class WebhookService:
     def __init__(
@@ -145,7 +134,7 @@ class WebhookService:
         topics: Topics,
         *,
         instance: str | None = None,
-        allow: Sequence[Network] | None = None,
+        allow: Sequence[Network] = (),  # beyond public addresses (core/ssrf.py)
         settings: Settings | None = None,
         group_id: str | None = None,
     ):
@@ -154,7 +143,7 @@ class WebhookService:
         self.topics = topics
         self.instance = instance or secrets.token_hex(4)
         self.worker_id = f"webhook:{self.instance}"
-        self.allow = allowed_networks() if allow is None else list(allow)
+        self.allow = list(allow)
         self.settings = settings or Settings()
         self.group_id = group_id or f"{topics.prefix}.webhook"
         self.lifecycle = Lifecycle(topics)

@@ -45,7 +45,7 @@ def topics(topic_prefix) -> Topics:
 
 @pytest.fixture
 def service(database_url, topics, clock) -> TimerService:
-    return TimerService(database_url, topics, lease_ttl_ms=5000, clock=clock)
+    return TimerService(database_url, topics, lease_ttl_ms=5000, clock=clock, ahead_ms=0)
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ def platform(servers, db_template, new_topic_prefix):
             conn = stack.enter_context(psycopg.connect(url, autocommit=True))
             stack.enter_context(running(Relay(url, bootstrap, idle_ms=100)))
             stack.enter_context(running(Dispatcher(url, bootstrap, topics)))
-            stack.enter_context(running(TimerService(url, topics, lease_ttl_ms=5000)))
+            stack.enter_context(running(TimerService(url, topics, lease_ttl_ms=5000, ahead_ms=0)))
             stack.enter_context(running(executor))
             yield Platform(url, topics, conn, executor)
     finally:

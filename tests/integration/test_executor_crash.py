@@ -58,7 +58,9 @@ def test_executor_killed_mid_run__lease_expires__attempt_2_completes(
         conn = stack.enter_context(psycopg.connect(database_url, autocommit=True))
         stack.enter_context(running(Relay(database_url, kafka_bootstrap, idle_ms=100)))
         stack.enter_context(running(Dispatcher(database_url, kafka_bootstrap, topics)))
-        stack.enter_context(running(TimerService(database_url, topics, lease_ttl_ms=5000)))
+        stack.enter_context(
+            running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0))
+        )
         launch = stack.enter_context(launcher(database_url, kafka_bootstrap, topic_prefix))
 
         tenant = create_tenant(conn, "crashy")
@@ -110,7 +112,9 @@ def test_executor_stopped_mid_run__command_killed_after_grace__run_retried(
         conn = stack.enter_context(psycopg.connect(database_url, autocommit=True))
         stack.enter_context(running(Relay(database_url, kafka_bootstrap, idle_ms=100)))
         stack.enter_context(running(Dispatcher(database_url, kafka_bootstrap, topics)))
-        stack.enter_context(running(TimerService(database_url, topics, lease_ttl_ms=5000)))
+        stack.enter_context(
+            running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0))
+        )
         tenant = create_tenant(conn, "stopping")
         jobs = Jobs(topics)
         job = jobs.create(

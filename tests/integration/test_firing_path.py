@@ -47,7 +47,7 @@ def test_every_ms_job__fires_on_its_instants__records_reach_the_tenant_topic(
         now_ms(),
     )
     assert job["topic"] == topics.queue(tenant["tenant_id"], "billing")
-    timer = TimerService(database_url, topics, lease_ttl_ms=5000)
+    timer = TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)
     relay = Relay(database_url, kafka_bootstrap)
     with running(relay):
         with running(timer):
@@ -83,7 +83,7 @@ def test_timer__database_session_killed__reconnects_and_keeps_firing(
         now_ms(),
     )
     count = "SELECT count(*) FROM runs WHERE job_id = %s"
-    with running(TimerService(database_url, topics, lease_ttl_ms=5000)):
+    with running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)):
         wait_for(lambda: conn.execute(count, [job["job_id"]]).fetchone()[0] >= 3, what="first runs")
         killed = conn.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
@@ -108,7 +108,7 @@ def test_pause_resume_while_firing__no_deadlock(database_url, topic_prefix, conn
     ids = [
         jobs.create(conn, tenant, {**body, "name": f"j{i}"}, now_ms())["job_id"] for i in range(40)
     ]
-    with running(TimerService(database_url, topics, lease_ttl_ms=5000)):
+    with running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)):
         wait_for(
             lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 40, what="firing"
         )
@@ -136,7 +136,9 @@ def test_more_due_than_one_wheel_load__each_fires_on_time__not_at_the_idle_tick(
             "target": {"type": "queue", "queue": "q"},
         }
         Jobs(topics).create(conn, tenant, body, base + 100 * i)
-    timer = TimerService(database_url, topics, lease_ttl_ms=30_000, idle_ms=5_000, wheel_limit=3)
+    timer = TimerService(
+        database_url, topics, lease_ttl_ms=30_000, idle_ms=5_000, wheel_limit=3, ahead_ms=0
+    )
     with running(timer):
         wait_for(
             lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 12,

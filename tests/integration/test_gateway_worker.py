@@ -98,7 +98,9 @@ def test_complete__retryable_failure__attempt_2_after_backoff_and_attempt_1_toke
     failed = complete(client, run_id, 1, token1, "FAILED", error="boom", retryable=True)
     assert failed.json()["state"] == "RETRY_WAIT"
 
-    timer = TimerService(database_url, Topics(topic_prefix), lease_ttl_ms=60_000, clock=clock)
+    timer = TimerService(
+        database_url, Topics(topic_prefix), lease_ttl_ms=60_000, clock=clock, ahead_ms=0
+    )
     with psycopg.connect(database_url, autocommit=True) as conn:
         timer.leases.tick(conn, clock())
         timer.fire_once(conn, clock.advance(100))  # before the backoff: nothing yet

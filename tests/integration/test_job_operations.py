@@ -73,7 +73,7 @@ def run_instants(conn, job_id: str) -> list[int]:
 
 def fire_at(database_url, topics, conn, now: int):
     """One pass of the real firing loop at the clock `now`."""
-    service = TimerService(database_url, topics, lease_ttl_ms=60_000, clock=lambda: now)
+    service = TimerService(database_url, topics, lease_ttl_ms=60_000, clock=lambda: now, ahead_ms=0)
     service.leases.tick(conn, now)
     return service.fire_once(conn, now)
 

@@ -72,7 +72,7 @@ def pipeline(url: str, bootstrap: str, topics: Topics, tenants: list[dict]):
     timer, relay and dispatcher running in this process."""
     kafka.ensure_topics([topics.runs(t["tenant_id"]) for t in tenants], bootstrap=bootstrap)
     with (
-        running(TimerService(url, topics, lease_ttl_ms=5_000)),
+        running(TimerService(url, topics, lease_ttl_ms=5_000, ahead_ms=0)),
         running(Relay(url, bootstrap, idle_ms=100)),
         running(Dispatcher(url, bootstrap, topics)) as dispatcher,
     ):

@@ -184,7 +184,7 @@ def platform(database_url, kafka_bootstrap, topics, allow=LOOPBACK, **settings):
     with (
         running(Relay(database_url, kafka_bootstrap, idle_ms=50)),
         running(Dispatcher(database_url, kafka_bootstrap, topics)),
-        running(TimerService(database_url, topics, lease_ttl_ms=5000, idle_ms=200)),
+        running(TimerService(database_url, topics, lease_ttl_ms=5000, idle_ms=200, ahead_ms=0)),
         running(service),
     ):
         yield service

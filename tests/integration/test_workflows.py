@@ -201,7 +201,7 @@ def test_failure_after_retries__fails_workflow_run__skips_below__siblings_unaffe
     b = flow.nodes(wfr)["b"]["run_id"]
     assert flow.finish(b, "FAILED") == "RETRY_WAIT"
     assert flow.take_completions() == []  # a retry is not a completion
-    timer = TimerService(flow.conn.info.dsn, flow.topics)
+    timer = TimerService(flow.conn.info.dsn, flow.topics, ahead_ms=0)
     timer.leases.tick(flow.conn, now_ms())
     wait_for(lambda: timer.fire_once(flow.conn, now_ms() + 10).runs_created, what="retry fired")
     assert flow.finish(b, "FAILED") == "FAILED"
@@ -229,7 +229,7 @@ def test_timed_out_node__fails_workflow_run_like_a_failure(flow):
     )
     run_id = flow.nodes(wfr)["a"]["run_id"]
     flow.lc.start(flow.conn, flow.tenant["tenant_id"], run_id, "w", now_ms())
-    timer = TimerService(flow.conn.info.dsn, flow.topics)
+    timer = TimerService(flow.conn.info.dsn, flow.topics, ahead_ms=0)
     timer.leases.tick(flow.conn, now_ms())
     timer.fire_once(flow.conn, now_ms() + 5_000)  # the lease expired, no attempt left
     [step] = flow.apply(flow.take_completions())
@@ -318,7 +318,7 @@ def test_trigger__same_millisecond_twice__one_workflow_run(flow):
 
 
 def _timer(flow: Flow) -> TimerService:
-    timer = TimerService(flow.conn.info.dsn, flow.topics)
+    timer = TimerService(flow.conn.info.dsn, flow.topics, ahead_ms=0)
     timer.leases.tick(flow.conn, now_ms())
     return timer
 

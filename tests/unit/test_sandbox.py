@@ -3,8 +3,12 @@ pure checks of what the executor would run, without running it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from cronwheel import config
+from services.executor.main import SandboxSettings
 from services.executor.sandbox import (
     BWRAP_PROCS,
     Cgroups,
@@ -116,12 +120,15 @@ def test_policy__defaults_apply__ceilings_and_network_refused():
     assert Policy(allow_network=True).limits_for({"limits": {"network": True}}).network
 
 
-def test_policy__from_env__reads_the_operator_settings():
-    policy = Policy.from_env(
-        {"CRONWHEEL_EXECUTOR_ALLOW_NETWORK": "1", "CRONWHEEL_EXECUTOR_PIDS": "16"}
-    )
+def policy_from(env: dict[str, str]) -> Policy:
+    """The Policy `cronwheel serve executor` builds from `env`."""
+    return Policy(**dataclasses.asdict(config.load(SandboxSettings, env)))
+
+
+def test_policy__from_the_services_settings__reads_the_operator_settings():
+    policy = policy_from({"CRONWHEEL_EXECUTOR_ALLOW_NETWORK": "1", "CRONWHEEL_EXECUTOR_PIDS": "16"})
     assert policy.allow_network and policy.pids == 16
-    assert not Policy.from_env({}).allow_network
+    assert not policy_from({}).allow_network
 
 
 def test_command_env__only_the_targets_variables_and_defaults(monkeypatch):

@@ -3,12 +3,15 @@ fencing headers; settings from the environment."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from standardwebhooks import Webhook
 
+from cronwheel import config
 from cronwheel.kafka import Topics
 from cronwheel.store.webhooks import DeliveryTarget, new_secret
+from services.webhook.main import TuningSettings
 from services.webhook.service import Settings, WebhookService
 
 
@@ -58,10 +61,12 @@ def test_headers__job_headers_kept__reserved_and_framing_ones_dropped():
     Webhook(secret).verify(body, got)
 
 
-def test_settings__from_env():
-    got = Settings.from_env(
-        {"CRONWHEEL_WEBHOOK_PER_ENDPOINT": "4", "CRONWHEEL_WEBHOOK_BREAKER_COOLDOWN_MS": "500"}
+def test_settings__read_from_the_environment_by_the_services_settings():
+    tuning = config.load(
+        TuningSettings,
+        {"CRONWHEEL_WEBHOOK_PER_ENDPOINT": "4", "CRONWHEEL_WEBHOOK_BREAKER_COOLDOWN_MS": "500"},
     )
+    got = Settings(**dataclasses.asdict(tuning))
     assert (got.per_endpoint, got.breaker_cooldown_ms, got.max_in_flight) == (4, 500, 512)
 
 

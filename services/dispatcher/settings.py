@@ -1,0 +1,22 @@
+"""The dispatcher's settings, each default written here once (docs/settings.md);
+`cronwheel serve dispatcher` reads them (main.py) and Dispatcher's defaults are
+these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cronwheel.config import Common, Metrics, Processed, group, setting
+
+
+@dataclass(frozen=True)
+class DispatcherSettings:
+    common: Common = group(Common)
+    metrics: Metrics = group(Metrics)
+    processed: Processed = group(Processed)
+    batch: int = setting("CRONWHEEL_DISPATCHER_BATCH", 500, minimum=1)  # records per batch
+    # How long a batch waits to fill.
+    max_wait_ms: int = setting("CRONWHEEL_DISPATCHER_MAX_WAIT_MS", 5, minimum=0)
+    # Batches produced and awaiting their acknowledgements at once; 1 waits for
+    # each batch before reading the next.
+    in_flight: int = setting("CRONWHEEL_DISPATCHER_IN_FLIGHT", 4, minimum=1)
