@@ -159,7 +159,7 @@ class Platform:
     def __enter__(self) -> Platform:
         try:
             for name in self.services:
-                argv = [sys.executable, "-m", "cronwheel.cli", "serve", name]
+                argv = [sys.executable, "-m", "services.entrypoints", "serve", name]
                 env = {}
                 if name == "gateway" and self.profile_to is not None:
                     argv = [sys.executable, __file__, "--profiled-gateway", str(self.profile_to)]

@@ -401,7 +401,7 @@ def start_services(
         log = open(logdir / f"webhook-{i}.log", "wb")  # noqa: SIM115 - kept by the process
         procs.append(
             subprocess.Popen(
-                [str(PYTHON), "-m", "cronwheel.cli", "serve", "webhook"],
+                [str(PYTHON), "-m", "services.entrypoints", "serve", "webhook"],
                 cwd=root,
                 env={**env, "CRONWHEEL_WEBHOOK_INSTANCE": f"bench{i}"},
                 stdout=log,

@@ -79,7 +79,7 @@ class Procs:
     def start(self, name: str) -> None:
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - kept by the process
         self.procs[name] = subprocess.Popen(
-            [str(PYTHON), "-m", "cronwheel.cli", "serve", name],
+            [str(PYTHON), "-m", "services.entrypoints", "serve", name],
             cwd=ROOT,
             env=self.env,
             stdout=log,

@@ -361,7 +361,7 @@ class Services:
         for name in self.names:
             log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - kept by the process
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "cronwheel.cli", "serve", name],
+                [sys.executable, "-m", "services.entrypoints", "serve", name],
                 cwd=ROOT,
                 env=env,
                 stdout=log,

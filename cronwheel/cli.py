@@ -1,10 +1,12 @@
 """The `cronwheel` command's verbs that need no service: the local stack,
-migrations, schedule previews and the admin verbs. Each translates arguments
-into one call into the stack, the store or the core; errors become one
-readable line and exit code 1.
+migrations and schedule previews. Each translates arguments into one call into
+the stack, the store or the core; errors become one readable line and exit
+code 1.
 
-The command itself is services.entrypoints, which adds `serve` and `dev`: this
-package imports no service (docs/architecture.md, Layers).
+The command itself is services.entrypoints (`cronwheel`, or `python -m
+services.entrypoints`), which adds `serve`, `dev` and the admin verbs (an HTTP
+client, services/admin_cli.py): this package imports no service and calls no
+HTTP (docs/architecture.md, Layers).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import sys
 from collections.abc import Callable
 
 from cronwheel import config
-from cronwheel.cli_admin import add_parsers as add_admin_parsers
 
 # The entry point's verbs: called with the parser's subparsers to add its own.
 AddVerbs = Callable[[argparse._SubParsersAction], None]
@@ -107,7 +108,6 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--repeat", choices=["first", "last", "both"], default="first")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_preview)
-    add_admin_parsers(sub)
     return p
 
 
@@ -131,12 +131,3 @@ def main(argv: list[str] | None = None, add_verbs: AddVerbs | None = None) -> in
 def _one_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
-
-
-if __name__ == "__main__":
-    # `python -m cronwheel.cli VERB ...`, as the tests and benches start services:
-    # the whole command, `serve` and `dev` included. The one import from this
-    # package into `services` (pyproject.toml names it in ignore_imports).
-    from services.entrypoints import main as command
-
-    sys.exit(command())

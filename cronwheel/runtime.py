@@ -26,20 +26,3 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return stop
-
-
-def keep_running(loop, stop: threading.Event, log: logging.Logger, what: str) -> None:
-    """Run `loop(stop)` until stop is set, starting it again after a lost database
-    or broker connection (a restart of PostgreSQL, a session the server ended),
-    with backoff, instead of letting the service exit on the first hiccup."""
-    import psycopg
-
-    delay = 0.5
-    while not stop.is_set():
-        try:
-            loop(stop)
-            return
-        except psycopg.OperationalError as e:
-            log.warning("%s lost its connection (%s); reconnecting in %.1fs", what, e, delay)
-            stop.wait(delay)
-            delay = min(delay * 2, 10.0)

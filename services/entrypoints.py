@@ -1,8 +1,10 @@
 """The `cronwheel` command: the one place that wires the services in.
 
-`cronwheel serve NAME...` and `cronwheel dev` start services; every other verb
-(up, status, migrate, preview, the admin verbs) is cronwheel.cli's, which knows
-no service. The services are imported here plainly, each only when it is the
+`cronwheel serve NAME...` and `cronwheel dev` start services; the admin verbs
+(tenants, keys, jobs, runs, workflows) call the API (admin_cli.py); every other
+verb (up, status, migrate, preview) is cronwheel.cli's, which knows no service.
+`python -m services.entrypoints VERB ...` is the same command (the tests and
+benches start services so). The services are imported here plainly, each only when it is the
 one asked for, so that a reader and `lint-imports` see every arrow (the
 package `cronwheel` never imports `services`: docs/architecture.md, Layers).
 """
@@ -101,25 +103,30 @@ def _supervise(names: list[str]) -> None:
     Supervisor(commands, config.project_home()).run(stop_on_signals())
 
 
-def add_service_verbs(sub: argparse._SubParsersAction) -> None:
+def add_verbs(sub: argparse._SubParsersAction) -> None:
+    """The verbs cronwheel.cli does not know: serve, dev and the admin verbs."""
+    from services import admin_cli
+
     sp = sub.add_parser("serve", help="run services")
     sp.add_argument("services", nargs="+", metavar="SERVICE")
     sp.set_defaults(func=cmd_serve)
     sp = sub.add_parser("dev", help="run every service in one command")
     sp.add_argument("--demo", action="store_true", help="create the demo tenant and job first")
     sp.set_defaults(func=cmd_dev)
+    admin_cli.add_parsers(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         from cronwheel import cli
+        from services import admin_cli  # noqa: F401  (httpx: the server's packages)
     except ModuleNotFoundError as e:  # a worker's install: the SDK's packages only
         print(
             f"cronwheel: {e}: the command runs the platform; pip install 'cronwheel[server]'",
             file=sys.stderr,
         )
         return 1
-    return cli.main(argv, add_verbs=add_service_verbs)
+    return cli.main(argv, add_verbs=add_verbs)
 
 
 if __name__ == "__main__":

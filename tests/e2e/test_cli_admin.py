@@ -44,7 +44,7 @@ def gateway(database_url, kafka_bootstrap, topic_prefix):
 def cw(base: str, key: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "CRONWHEEL_URL": base, "CRONWHEEL_API_KEY": key}
     return subprocess.run(
-        [sys.executable, "-m", "cronwheel.cli", *args], env=env, cwd=ROOT, input=stdin,
+        [sys.executable, "-m", "services.entrypoints", *args], env=env, cwd=ROOT, input=stdin,
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

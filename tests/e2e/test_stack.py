@@ -45,7 +45,7 @@ def _cli(home, *args, env_extra=None, timeout=180):
         **(env_extra or {}),
     )
     return subprocess.run(
-        [sys.executable, "-m", "cronwheel.cli", *args],
+        [sys.executable, "-m", "services.entrypoints", *args],
         env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

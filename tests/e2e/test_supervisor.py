@@ -43,7 +43,7 @@ def test_service_killed__restarted_with_its_reason__others_untouched__status_sho
     home = tmp_path / "home"
     log = (tmp_path / "supervisor.log").open("wb")
     sup = subprocess.Popen(
-        [PYTHON, "-m", "cronwheel.cli", "serve", "dispatcher", "workflow"],
+        [PYTHON, "-m", "services.entrypoints", "serve", "dispatcher", "workflow"],
         env=env,
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
@@ -84,7 +84,7 @@ def test_service_killed__restarted_with_its_reason__others_untouched__status_sho
         assert services()["workflow"] == {**services()["workflow"], "pid": workflow, "restarts": 0}
 
         out = subprocess.run(
-            [PYTHON, "-m", "cronwheel.cli", "status", "--json"],
+            [PYTHON, "-m", "services.entrypoints", "status", "--json"],
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -96,7 +96,7 @@ def test_service_killed__restarted_with_its_reason__others_untouched__status_sho
         assert status["services"]["dispatcher"]["restarts"] == 2
         assert status["services"]["workflow"]["restarts"] == 0
         text = subprocess.run(
-            [PYTHON, "-m", "cronwheel.cli", "status"],
+            [PYTHON, "-m", "services.entrypoints", "status"],
             env=env,
             cwd=ROOT,
             capture_output=True,

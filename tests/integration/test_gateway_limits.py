@@ -212,7 +212,9 @@ def test_rate_limit__two_workers__the_burst_is_the_keys_not_each_workers(
         "CRONWHEEL_LOG_LEVEL": "WARNING",
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "cronwheel.cli", "serve", "gateway"], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.entrypoints", "serve", "gateway"], env=env
+    )
     try:
         workers = wait_for(lambda: _two_children(proc.pid), 60, 0.1, "two workers")
         wait_for(lambda: _healthy(port), 60, 0.1, "the gateway answering")

@@ -376,7 +376,9 @@ def test_serve_gateway__two_workers__metrics_merged_worker_restarted_sigterm_sto
         "CRONWHEEL_LOG_LEVEL": "WARNING",
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "cronwheel.cli", "serve", "gateway"], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.entrypoints", "serve", "gateway"], env=env
+    )
     try:
 
         def healthy() -> bool:

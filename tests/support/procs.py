@@ -1,5 +1,5 @@
 """Services as real processes, started the way an operator starts them
-(`python -m cronwheel.cli serve NAME`), so tests can kill -9, pause and resume
+(`python -m services.entrypoints serve NAME`), so tests can kill -9, pause and resume
 them. Every process a `Launcher` started is stopped when its block ends, even
 when the test failed: resumed if paused, SIGTERM, then SIGKILL."""
 
@@ -117,7 +117,7 @@ class Launcher:
         path = self.log_dir / f"{name}-{len(self.started)}.log"
         with path.open("wb") as out:
             proc = subprocess.Popen(
-                [PYTHON, "-m", "cronwheel.cli", "serve", name],
+                [PYTHON, "-m", "services.entrypoints", "serve", name],
                 env={**self.env, **env},
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
