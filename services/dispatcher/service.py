@@ -14,10 +14,9 @@ record neither crashes the service nor stalls its partition.
 
 Batches are pipelined: up to `in_flight` of them wait for their acks while the
 next is consumed and produced, and they are settled (marked, their offsets
-made committable) strictly in the order they were produced. Waiting for one
-batch's acks before reading the next put a critical record that arrived
-meanwhile behind the whole round trip of a herd's batch (hundreds of ms on a
-busy broker; bench_storm.py).
+made committable) strictly in the order they were produced, so a critical
+record that arrives meanwhile waits for no herd's round trip through the
+broker (docs/priority.md).
 
 Priority under a backlog (docs/priority.md): the relay puts each class in its
 own quarter of a run topic's partitions (cronwheel.store.outbox), so the

@@ -256,9 +256,10 @@ class Relay:
             if last is not None and last < outbox.NORMAL and self._held[0][1] > last:
                 # A class above normal goes to the broker on its own: its
                 # acknowledgements first, then the lower classes due with it.
-                # Produced together they share produce requests, and the
+                # Produced together they would share produce requests, and the
                 # broker appends a herd's normal records before it answers
-                # (bench_storm.py: critical records readable +100..+600 ms).
+                # (docs/priority.md, "A class above normal goes to the broker
+                # alone", tells what bench/bench_storm.py measured).
                 self.producer.flush(self.barrier_s)
                 metrics.CLASS_BARRIERS.inc()
             _at, last, _seq, row_id, _p, record = heapq.heappop(self._held)

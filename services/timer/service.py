@@ -110,8 +110,8 @@ class TimerService:
         self.ahead_ms = ahead_ms
         # The firing loop is the same for every feature; features add timer kinds.
         # critical_batch > 0: a storm led by critical timers starts with a
-        # small batch of them alone (docs/priority.md, "Critical first"; off
-        # by default: measured, it delayed the last critical run).
+        # small batch of them alone (docs/priority.md, "Critical first", says
+        # why it is off by default).
         self.firing = Firing(
             topics,
             {**timer_handlers(topics), **(handlers or {})},
