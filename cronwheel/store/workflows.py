@@ -4,8 +4,10 @@ Runs create runs. A workflow run starts (its timer fired, or a trigger) by
 inserting the workflow run, one row per node with `pending_deps` = its parent
 count, and a PENDING run for every node with no parents. From then on the run
 lifecycle does the work, and each RunCompleted of a node goes through
-`complete_node`, one transaction that records the message as processed (a
-duplicate stops there), sets the node's state and either releases its children
+`complete_node`, one transaction that checks the record against the run in the
+database (a record that disagrees is refused and changes nothing), records the
+message as processed (a duplicate stops there), sets the node's state and
+either releases its children
 (a child whose counter reaches zero gets its run and RunReady outbox row) or, for
 a failure after retries, fails the workflow run and marks every node below it
 SKIPPED. Node runs live in the workflow's partition, so every step is a
@@ -51,6 +53,11 @@ from cronwheel.store.timers import workflow_timer_id as workflow_timer_id  # whe
 Q = queries("workflows")
 CONSUMER = "workflow"  # its rows in `processed`: one per node run's RunCompleted
 FAILURES = (RunState.FAILED, RunState.TIMED_OUT, RunState.CANCELLED)
+# Why a RunCompleted of a node was refused, the first of its claims found false
+# (begin_step in workflows.sql): no such run; the run (or the workflow run) is
+# another tenant's; the run is not that workflow run's node (or no such workflow
+# run); the run is at another attempt; the run is not in the state claimed.
+REFUSALS = ("no_run", "tenant", "workflow_run", "attempt", "state")
 
 
 @dataclass
@@ -59,7 +66,8 @@ class NodeStep:
 
     outcome: `applied`; `duplicate` (already processed); `stale` (the node was no
     longer waiting for this run, e.g. the workflow run was cancelled);
-    `unknown` (no such workflow run here); `not_a_node` (no workflow_run_id)."""
+    `refused` (the database does not agree with the record: `reason` is one of
+    REFUSALS); `not_a_node` (no workflow_run_id)."""
 
     outcome: str
     workflow_run_id: str | None = None
@@ -67,6 +75,7 @@ class NodeStep:
     created: list[str] = field(default_factory=list)  # run ids of released children
     skipped: list[str] = field(default_factory=list)  # nodes marked SKIPPED
     workflow_state: str | None = None
+    reason: str | None = None  # why a record was refused
 
 
 @dataclass(frozen=True)
@@ -530,27 +539,38 @@ class Workflows:
     # -- the completion step ------------------------------------------------------------
     def complete_node(self, conn: psycopg.Connection, record: dict, now: int) -> NodeStep:
         """Apply one RunCompleted (a decoded record) to its workflow run, in one
-        transaction. Idempotent: a duplicate is recorded in `processed` already and
-        changes nothing."""
+        transaction, if the database agrees with it: the run exists, is the
+        record's tenant's, belongs to the record's workflow run and node, and is in
+        the state the record claims at the record's attempt. Anything else is
+        `refused` and leaves no trace (not even in `processed`), so a forged or
+        stale record changes nothing and the genuine one still applies later.
+        Idempotent: a duplicate is recorded in `processed` already and changes
+        nothing."""
         wfr, node, run_id = record.get("workflow_run_id"), record.get("node"), record["run_id"]
         if wfr is None or node is None:
             return NodeStep("not_a_node")
         try:
             p = partition_of_run(run_id)
         except ValueError:
-            return NodeStep("unknown", wfr, node)
+            return NodeStep("refused", wfr, node, reason="no_run")
         state = RunState(record["state"])  # ValueError for a state we do not know
         if state != RunState.SUCCEEDED and state not in FAILURES:
             raise ValueError(f"a node's run cannot end {state.value}")
-        with conn.transaction():
-            row = conn.execute(
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            begun = cur.execute(
                 Q["begin_step"],
-                {"consumer": CONSUMER, "key": run_id, "now": to_dt(now), "p": p, "wfr": wfr},
-            ).fetchone()
-            fresh, wf_id, tenant_id, wf_state, priority, scheduled_at, covers = row
-            if wf_id is None:
-                return NodeStep("unknown", wfr, node)
-            if not fresh:
+                {
+                    "consumer": CONSUMER, "key": run_id, "now": to_dt(now), "p": p, "wfr": wfr,
+                    "node": node, "tenant_id": record["tenant_id"],
+                    "attempt": record["attempt"], "state": state.value,
+                },
+            ).fetchone()  # fmt: skip
+            wf_state, wf_id = begun["state"], begun["workflow_id"]
+            if begun["refused"] is not None:
+                return NodeStep(
+                    "refused", wfr, node, workflow_state=wf_state, reason=begun["refused"]
+                )
+            if not begun["fresh"]:
                 return NodeStep("duplicate", wfr, node)
             args = {
                 "p": p, "wfr": wfr, "wf": wf_id, "node": node, "run_id": run_id,
@@ -564,14 +584,15 @@ class Workflows:
                     return NodeStep("stale", wfr, node, workflow_state=wf_state)
                 step.workflow_state = got[0][0]
                 ctx = _RunCtx(
-                    p, wfr, wf_id, tenant_id, priority, to_ms(scheduled_at), covers or None
-                )
+                    p, wfr, wf_id, begun["tenant_id"], begun["priority"],
+                    to_ms(begun["scheduled_at"]), begun["covers"] or None,
+                )  # fmt: skip
                 rows = self._create_node_runs(conn, ctx, [(r[1], r[2]) for r in got[1:]], now)
                 step.created = [r.key.decode() for r in rows]
             else:
                 error = f"node {node!r} {state.value}"
-                if record.get("error"):
-                    error += f": {record['error']}"
+                if begun["run_error"]:  # the run's, not the record's
+                    error += f": {begun['run_error']}"
                 hit, failed, skipped = conn.execute(
                     Q["node_failed"], {**args, "state": state.value, "error": error}
                 ).fetchone()

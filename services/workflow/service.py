@@ -1,13 +1,19 @@
 """The workflow service: consumes RunCompleted and moves workflow runs on.
 
-For each record of a workflow node, Workflows.complete_node records the run as
-processed, sets the node's state and creates the runs of the children whose
-last parent just succeeded, or fails the workflow run and skips what lies below
-a failed node, all in one transaction: the records of one consumed batch share
-it (one commit), each in a savepoint of its own. Offsets are committed only
-after that transaction, so a crash in between (kill -9 included) means the
-records come again and are found already processed: exactly one effect per
-completion.
+For each record of a workflow node, Workflows.complete_node checks it against
+the run in the database, records the run as processed, sets the node's state
+and creates the runs of the children whose last parent just succeeded, or fails
+the workflow run and skips what lies below a failed node, all in one
+transaction: the records of one consumed batch share it (one commit), each in a
+savepoint of its own. Offsets are committed only after that transaction, so a
+crash in between (kill -9 included) means the records come again and are found
+already processed: exactly one effect per completion.
+The topic is not trusted: a record whose run is not in the database as the
+record says (another tenant's, another workflow run's, another attempt, not yet
+in the state claimed) is refused: it changes nothing, is not recorded as
+processed (the genuine completion still applies when it comes), is logged at
+warning and counted in cronwheel_workflow_records_refused_total{reason}, and its
+offset moves on like any other.
 Records of plain job runs are skipped without touching the database. Records
 that cannot be decoded or applied go to the dead-letter topic (acknowledged
 before their offset is committed) and are counted: a poison record never
@@ -37,8 +43,14 @@ from cronwheel.store.workflows import CONSUMER, NodeStep, Workflows
 
 STEPS = Counter(
     "cronwheel_workflow_steps_total",
-    "RunCompleted records of workflow nodes by what they did (applied, duplicate, stale, unknown)",
+    "RunCompleted records of workflow nodes by what they did (applied, duplicate, stale, refused)",
     ["outcome"],
+)
+REFUSED = Counter(
+    "cronwheel_workflow_records_refused_total",
+    "RunCompleted records of workflow nodes the database does not agree with, by the first"
+    " claim found false (no_run, tenant, workflow_run, attempt, state); none changed anything",
+    ["reason"],
 )
 NODE_RUNS_CREATED = Counter(
     "cronwheel_workflow_node_runs_created_total", "Runs of workflow nodes released by a parent"
@@ -76,6 +88,7 @@ class WorkflowService(ConsumerService):
         self.store = Workflows(self.topics)
         self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms or retention_ms())
         self.counts: dict[str, int] = {}
+        self.refused: dict[str, int] = {}  # refused records by reason
 
     # -- the loop ---------------------------------------------------------------
     def open(self) -> Consumer:
@@ -117,7 +130,7 @@ class WorkflowService(ConsumerService):
                 dead.append((m, p))
                 continue
             if datum["workflow_run_id"] is None:
-                self._count(NodeStep("not_a_node"))
+                self._count(NodeStep("not_a_node"), datum)
             else:
                 nodes.append((m, datum))
         if nodes:
@@ -140,16 +153,16 @@ class WorkflowService(ConsumerService):
         workflow run order: steps lock their workflow run first, so two instances
         (during a rebalance) always take those locks in the same order."""
         ordered = sorted(nodes, key=lambda n: (n[1]["workflow_run_id"], n[1]["run_id"]))
-        steps: list[NodeStep] = []
+        steps: list[tuple[NodeStep, dict]] = []
         failed: list[tuple[Message, Poison]] = []
         with conn.transaction():
             for m, datum in ordered:
                 try:
-                    steps.append(self._apply(conn, datum))
+                    steps.append((self._apply(conn, datum), datum))
                 except Poison as p:
                     failed.append((m, p))
-        for step in steps:  # counted once committed (a retried batch is not counted twice)
-            self._count(step)
+        for step, datum in steps:  # counted once committed (a retried batch is not counted twice)
+            self._count(step, datum)
         return failed
 
     def _apply(self, conn: psycopg.Connection, datum: dict) -> NodeStep:
@@ -167,14 +180,29 @@ class WorkflowService(ConsumerService):
         only if `stop` was set while the database was away."""
         datum = decode_completion(value)
         if datum["workflow_run_id"] is None:
-            return self._count(NodeStep("not_a_node"))
+            return self._count(NodeStep("not_a_node"), datum)
         step = self.with_db(lambda conn: self._apply(conn, datum), stop or threading.Event())
-        return None if step is None else self._count(step)
+        return None if step is None else self._count(step, datum)
 
-    def _count(self, step: NodeStep) -> NodeStep:
+    def _count(self, step: NodeStep, datum: dict) -> NodeStep:
         self.counts[step.outcome] = self.counts.get(step.outcome, 0) + 1
         if step.outcome != "not_a_node":
             STEPS.labels(step.outcome).inc()
+        if step.outcome == "refused":
+            self.refused[step.reason] = self.refused.get(step.reason, 0) + 1
+            REFUSED.labels(step.reason).inc()
+            # The record's claims are printed quoted and cut short: they are not trusted.
+            self.log.warning(
+                "RunCompleted refused (%s): the database does not agree with run %.80r of"
+                " tenant %.80r, %.80r node %.80r, attempt %s, %.20r; nothing changed",
+                step.reason,
+                datum["run_id"],
+                datum["tenant_id"],
+                step.workflow_run_id,
+                step.node,
+                datum["attempt"],
+                datum["state"],
+            )
         if step.outcome == "duplicate":
             self.log.info(
                 "RunCompleted of %s node %s already processed: skipped",

@@ -183,25 +183,50 @@ SELECT workflow_id, tenant_id, state, priority, scheduled_at, covers
 
 
 -- name: begin_step
--- The first statement of a node's completion step: lock its workflow run, then
--- record the RunCompleted as processed; `fresh` is false for a second delivery.
+-- The first statement of a node's completion step: lock its workflow run, check
+-- the record against the database, then record it as processed; `fresh` is
+-- false for a second delivery.
 -- Every step of one workflow run (completions, cancel) locks that row first, so
 -- steps apply one after the other, the statements after this one see all that
 -- came before, and a transaction applying several records in workflow run
 -- order cannot deadlock with another doing the same.
+-- The record is believed only where `runs` agrees with it (`refused` NULL): the
+-- run exists, is the record's tenant's, belongs to the record's workflow run and
+-- node (and that workflow run to the same tenant), is at the record's attempt
+-- and in the terminal state the record claims. Otherwise `refused` names the
+-- first claim that is false and nothing is recorded, so the genuine completion
+-- still applies when it comes. A terminal run never changes again, so what this
+-- statement saw stays true for the rest of the transaction: no lock on the run.
+-- `run_error` is the run's own error, which a failed node's step writes into the
+-- workflow run rather than the record's.
 WITH wr AS (
     SELECT workflow_id, tenant_id, state, priority, scheduled_at, covers
       FROM workflow_runs
      WHERE partition_id = %(p)s AND workflow_run_id = %(wfr)s
        FOR UPDATE),
+verdict AS (
+    SELECT CASE
+               WHEN r.run_id IS NULL THEN 'no_run'
+               WHEN r.tenant_id <> %(tenant_id)s THEN 'tenant'
+               WHEN r.workflow_run_id IS DISTINCT FROM %(wfr)s
+                    OR r.node IS DISTINCT FROM %(node)s
+                    OR wr.workflow_id IS NULL THEN 'workflow_run'
+               WHEN wr.tenant_id <> %(tenant_id)s THEN 'tenant'
+               WHEN r.attempt <> %(attempt)s THEN 'attempt'
+               WHEN r.state <> %(state)s::run_state THEN 'state'
+           END AS refused,
+           r.error
+      FROM (SELECT 1) AS one
+      LEFT JOIN wr ON true
+      LEFT JOIN runs r ON r.partition_id = %(p)s AND r.run_id = %(key)s),
 fresh AS (
     INSERT INTO processed (consumer, message_key, processed_at)
-    SELECT %(consumer)s, %(key)s, %(now)s WHERE EXISTS (SELECT 1 FROM wr)
+    SELECT %(consumer)s, %(key)s, %(now)s FROM verdict WHERE refused IS NULL
     ON CONFLICT DO NOTHING
     RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fresh) AS fresh, wr.workflow_id, wr.tenant_id, wr.state,
-       wr.priority, wr.scheduled_at, wr.covers
-  FROM (SELECT 1) AS one
+SELECT verdict.refused, EXISTS (SELECT 1 FROM fresh) AS fresh, wr.workflow_id, wr.tenant_id,
+       wr.state, wr.priority, wr.scheduled_at, wr.covers, verdict.error AS run_error
+  FROM verdict
   LEFT JOIN wr ON true;
 
 -- name: node_succeeded
