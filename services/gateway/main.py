@@ -49,8 +49,12 @@ class GatewaySettings:
     operator_key: str | None = setting("CRONWHEEL_OPERATOR_KEY", None)
     rate_limit: float = setting(
         "CRONWHEEL_RATE_LIMIT", 1000.0, parse=_rate, accepts="a number > 0"
-    )  # requests per second per key
+    )  # requests per second per tenant (all its keys)
     rate_burst: float = setting("CRONWHEEL_RATE_BURST", 2000.0, minimum=1)
+    # Failed authentications (unknown or revoked keys) per client address per
+    # minute before 429; how long a process remembers a key's tenant or refusal.
+    auth_failures: int = setting("CRONWHEEL_AUTH_FAILURES_PER_MINUTE", 30, minimum=1)
+    auth_cache_s: float = setting("CRONWHEEL_AUTH_CACHE_S", 30.0, minimum=0)
     pool: int = setting("CRONWHEEL_GATEWAY_POOL", 10, minimum=1)  # connections per process
     # Off: the worker protocol and job creation go through FastAPI's routing
     # too (for comparisons); the answers are the same.
@@ -88,6 +92,7 @@ def serve(settings: GatewaySettings, log) -> None:
     from cronwheel.kafka import Topics
     from services.gateway import metrics_dir
     from services.gateway.app import create_app
+    from services.gateway.auth import AuthLimits, KeyGuard
     from services.gateway.service import GatewayService
 
     fd = settings.listen_fd
@@ -105,6 +110,7 @@ def serve(settings: GatewaySettings, log) -> None:
         worker_fastpath=settings.fastpath,
         rate_limit_table=settings.rate_limit_table if fd is not None else None,
     )
+    app.state.key_guard = KeyGuard(AuthLimits(settings.auth_failures, settings.auth_cache_s))
     metrics_dir.collect_for_all_workers()
     try:
         sock = None if fd is None else socket.socket(fileno=fd)

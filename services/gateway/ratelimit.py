@@ -1,9 +1,12 @@
-"""Per-API-key rate limit: a token bucket per key, before any database work.
+"""Per-tenant rate limit: a token bucket per tenant, before any database work.
 
-Keyed by the hash of the presented bearer token, so it costs nothing per
-request beyond a lookup. The default (1000/s, burst 2000) is generous on
-purpose: worker traffic (start, heartbeat, complete) must not be throttled;
-the limit is there to stop a runaway client.
+Keyed by `bucket_key(...)`: a tenant's id (every key of one tenant shares its
+bucket, so minting keys does not multiply the limit; auth.py knows a key's
+tenant from its cache), the operator key's hash, or a client address for its
+failed authentications (auth.py, at another rate, through the same table). The
+default (1000/s, burst 2000) is generous on purpose: worker traffic (start,
+heartbeat, complete) must not be throttled; the limit is there to stop a
+runaway client.
 
 One gateway process keeps its buckets in memory (RateLimiter). With several
 worker processes on one socket (main.py) a key's requests land on whichever
@@ -20,6 +23,7 @@ buckets (docs/api.md).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import math
 import mmap
 import os
@@ -49,12 +53,17 @@ class RateLimiter:
         self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, key: bytes) -> float:
-        """Take one token for `key`: 0.0 when allowed, else seconds until one is due."""
+    def take(
+        self, key: bytes, *, rate: float | None = None, burst: float | None = None, cost: int = 1
+    ) -> float:
+        """Take `cost` (1, or 0 to look) tokens for `key`: 0.0 when allowed, else
+        seconds until one is due. `rate` and `burst` default to the limiter's;
+        a caller that keeps other buckets here passes its own for them."""
+        rate, burst = rate or self.rate, burst or self.burst
         now = self.clock()
         with self._lock:
-            tokens, last = self._buckets.pop(key, (self.burst, now))
-            tokens, wait = _take(tokens, last, now, self.rate, self.burst)
+            tokens, last = self._buckets.pop(key, (burst, now))
+            tokens, wait = _take(tokens, last, now, rate, burst, cost)
             self._buckets[key] = (tokens, now)
             while len(self._buckets) > self.max_keys:
                 self._buckets.popitem(last=False)  # the least recently used key
@@ -99,8 +108,11 @@ class SharedRateLimiter:
         self._map = mmap.mmap(self._fd, SLOTS * _RECORD.size)
         self._lock = threading.Lock()  # flock does not exclude threads sharing one fd
 
-    def take(self, key: bytes) -> float:
-        """Take one token for `key`: 0.0 when allowed, else seconds until one is due."""
+    def take(
+        self, key: bytes, *, rate: float | None = None, burst: float | None = None, cost: int = 1
+    ) -> float:
+        """As RateLimiter.take."""
+        rate, burst = rate or self.rate, burst or self.burst
         key = key[:8].ljust(8, b"\0")
         tag = bytes([key[0] | 1]) + key[1:]
         home = int.from_bytes(tag, "little") % SLOTS
@@ -108,14 +120,14 @@ class SharedRateLimiter:
         with self._lock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                slot, tokens, last = self._find(tag, home, now)
-                tokens, wait = _take(tokens, last, now, self.rate, self.burst)
+                slot, tokens, last = self._find(tag, home, now, burst)
+                tokens, wait = _take(tokens, last, now, rate, burst, cost)
                 _RECORD.pack_into(self._map, slot * _RECORD.size, tag, tokens, now)
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         return wait
 
-    def _find(self, tag: bytes, home: int, now: float) -> tuple[int, float, float]:
+    def _find(self, tag: bytes, home: int, now: float, burst: float) -> tuple[int, float, float]:
         """(slot, tokens, last refill) of `tag`'s record, or of a slot for it with
         a full bucket."""
         free, oldest, oldest_at = None, home, math.inf
@@ -129,7 +141,7 @@ class SharedRateLimiter:
                     free = slot
             elif last < oldest_at:
                 oldest, oldest_at = slot, last
-        return (oldest if free is None else free), self.burst, now
+        return (oldest if free is None else free), burst, now
 
     def close(self) -> None:
         self._map.close()
@@ -144,13 +156,23 @@ def _check(rate_per_s: float, burst: float) -> None:
         raise ValueError("rate must be > 0 and burst >= 1")
 
 
-def _take(tokens: float, last: float, now: float, rate: float, burst: float) -> tuple[float, float]:
-    """(tokens left, wait): one token taken if there is one after refilling since
-    `last`; else the seconds until there is."""
+def _take(
+    tokens: float, last: float, now: float, rate: float, burst: float, cost: int = 1
+) -> tuple[float, float]:
+    """(tokens left, wait): `cost` tokens (1, or 0 to look) taken if there is one
+    after refilling since `last`; else the seconds until there is."""
     tokens = min(burst, tokens + max(0.0, now - last) * rate)
     if tokens >= 1:
-        return tokens - 1, 0.0
+        return tokens - cost, 0.0
     return tokens, (1 - tokens) / rate
+
+
+def bucket_key(kind: str, name: str | bytes) -> bytes:
+    """The key of a bucket: `kind` ("tenant", "operator", "auth-failures") and a
+    name (a tenant id, a key's hash, a client address), hashed so that the
+    shared table's 8-byte tags of different kinds never meet."""
+    raw = name if isinstance(name, bytes) else name.encode()
+    return hashlib.sha256(kind.encode() + b"\0" + raw).digest()
 
 
 def retry_after(wait_s: float) -> str:
