@@ -52,8 +52,28 @@ def cmd_status(args) -> None:
     _print_json(st) if args.json else _print_status(st)
 
 
+def masked_url(url: str) -> str:
+    """A database URL for people to read: its password (in the user part or a
+    `password=` parameter) replaced by `***`. `status --json` keeps the URL
+    whole, for the tools that connect with it."""
+    import re
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, sep, _password = user.partition(":")
+        netloc = f"{name}{':***' if sep else ''}@{host}"
+    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
 def _print_status(st: dict) -> None:
-    print(f"postgres  {st['postgres']:<24} {st['database_url']}")
+    print(f"postgres  {st['postgres']:<24} {masked_url(st['database_url'])}")
     print(f"kafka     {st['kafka']:<24} {st['kafka_bootstrap']}")
     for name, svc in sorted((st.get("services") or {}).items()):
         state = f"{svc['state']} (pid {svc['pid']})" if svc.get("pid") else svc["state"]
@@ -71,6 +91,28 @@ def cmd_migrate(args) -> None:
         print(f"applied {m.version:04d}_{m.name}")
     if not applied:
         print("schema up to date")
+
+
+def cmd_secrets_new_key(args) -> None:
+    """A fresh key for CRONWHEEL_SECRET_KEYS, as `ID:KEY` (docs/webhooks.md)."""
+    import time
+
+    from cronwheel.core.sealing import new_key
+
+    print(f"{args.id or time.strftime('k%Y%m%d')}:{new_key()}")
+
+
+def cmd_secrets_reseal(args) -> None:
+    """Seal every webhook secret with the first key of CRONWHEEL_SECRET_KEYS:
+    rows from before migration 0016, and rows of a key being rotated out."""
+    import psycopg
+
+    from cronwheel.store import webhooks
+
+    keyring = config.secret_keyring()
+    with psycopg.connect(config.database_url(), autocommit=True) as conn:
+        n = webhooks.reseal(conn, batch=args.batch)
+    print(f"resealed {n} webhook secrets with key {keyring.current_id}")
 
 
 def cmd_preview(args) -> None:
@@ -99,6 +141,14 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
     if add_verbs is not None:
         add_verbs(sub)
+    secrets = sub.add_parser("secrets", help="the keys that seal secrets at rest")
+    verbs = secrets.add_subparsers(dest="secrets_command", required=True)
+    sp = verbs.add_parser("new-key", help="print a new key for CRONWHEEL_SECRET_KEYS")
+    sp.add_argument("--id", default=None, help="its key id (default kYYYYMMDD)")
+    sp.set_defaults(func=cmd_secrets_new_key)
+    sp = verbs.add_parser("reseal", help="seal every webhook secret with the first key")
+    sp.add_argument("--batch", type=int, default=500)
+    sp.set_defaults(func=cmd_secrets_reseal)
     sp = sub.add_parser("preview", help="the next fire instants of a cron schedule")
     sp.add_argument("cron")
     sp.add_argument("--tz", default="UTC")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cronwheel.core.sealing import KEYS_FORMAT, Keyring, derived_id, parse_keys
 from cronwheel.core.ssrf import Network, allowed_networks
 
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class Setting:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
+    secret: bool = False  # a bad value's error does not repeat it
 
 
 def setting(
@@ -67,11 +69,12 @@ def setting(
     choices: tuple[str, ...] | None = None,
     parse: Callable[[str], Any] | None = None,
     accepts: str | None = None,
+    secret: bool = False,
 ) -> Any:
     """A settings field read from `env`. Integers and numbers may carry a
     `minimum` and `maximum`, text its `choices` (matched without case; the value
     is the choice); `parse` (raising ValueError) with `accepts` for anything else."""
-    meta = {"setting": Setting(env, parse, accepts, minimum, maximum, choices)}
+    meta = {"setting": Setting(env, parse, accepts, minimum, maximum, choices, secret)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -116,7 +119,9 @@ def _parse(spec: Setting, kind: Any, raw: str) -> Any:
     if spec.parse is not None:
         try:
             return spec.parse(text)
-        except ValueError:
+        except ValueError as e:
+            if spec.secret:  # name the fault, never the value
+                raise SettingsError(spec.env, "(not shown)", f"{spec.accepts} ({e})") from None
             raise SettingsError(spec.env, raw, spec.accepts or "a valid value") from None
     base = _without_none(kind)
     if spec.choices is not None:
@@ -299,6 +304,56 @@ class Serving:
     http_addr: str = setting(
         "CRONWHEEL_HTTP_ADDR", "127.0.0.1:8080", parse=host_port, accepts=HOST_PORT
     )
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The keys that seal secrets at rest (webhook signing secrets): the first
+    seals, all of them open (cronwheel/core/sealing.py). Unset: one key generated
+    on first use and kept in the stack's state directory (`.cronwheel/secret-keys`),
+    which suits one machine only: every process of a deployment needs the same
+    keys, so deploy/ sets the variable."""
+
+    keys: tuple | None = setting(
+        "CRONWHEEL_SECRET_KEYS", None, parse=parse_keys, accepts=KEYS_FORMAT, secret=True
+    )
+
+
+_keyring: Keyring | None = None
+
+
+def secret_keyring() -> Keyring:
+    """The process's keyring, read once: CRONWHEEL_SECRET_KEYS, else the local
+    stack's generated key. SettingsError (one line, no key material) for a bad value."""
+    global _keyring
+    if _keyring is None:
+        keys = _one(Secrets, "keys")
+        if keys is None:
+            keys = parse_keys(_local_secret_keys())
+        _keyring = Keyring(keys)
+    return _keyring
+
+
+def _local_secret_keys() -> str:
+    """The local stack's key file, made (mode 0600) with one fresh key if absent."""
+    from cronwheel.core.sealing import new_key
+
+    path = project_home() / "secret-keys"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        material = new_key()
+        raw = parse_keys(f"x:{material}")[0].secret
+        tmp = path.with_name(f".secret-keys.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{derived_id(raw)}:{material}\n")
+        try:
+            os.link(tmp, path)  # first writer wins; the others read its key
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
 
 
 # -- one value, for callers outside a service (the CLI, tests, benchmarks) -------

@@ -9,28 +9,64 @@ shows that once. `secret_ids` is what `GET /v1/jobs/{id}` shows instead.
 The webhook service calls `delivery_targets` once per batch of records, and
 `defer_retry` in the transaction of a CompleteRun whose response asked (with
 Retry-After) for a longer wait than the run's backoff.
+
+At rest the secrets are sealed (cronwheel/core/sealing.py, migration 0016) with
+the process's keyring (`config.secret_keyring()`, CRONWHEEL_SECRET_KEYS):
+written sealed, opened here when read. Rows from before 0016 hold plaintext
+and are still read; `reseal` seals them (and re-seals rows of an older key
+after a rotation) in batches.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
 
+from cronwheel import config
 from cronwheel.core.clock import iso, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.ids import new_id, partition_of, partition_of_run
+from cronwheel.core.sealing import Keyring, SealingError
 from cronwheel.store.sql_loader import queries
 
 Q = queries("webhooks")
+log = logging.getLogger(__name__)
+# The keyring to seal and open with; tests may replace it (use_keyring).
+_keyring: Callable[[], Keyring] = config.secret_keyring
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32  # Standard Webhooks asks for 24 to 64
 DEFAULT_OVERLAP_MS = 24 * 3_600_000  # both signatures are sent for a day after a rotation
 MAX_OVERLAP_MS = 7 * 24 * 3_600_000
+
+
+def use_keyring(keyring: Keyring | None) -> None:
+    """Seal and open with `keyring` (None: the process's, from the environment)."""
+    global _keyring
+    _keyring = config.secret_keyring if keyring is None else (lambda: keyring)
+
+
+def _context(owner_id: str, secret_id: str) -> str:
+    """What a sealed secret is bound to: a copy in another row does not open."""
+    return f"webhook_secrets|{owner_id}|{secret_id}"
+
+
+def _open(owner_id: str, secret_id: str, plain, sealed, key_id) -> str | None:
+    """The secret of one row (sealed or, before 0016, plaintext); None, logged,
+    when it does not open (a key missing from CRONWHEEL_SECRET_KEYS): the
+    delivery then fails as having no secret, never goes unsigned."""
+    if sealed is None:
+        return plain
+    try:
+        return _keyring().open(sealed, key_id, _context(owner_id, secret_id))
+    except SealingError as e:
+        log.error("webhook secret %s of %s cannot be opened: %s", secret_id, owner_id, e)
+        return None
 
 
 def new_secret() -> str:
@@ -67,15 +103,17 @@ def _check_owner(conn: psycopg.Connection, tenant_id: str, owner_id: str) -> int
 
 
 def _issue(conn, p: int, tenant_id: str, owner_id: str, now: int) -> dict:
-    secret = new_secret()
+    secret, secret_id = new_secret(), new_id("whs")
+    sealed, key_id = _keyring().seal(secret, _context(owner_id, secret_id))
     row = conn.execute(
         Q["insert_secret"],
         {
             "p": p,
             "owner_id": owner_id,
-            "secret_id": new_id("whs"),
+            "secret_id": secret_id,
             "tenant_id": tenant_id,
-            "secret": secret,
+            "sealed": sealed,
+            "key_id": key_id,
             "now": to_dt(now),
         },
     ).fetchone()
@@ -156,12 +194,13 @@ def secret_ids(conn: psycopg.Connection, owner_id: str, now: int) -> list[dict]:
 
 
 def active_secrets(conn: psycopg.Connection, owner_id: str, now: int) -> list[str]:
-    """The secrets a delivery is signed with now, newest first."""
+    """The secrets a delivery is signed with now, newest first (those that open)."""
     rows = conn.execute(
         Q["secrets_of"],
         {"p": partition_of(owner_id), "owner_id": owner_id, "now": to_dt(now)},
     ).fetchall()
-    return [r[1] for r in rows]
+    opened = (_open(owner_id, r[0], r[1], r[4], r[5]) for r in rows)
+    return [s for s in opened if s is not None]
 
 
 def delivery_targets(
@@ -182,7 +221,8 @@ def delivery_targets(
         {"p": [k[0] for k in keys], "id": [k[1] for k in keys], "now": to_dt(now)},
     ).fetchall()
     out = {}
-    for run_id, tenant_id, state, attempt, spec, job_id, _wf, _node, sched, owner, secs in rows:
+    for run_id, tenant_id, state, attempt, spec, job_id, _wf, _node, sched, owner, *held in rows:
+        secs = [] if held[0] is None else [_open(owner, *one) for one in zip(*held, strict=True)]
         payload = spec.get("payload", "null")
         out[run_id] = DeliveryTarget(
             run_id=run_id,
@@ -196,7 +236,7 @@ def delivery_targets(
             owner_id=owner,
             job_id=job_id,
             scheduled_ms=to_ms(sched),
-            secrets=tuple(secs or ()),
+            secrets=tuple(s for s in secs if s is not None),
         )
     return out
 
@@ -217,3 +257,38 @@ def defer_retry(
         },
     ).fetchone()
     return to_ms(row[0]) if row else None
+
+
+def reseal(conn: psycopg.Connection, batch: int = 500) -> int:
+    """Seal every secret with the keyring's current key, in batches of `batch`
+    rows, each its own transaction (so it runs beside the live system): rows
+    in plaintext (from before migration 0016) and rows sealed with an older key
+    (after a rotation). Returns how many rows it changed. A row whose key is
+    not in the keyring is left as it is (logged). Idempotent; call it with a
+    connection in autocommit mode."""
+    keyring = _keyring()
+    changed, after = 0, ""
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                Q["to_reseal"], {"current": keyring.current_id, "after": after, "batch": batch}
+            ).fetchall()
+            for p, owner_id, secret_id, plain, sealed, key_id in rows:
+                secret = _open(owner_id, secret_id, plain, sealed, key_id)
+                if secret is None:
+                    continue
+                new, new_key = keyring.seal(secret, _context(owner_id, secret_id))
+                conn.execute(
+                    Q["reseal"],
+                    {
+                        "p": p,
+                        "owner_id": owner_id,
+                        "secret_id": secret_id,
+                        "sealed": new,
+                        "key_id": new_key,
+                    },
+                )
+                changed += 1
+        if len(rows) < batch:
+            return changed
+        after = rows[-1][2]
