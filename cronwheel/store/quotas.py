@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import psycopg
 
 from cronwheel.core.clock import iso, to_dt, to_ms
-from cronwheel.core.errors import ValidationError
+from cronwheel.core.errors import Conflict, ValidationError
 from cronwheel.store.sql_loader import queries
 
 Q = queries("quotas")
@@ -186,3 +186,116 @@ def jobs_outside(conn: psycopg.Connection, tenant_id: str, classes: list[str]) -
     """Live jobs of the tenant in a class not in `classes`, counted by class."""
     rows = conn.execute(Q["jobs_using"], {"tenant_id": tenant_id, "classes": classes}).fetchall()
     return {r[0]: r[1] for r in rows}
+
+
+# -- object quotas -------------------------------------------------------------
+# How many live jobs and workflows and unrevoked API keys a tenant may hold: the
+# gateway's defaults (ObjectLimits, from its settings), unless the operator set
+# the tenant's own (`tenant_limits`, migration 0017). A creation counts under a
+# lock per (tenant, kind) held to the end of its transaction (`room`), so two
+# concurrent creations cannot both take the last slot.
+
+OBJECTS = ("jobs", "workflows", "keys")
+MAX_OBJECTS = 1_000_000_000
+QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+
+
+@dataclass(frozen=True)
+class ObjectLimits:
+    """The defaults, for tenants the operator set nothing for."""
+
+    jobs: int = 10_000
+    workflows: int = 1_000
+    keys: int = 100
+
+    def of(self, kind: str) -> int:
+        return getattr(self, kind)
+
+
+@dataclass(frozen=True)
+class Room:
+    """A tenant's quota of one kind as counted under its lock."""
+
+    kind: str
+    limit: int
+    count: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.count)
+
+    def exceeded(self, taken: int = 0) -> Conflict:
+        """409 QUOTA_EXCEEDED naming the quota, its limit and the count (with the
+        `taken` slots this transaction filled before)."""
+        return Conflict(
+            QUOTA_EXCEEDED,
+            f"quota {self.kind} exceeded: limit {self.limit}, count {self.count + taken}"
+            f" ({_COUNTED[self.kind]}); free some or ask the operator to raise it",
+        )
+
+
+_COUNTED = {"jobs": "live jobs", "workflows": "live workflows", "keys": "unrevoked keys"}
+
+
+def room(conn: psycopg.Connection, tenant_id: str, kind: str, defaults: ObjectLimits) -> Room:
+    """Lock the tenant's `kind` until the transaction ends, then count. Call it
+    in the transaction that creates the objects, before creating them."""
+    args = {"tenant_id": tenant_id, "kind": kind}
+    with conn.pipeline():  # one round trip; still two statements, two snapshots
+        conn.execute(Q["lock_objects"], args)
+        cur = conn.execute(Q[f"count_{kind}"], args)
+    limit, count = cur.fetchone()
+    return Room(kind, defaults.of(kind) if limit is None else limit, count)
+
+
+def reserve(
+    conn: psycopg.Connection, tenant_id: str, kind: str, n: int, defaults: ObjectLimits
+) -> Room:
+    """`room`, raising QUOTA_EXCEEDED (409) unless `n` more fit."""
+    got = room(conn, tenant_id, kind, defaults)
+    if got.count + n > got.limit:
+        raise got.exceeded()
+    return got
+
+
+def object_limits(
+    conn: psycopg.Connection, tenant_id: str, defaults: ObjectLimits
+) -> dict[str, dict]:
+    """`{jobs, workflows, keys}`: each `{limit, count, default}` (default: the
+    limit is the gateway's default, the operator set none)."""
+    out = {}
+    for kind in OBJECTS:
+        limit, count = conn.execute(
+            Q[f"count_{kind}"], {"tenant_id": tenant_id, "kind": kind}
+        ).fetchone()
+        out[kind] = {
+            "limit": defaults.of(kind) if limit is None else limit,
+            "count": count,
+            "default": limit is None,
+        }
+    return out
+
+
+def set_object_limits(
+    conn: psycopg.Connection, tenant_id: str, body, defaults: ObjectLimits, now: int
+) -> dict[str, dict]:
+    """Operator (PUT /v1/tenants/{id}/quotas/objects): `{jobs?, workflows?,
+    keys?}`, each a count (0 to 10^9; below what the tenant holds is allowed: it
+    only stops new ones) or null for the default. Kinds not named stay."""
+    if not isinstance(body, Mapping):
+        raise ValidationError("body", "must be an object {jobs?, workflows?, keys?}")
+    unknown = sorted(set(body) - set(OBJECTS))
+    if unknown:
+        raise ValidationError(unknown[0], "unknown field")
+    for kind in OBJECTS:
+        if kind not in body:
+            continue
+        value = body[kind]
+        args = {"tenant_id": tenant_id, "kind": kind}
+        if value is None:
+            conn.execute(Q["reset_limit"], args)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OBJECTS:
+            raise ValidationError(kind, f"must be an integer from 0 to {MAX_OBJECTS} or null")
+        conn.execute(Q["set_limit"], {**args, "max_count": value, "now": to_dt(now)})
+    return object_limits(conn, tenant_id, defaults)

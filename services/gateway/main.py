@@ -55,6 +55,10 @@ class GatewaySettings:
     # minute before 429; how long a process remembers a key's tenant or refusal.
     auth_failures: int = setting("CRONWHEEL_AUTH_FAILURES_PER_MINUTE", 30, minimum=1)
     auth_cache_s: float = setting("CRONWHEEL_AUTH_CACHE_S", 30.0, minimum=0)
+    # Object quotas per tenant, unless the operator set its own (docs/tenancy.md).
+    quota_jobs: int = setting("CRONWHEEL_QUOTA_JOBS", 10_000, minimum=0)
+    quota_workflows: int = setting("CRONWHEEL_QUOTA_WORKFLOWS", 1_000, minimum=0)
+    quota_keys: int = setting("CRONWHEEL_QUOTA_KEYS", 100, minimum=0)
     pool: int = setting("CRONWHEEL_GATEWAY_POOL", 10, minimum=1)  # connections per process
     # Off: the worker protocol and job creation go through FastAPI's routing
     # too (for comparisons); the answers are the same.
@@ -90,6 +94,7 @@ def serve(settings: GatewaySettings, log) -> None:
 
     from cronwheel.demo import operator_key
     from cronwheel.kafka import Topics
+    from cronwheel.store.quotas import ObjectLimits
     from services.gateway import metrics_dir
     from services.gateway.app import create_app
     from services.gateway.auth import AuthLimits, KeyGuard
@@ -111,6 +116,9 @@ def serve(settings: GatewaySettings, log) -> None:
         rate_limit_table=settings.rate_limit_table if fd is not None else None,
     )
     app.state.key_guard = KeyGuard(AuthLimits(settings.auth_failures, settings.auth_cache_s))
+    app.state.object_limits = ObjectLimits(
+        settings.quota_jobs, settings.quota_workflows, settings.quota_keys
+    )
     metrics_dir.collect_for_all_workers()
     try:
         sock = None if fd is None else socket.socket(fileno=fd)

@@ -18,9 +18,14 @@ VALUES (%(key_id)s, %(tenant_id)s, %(hash)s, %(label)s, %(now)s)
 RETURNING key_id, label, created_at, revoked_at;
 
 -- name: list_keys
+-- Keyset pagination on (created_at, key_id), as jobs page: stable while keys
+-- are added. The cursor keeps microseconds (a tenant's first key has them).
 SELECT key_id, label, created_at, revoked_at FROM api_keys
  WHERE tenant_id = %(tenant_id)s
- ORDER BY created_at, key_id;
+   AND (%(after_created)s::timestamptz IS NULL
+        OR (created_at, key_id) > (%(after_created)s, %(after_id)s))
+ ORDER BY created_at, key_id
+ LIMIT %(limit)s;
 
 -- name: revoke_key
 -- Idempotent: revoking a revoked key keeps its first revocation time.

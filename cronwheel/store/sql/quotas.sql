@@ -64,3 +64,35 @@ SELECT priority, count(*) FROM jobs
    AND NOT (priority = ANY(%(classes)s::text[]))
  GROUP BY priority
  ORDER BY priority;
+
+-- Object quotas (migration 0017): how many live jobs, workflows and unrevoked
+-- keys a tenant may hold.
+
+-- name: lock_objects
+-- Held to the end of the transaction: one creation of this kind per tenant
+-- counts at a time, so two cannot both take the last slot. A statement of its
+-- own, so that the count after it (a new snapshot) sees what the previous
+-- holder committed.
+SELECT pg_advisory_xact_lock(hashtextextended('cronwheel-quota:' || %(tenant_id)s || ':' || %(kind)s, 0));
+
+-- name: count_jobs
+SELECT (SELECT max_count FROM tenant_limits WHERE tenant_id = %(tenant_id)s AND kind = 'jobs'),
+       (SELECT count(*) FROM jobs WHERE tenant_id = %(tenant_id)s AND deleted_at IS NULL);
+
+-- name: count_workflows
+SELECT (SELECT max_count FROM tenant_limits
+         WHERE tenant_id = %(tenant_id)s AND kind = 'workflows'),
+       (SELECT count(*) FROM workflows WHERE tenant_id = %(tenant_id)s AND deleted_at IS NULL);
+
+-- name: count_keys
+SELECT (SELECT max_count FROM tenant_limits WHERE tenant_id = %(tenant_id)s AND kind = 'keys'),
+       (SELECT count(*) FROM api_keys WHERE tenant_id = %(tenant_id)s AND revoked_at IS NULL);
+
+-- name: set_limit
+INSERT INTO tenant_limits (tenant_id, kind, max_count, updated_at)
+VALUES (%(tenant_id)s, %(kind)s, %(max_count)s, %(now)s)
+ON CONFLICT (tenant_id, kind) DO UPDATE
+   SET max_count = EXCLUDED.max_count, updated_at = EXCLUDED.updated_at;
+
+-- name: reset_limit
+DELETE FROM tenant_limits WHERE tenant_id = %(tenant_id)s AND kind = %(kind)s;

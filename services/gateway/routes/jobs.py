@@ -15,12 +15,14 @@ from fastapi import APIRouter, Query
 
 from cronwheel.core.clock import to_ms
 from cronwheel.core.errors import ValidationError
+from cronwheel.core.jobs import parse_job
 from cronwheel.core.ssrf import check_webhook_url
 from services.gateway import bodies, problems
 from services.gateway import openapi as oa
 from services.gateway.auth import TenantCaller
 from services.gateway.bodies import BatchObject, JsonObject, OptionalObject
 from services.gateway.routes import Gw, ident
+from services.gateway.routes.quotas import admit
 from services.gateway.transactions import Gateway, Reply
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -60,12 +62,13 @@ def _check_destination(gw: Gateway, body: dict) -> None:
     "",
     status_code=201,
     openapi_extra=oa.body(oa.JOB_CREATE),
-    responses=oa.ok(oa.JOB, 201, 403, 413),
+    responses=oa.ok(oa.JOB, 201, 403, 409, 413),
     summary="Create a job",
 )
 def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
     def create(tx):
         _check_destination(gw, body)
+        admit(tx, who, "jobs", 1, _parses(tx))(body)  # 409 QUOTA_EXCEEDED
         return gw.jobs.create(tx.conn, tx.tenant, body, tx.now)
 
     return gw.as_tenant(who, create, 201)
@@ -74,7 +77,7 @@ def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
 @router.post(
     "/batch",
     openapi_extra=oa.body(oa.JOB_BATCH),
-    responses=oa.ok(oa.JOB_BATCH_RESULTS, 200, 403, 413),
+    responses=oa.ok(oa.JOB_BATCH_RESULTS, 200, 403, 409, 413),
     summary="Create 1 to 1,000 jobs; each answered as its own POST /v1/jobs would be",
 )
 def create_jobs(gw: Gw, who: TenantCaller, body: BatchObject):
@@ -92,10 +95,22 @@ def create_jobs(gw: Gw, who: TenantCaller, body: BatchObject):
         _check_destination(gw, item)
 
     def create(tx):
-        results = gw.jobs.create_many(tx.conn, tx.tenant, items, tx.now, check=check)
+        quota = admit(tx, who, "jobs", len(items), _parses(tx))  # a job past it: 409 in its slot
+
+        def check_all(item) -> None:
+            check(item)
+            quota(item)
+
+        results = gw.jobs.create_many(tx.conn, tx.tenant, items, tx.now, check=check_all)
         return {"results": [_batch_result(r) for r in results]}
 
     return gw.as_tenant(who, create)
+
+
+def _parses(tx):
+    """What the store checks of a job body (for the quota, at its limit only)."""
+    classes = tuple(tx.tenant["priority_classes"])
+    return lambda body: parse_job(body, now_ms=tx.now, allowed_priorities=classes)
 
 
 def _batch_result(result: dict | Exception) -> dict:

@@ -1,5 +1,7 @@
 """Operator routes for what a tenant may use and how fast: its entitled priority
-classes, and its token buckets on firing and dispatch rates (docs/priority.md).
+classes, its token buckets on firing and dispatch rates (docs/priority.md), and
+its object quotas (how many live jobs, workflows and keys; docs/tenancy.md),
+whose check the creating routes make through `admit`.
 
 Entitlement is checked when a job is written (403 PRIORITY_NOT_ALLOWED), so
 taking a class away while live jobs still use it would leave jobs that cannot
@@ -8,6 +10,9 @@ move to another class or are deleted.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -45,6 +50,15 @@ _BUCKET_IN = {
         {"type": "null"},
     ]
 }
+_LIMIT_IN = {
+    "anyOf": [{"type": "integer", "minimum": 0, "maximum": quotas.MAX_OBJECTS}, {"type": "null"}],
+    "description": "the tenant's limit; null: the gateway's default",
+}
+_OBJECTS_IN = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {kind: _LIMIT_IN for kind in quotas.OBJECTS},
+}
 QUOTAS_BODY = {
     "type": "object",
     "additionalProperties": False,
@@ -66,7 +80,39 @@ _BUCKET = {
         {"type": "null"},
     ]
 }
+_LIMIT = {
+    "type": "object",
+    "properties": {
+        "limit": {"type": "integer"},
+        "count": {"type": "integer"},
+        "default": {"type": "boolean", "description": "the gateway's default applies"},
+    },
+}
 QUOTAS = {"type": "object", "properties": {"fire": _BUCKET, "dispatch": _BUCKET}}
+OBJECT_QUOTAS = {"type": "object", "properties": {kind: _LIMIT for kind in quotas.OBJECTS}}
+
+
+def admit(tx, who, kind: str, n: int, validate: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The object quota of `kind` for creating up to `n` objects in this
+    transaction: count under the tenant's lock (quotas.room), and return a check
+    to call on each body, in order, before it is written. When all `n` fit the
+    check does nothing. Otherwise the bodies that `validate` accepts (a bad one
+    raises its own error, as it would below the limit) take the free slots in
+    order, and the rest raise 409 QUOTA_EXCEEDED."""
+    room = quotas.room(
+        tx.conn, tx.tenant["tenant_id"], kind, accounts.object_defaults(who.request.app)
+    )
+    if room.free >= n:
+        return lambda _body: None
+    taken = [0]
+
+    def check(body) -> None:
+        validate(body)
+        if taken[0] >= room.free:
+            raise room.exceeded(taken[0])
+        taken[0] += 1
+
+    return check
 
 
 def _classes(body: dict) -> list[str]:
@@ -105,19 +151,24 @@ def put_priority_classes(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObjec
     return gw.as_operator(who, lambda tx: set_classes(tx.conn, tid, body))
 
 
+def _of_tenant(gw, who, tenant_id: str, fn: Callable[[Any, str], Any]):
+    """An operator request on one tenant: 404 for an unknown one, else `fn(tx, tid)`."""
+    tid = ident(tenant_id, "tenant")
+
+    def run(tx):
+        accounts.get_tenant(tx.conn, tid)
+        return fn(tx, tid)
+
+    return gw.as_operator(who, run)
+
+
 @router.get(
     "/v1/tenants/{tenant_id}/quotas",
     responses=oa.ok(QUOTAS, 200, 403, 404),
     summary="A tenant's fire and dispatch rate quotas and what they held back (operator)",
 )
 def get_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
-    tid = ident(tenant_id, "tenant")
-
-    def read(tx):
-        accounts.get_tenant(tx.conn, tid)
-        return quotas.get_quotas(tx.conn, tid, tx.now)
-
-    return gw.as_operator(who, read)
+    return _of_tenant(gw, who, tenant_id, lambda tx, tid: quotas.get_quotas(tx.conn, tid, tx.now))
 
 
 @router.put(
@@ -127,10 +178,34 @@ def get_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
     summary="Set or remove a tenant's token buckets on firing and dispatch rates (operator)",
 )
 def put_quotas(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObject):
-    tid = ident(tenant_id, "tenant")
+    return _of_tenant(
+        gw, who, tenant_id, lambda tx, tid: quotas.set_quotas(tx.conn, tid, body, tx.now)
+    )
 
-    def write(tx):
-        accounts.get_tenant(tx.conn, tid)
-        return quotas.set_quotas(tx.conn, tid, body, tx.now)
 
-    return gw.as_operator(who, write)
+@router.get(
+    "/v1/tenants/{tenant_id}/quotas/objects",
+    responses=oa.ok(OBJECT_QUOTAS, 200, 403, 404),
+    summary="How many live jobs, workflows and keys a tenant may hold, and holds (operator)",
+)
+def get_object_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
+    defaults = accounts.object_defaults(who.request.app)
+    return _of_tenant(
+        gw, who, tenant_id, lambda tx, tid: quotas.object_limits(tx.conn, tid, defaults)
+    )
+
+
+@router.put(
+    "/v1/tenants/{tenant_id}/quotas/objects",
+    openapi_extra=oa.body(_OBJECTS_IN),
+    responses=oa.ok(OBJECT_QUOTAS, 200, 403, 404),
+    summary="Raise (or lower) a tenant's object quotas; null returns one to the default (operator)",
+)
+def put_object_quotas(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObject):
+    defaults = accounts.object_defaults(who.request.app)
+    return _of_tenant(
+        gw,
+        who,
+        tenant_id,
+        lambda tx, tid: quotas.set_object_limits(tx.conn, tid, body, defaults, tx.now),
+    )

@@ -135,22 +135,31 @@ def grow_queue(gw: Gw, who: AnyCaller, tenant_id: str, queue: str, body: JsonObj
     "/v1/tenants/{tenant_id}/keys",
     status_code=201,
     openapi_extra=oa.body(oa.KEY_CREATE, required=False),
-    responses=oa.ok(KEY, 201, 403, 404),
+    responses=oa.ok(KEY, 201, 403, 404, 409),
     summary="Issue another key for a tenant (operator)",
 )
 def issue_tenant_key(gw: Gw, who: AnyCaller, tenant_id: str, body: OptionalObject):
     tid = ident(tenant_id, "tenant")
-    return gw.as_operator(who, lambda tx: accounts.issue_key(tx.conn, tid, body, tx.now), 201)
+    limits = accounts.object_defaults(who.request.app)
+    return gw.as_operator(
+        who, lambda tx: accounts.issue_key(tx.conn, tid, body, tx.now, limits), 201
+    )
+
+
+KeyLimit = Annotated[int, Query(ge=1, le=accounts.MAX_KEY_PAGE)]
 
 
 @router.get(
     "/v1/tenants/{tenant_id}/keys",
     responses=oa.ok(oa.page(KEY), 200, 403, 404),
-    summary="A tenant's keys, without secrets (operator)",
+    summary="A tenant's keys, without secrets, oldest first (operator)",
 )
-def list_tenant_keys(gw: Gw, who: AnyCaller, tenant_id: str):
+def list_tenant_keys(
+    gw: Gw, who: AnyCaller, tenant_id: str, cursor: str | None = None, limit: KeyLimit = 50
+):
     tid = ident(tenant_id, "tenant")
-    return gw.as_operator(who, lambda tx: accounts.list_keys(tx.conn, tid))
+    accounts.key_cursor(cursor)  # 422 before the transaction
+    return gw.as_operator(who, lambda tx: accounts.list_keys(tx.conn, tid, cursor, limit))
 
 
 @router.delete(
@@ -170,22 +179,28 @@ def revoke_tenant_key(gw: Gw, who: AnyCaller, tenant_id: str, key_id: str):
     "/v1/keys",
     status_code=201,
     openapi_extra=oa.body(oa.KEY_CREATE, required=False),
-    responses=oa.ok(KEY, 201, 403),
+    responses=oa.ok(KEY, 201, 403, 409),
     summary="Issue another key for the caller's tenant (rotation)",
 )
 def issue_key(gw: Gw, who: TenantCaller, body: OptionalObject):
+    limits = accounts.object_defaults(who.request.app)
     return gw.as_tenant(
-        who, lambda tx: accounts.issue_key(tx.conn, tx.tenant["tenant_id"], body, tx.now), 201
+        who,
+        lambda tx: accounts.issue_key(tx.conn, tx.tenant["tenant_id"], body, tx.now, limits),
+        201,
     )
 
 
 @router.get(
     "/v1/keys",
     responses=oa.ok(oa.page(KEY), 200, 403),
-    summary="The caller's tenant's keys, without secrets",
+    summary="The caller's tenant's keys, without secrets, oldest first",
 )
-def list_keys(gw: Gw, who: TenantCaller):
-    return gw.as_tenant(who, lambda tx: accounts.list_keys(tx.conn, tx.tenant["tenant_id"]))
+def list_keys(gw: Gw, who: TenantCaller, cursor: str | None = None, limit: KeyLimit = 50):
+    accounts.key_cursor(cursor)  # 422 before the transaction
+    return gw.as_tenant(
+        who, lambda tx: accounts.list_keys(tx.conn, tx.tenant["tenant_id"], cursor, limit)
+    )
 
 
 @router.delete(

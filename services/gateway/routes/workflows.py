@@ -10,11 +10,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from cronwheel.core.errors import ValidationError
+from cronwheel.core.workflows import parse_workflow
 from services.gateway import openapi as oa
 from services.gateway.auth import TenantCaller
 from services.gateway.bodies import JsonObject, OptionalObject
 from services.gateway.routes import Gw, ident
 from services.gateway.routes.jobs import _check_destination
+from services.gateway.routes.quotas import admit
 from services.gateway.transactions import Reply
 
 router = APIRouter(tags=["workflows"])
@@ -75,12 +77,17 @@ def _check_nodes(gw, body: dict) -> None:
     "/v1/workflows",
     status_code=201,
     openapi_extra=oa.body(WORKFLOW_CREATE),
-    responses=oa.ok(WORKFLOW, 201, 403, 413),
+    responses=oa.ok(WORKFLOW, 201, 403, 409, 413),
     summary="Create a workflow (a static DAG of node templates)",
 )
 def create_workflow(gw: Gw, who: TenantCaller, body: JsonObject):
     def create(tx):
         _check_nodes(gw, body)
+        classes = tuple(tx.tenant["priority_classes"])
+        admit(  # 409 QUOTA_EXCEEDED; at the limit a bad body still gets its own 4xx
+            tx, who, "workflows", 1,
+            lambda b: parse_workflow(b, now_ms=tx.now, allowed_priorities=classes),
+        )(body)  # fmt: skip
         return gw.workflows.create(tx.conn, tx.tenant, body, tx.now)
 
     return gw.as_tenant(who, create, 201)
