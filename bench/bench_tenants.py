@@ -23,6 +23,12 @@ its resident memory, and every process's CPU, with what fired meanwhile
 (~N runs a minute). The cost per tenant is (figure at N - figure at the
 smallest N) / (N - smallest N).
 
+`--restart N`: N tenants whose run topics each hold one waiting RunReady,
+and then `cronwheel serve dispatcher` starts (as after a crash and the
+supervisor's restart). Printed: the time from the process's start until the
+first and until the last of the N runs is forwarded (recorded in the
+`processed` table), so the cost of assigning N tenants' topics at start.
+
 It prints figures and asserts nothing.
 """
 
@@ -49,6 +55,7 @@ from common import (
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from cronwheel import kafka
+from cronwheel.core import events
 from cronwheel.core.avro import default_registry
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.kafka import Topics
@@ -184,6 +191,62 @@ def _measure_idle(prefix: str, n: int, window_s: int) -> dict:
     return row
 
 
+def restart(n: int) -> None:
+    header(f"a dispatcher starting with {n} tenants, each with one run waiting")
+    prefix = f"br{uuid.uuid4().hex[:8]}"
+    topics = Topics(prefix)
+    try:
+        with fresh_database() as url:
+            with psycopg.connect(url, autocommit=True) as conn:
+                tenants = [create_tenant(conn, f"waiting-{i}")["tenant_id"] for i in range(n)]
+            # Run topics, and the queue topics their jobs' creation would have made.
+            names = [topics.runs(t) for t in tenants]
+            queues = [topics.queue(t, "q") for t in tenants]
+            for i in range(0, n, 500):
+                kafka.ensure_topics(names[i : i + 500], partitions=kafka.RUN_PARTITIONS)
+                kafka.ensure_topics(queues[i : i + 500], partitions=kafka.QUEUE_PARTITIONS)
+            producer = kafka.producer()
+            for t in tenants:
+                value = events.run_ready(
+                    run_id=f"run-{t}",
+                    tenant_id=t,
+                    partition_id=0,
+                    attempt=1,
+                    scheduled_ms=now_ms(),
+                    created_ms=now_ms(),
+                    priority="normal",
+                    target={"type": "queue", "queue": "q"},
+                    payload="null",
+                )
+                producer.produce(topics.runs(t), key=f"run-{t}".encode(), value=value)
+            producer.flush(60)
+            say(f"load before: {machine_load()}")
+            with (
+                psycopg.connect(url, autocommit=True) as conn,
+                Services(url, prefix, ("dispatcher",)) as svc,
+            ):
+                t0 = time.monotonic()
+                first = None
+                while True:
+                    done = conn.execute(
+                        "SELECT count(*) FROM processed WHERE consumer = 'dispatcher'"
+                    ).fetchone()[0]
+                    if done and first is None:
+                        first = time.monotonic() - t0
+                    if done >= n or time.monotonic() - t0 > 600:
+                        break
+                    svc.check_alive()
+                    time.sleep(0.05)  # a poll of the processed table, bounded above
+                last = time.monotonic() - t0
+        say(f"forwarded {done} of {n}: first after {first or 0:.1f} s, last after {last:.1f} s")
+        say(
+            f"RESULT dispatcher start with {n} tenants: every waiting run forwarded in {last:.1f} s"
+        )
+    finally:
+        present = kafka.admin().list_topics(timeout=30).topics
+        delete_topics([t for t in present if t.startswith(f"{prefix}.")])
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -236,7 +299,11 @@ def main() -> None:
     ap.add_argument("--due-ms", type=int, default=3000)
     ap.add_argument("--idle", help="tenant counts, comma-separated: the idle-cost case")
     ap.add_argument("--window", type=int, default=60, help="seconds measured (--idle)")
+    ap.add_argument("--restart", type=int, help="tenants: the dispatcher-start case")
     args = ap.parse_args()
+    if args.restart:
+        restart(args.restart)
+        return
     if args.idle:
         idle([int(x) for x in args.idle.split(",")], args.window)
         return

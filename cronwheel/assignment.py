@@ -179,9 +179,9 @@ class LeasedAssignment:
             return []
         wanted: set[Where] = set()
         unknown = False
-        for topic in self.names:
-            if not self.mine(topic):
-                continue
+        mine = [t for t in self.names if self.mine(t)]
+        self.placement.learn(mine)
+        for topic in mine:
             n = self.placement.partitions(topic)
             if n is None:
                 unknown = True  # asked again at the next apply

@@ -15,6 +15,7 @@ import logging
 import re
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer
@@ -236,6 +237,9 @@ def class_of_partition(partition: int, n: int) -> int | None:
     return min(partition // (n // CLASSES), CLASSES - 1)
 
 
+BULK_TOPICS = 32  # unknown topics past which one cluster-wide request is cheaper
+
+
 class Placement:
     """Where a producer puts a record of a class on a topic laid out by class
     (`partition_for`), with each topic's partition count asked of the broker
@@ -276,6 +280,24 @@ class Placement:
     def known(self, topic: str) -> int | None:
         """The partition count if already asked, without asking the broker."""
         return self._counts.get(topic)
+
+    def learn(self, topics: Iterable[str]) -> None:
+        """Ask for many topics' counts at once: past BULK_TOPICS unknown ones,
+        one cluster-wide metadata request instead of one request each (a
+        dispatcher starting with thousands of tenants). Topics the broker
+        does not know yet are left to `partitions`."""
+        missing = [t for t in topics if t not in self._counts]
+        if len(missing) < BULK_TOPICS:
+            return
+        try:
+            found = self.producer.list_topics(timeout=30).topics
+        except Exception as exc:  # KafkaException: each is asked on its own instead
+            log.warning("no cluster metadata: %s", exc)
+            return
+        for t in missing:
+            meta = found.get(t)
+            if meta is not None and meta.error is None and meta.partitions:
+                self._counts[t] = len(meta.partitions)
 
     def forget(self, topic: str) -> None:
         """The topic may have grown: ask the broker again next time."""
