@@ -12,18 +12,11 @@ from collections.abc import Sequence
 
 import psycopg
 
-from cronwheel import config, metrics
+from cronwheel import metrics
 from cronwheel.core.clock import to_dt
 from cronwheel.store.sql_loader import queries
 
 Q = queries("dispatch")
-
-
-def retention_ms() -> int:
-    """How long `processed` rows are kept (cronwheel/config.py `Processed`):
-    longer than any topic keeps a message, so a redelivery always finds its row.
-    For a caller without its service's settings; a service passes its own."""
-    return config.processed_retention_ms()
 
 
 def message_key(run_id: str, attempt: int) -> str:

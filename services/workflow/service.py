@@ -36,9 +36,10 @@ from confluent_kafka import Consumer, Message
 from prometheus_client import Counter
 
 from cronwheel import consuming, kafka
+from cronwheel.config import Processed as ProcessedSettings
 from cronwheel.consumer import ConsumerService, Poison, expect
 from cronwheel.core.clock import now_ms
-from cronwheel.store.dispatch import Processed, Pruner, retention_ms
+from cronwheel.store.dispatch import Processed, Pruner
 from cronwheel.store.workflows import CONSUMER, NodeStep, Workflows
 
 STEPS = Counter(
@@ -75,7 +76,7 @@ class WorkflowService(ConsumerService):
         commit_interval_ms: int = 0,
         session_timeout_ms: int = 10_000,
         clock: Callable[[], int] = now_ms,
-        processed_retention_ms: int | None = None,
+        processed_retention_ms: int = ProcessedSettings.retention_ms,
         **skeleton,  # ConsumerService's: group_id, batch, max_wait_ms (0), idle_ms, ...
     ):
         commit_every_s = commit_interval_ms / 1000
@@ -86,7 +87,7 @@ class WorkflowService(ConsumerService):
         self.session_timeout_ms = session_timeout_ms
         self.clock = clock
         self.store = Workflows(self.topics)
-        self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms or retention_ms())
+        self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms)
         self.counts: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # refused records by reason
 
