@@ -22,10 +22,12 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from cronwheel.core.sealing import KEYS_FORMAT, Keyring, derived_id, parse_keys
 from cronwheel.core.ssrf import Network, allowed_networks
+
+if TYPE_CHECKING:
+    from cronwheel.core.sealing import Keyring
 
 T = TypeVar("T")
 
@@ -315,8 +317,20 @@ class Secrets:
     keys, so deploy/ sets the variable."""
 
     keys: tuple | None = setting(
-        "CRONWHEEL_SECRET_KEYS", None, parse=parse_keys, accepts=KEYS_FORMAT, secret=True
+        "CRONWHEEL_SECRET_KEYS",
+        None,
+        parse=lambda text: _sealing().parse_keys(text),
+        accepts="comma-separated KEY_ID:KEY (KEY: base64 of 32 random bytes), the first seals",
+        secret=True,
     )
+
+
+def _sealing():
+    """cronwheel.core.sealing, imported when keys are wanted (it loads
+    `cryptography`, which the services that seal nothing need not)."""
+    from cronwheel.core import sealing
+
+    return sealing
 
 
 _keyring: Keyring | None = None
@@ -329,24 +343,23 @@ def secret_keyring() -> Keyring:
     if _keyring is None:
         keys = _one(Secrets, "keys")
         if keys is None:
-            keys = parse_keys(_local_secret_keys())
-        _keyring = Keyring(keys)
+            keys = _sealing().parse_keys(_local_secret_keys())
+        _keyring = _sealing().Keyring(keys)
     return _keyring
 
 
 def _local_secret_keys() -> str:
     """The local stack's key file, made (mode 0600) with one fresh key if absent."""
-    from cronwheel.core.sealing import new_key
-
+    sealing = _sealing()
     path = project_home() / "secret-keys"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        material = new_key()
-        raw = parse_keys(f"x:{material}")[0].secret
+        material = sealing.new_key()
+        raw = sealing.parse_keys(f"x:{material}")[0].secret
         tmp = path.with_name(f".secret-keys.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(f"{derived_id(raw)}:{material}\n")
+            f.write(f"{sealing.derived_id(raw)}:{material}\n")
         try:
             os.link(tmp, path)  # first writer wins; the others read its key
         except FileExistsError:

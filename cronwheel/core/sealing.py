@@ -38,7 +38,6 @@ TAG_BYTES = 16
 _WRAPPED = KEY_BYTES + TAG_BYTES
 _HEADER = 1 + NONCE_BYTES + _WRAPPED + NONCE_BYTES
 KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-KEYS_FORMAT = "comma-separated KEY_ID:KEY (KEY: base64 of 32 random bytes), the first seals"
 
 
 class SealingError(ValueError):

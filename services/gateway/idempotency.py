@@ -7,13 +7,23 @@ concurrent duplicate blocks on the row until the first commits, then replays.
 The same key with a different request (method, path or body) is a 422.
 Responses of 4xx are recorded too (the effect rolled back to a savepoint);
 a 5xx records nothing, so the client may retry with the same key.
-Keys are kept for RETENTION_MS; after that the key may be used afresh.
+Keys are kept for RETENTION_MS; after that the key may be used afresh, and a
+`Pruner` thread of each gateway process deletes expired rows in batches.
+
+No secret is kept here (docs/api.md, "Idempotency"): a response that shows a
+secret once (an API key, a webhook signing secret, a Kafka password) is
+recorded with that field set to null and named in `not_shown_again`, so its
+replay says "done, and the secret is not shown again" (with the header
+`Secret-Not-Shown-Again`) rather than handing the secret out a second time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +34,22 @@ from services.gateway.problems import Problem
 HEADER = "Idempotency-Key"
 RETENTION_MS = 24 * 3600 * 1000
 MAX_KEY_CHARS = 255
+NOT_SHOWN_HEADER = "Secret-Not-Shown-Again"
+NOT_SHOWN_FIELD = "not_shown_again"
+# Where a successful answer carries a secret shown once: paths from the top of
+# the body (whose keys are the API's own, never a tenant's data); "*" is every
+# item of a list. API keys (tenants, keys), Kafka passwords, webhook signing
+# secrets (job create / patch, the batch's jobs, rotate-secret).
+SECRET_PATHS: tuple[tuple[str, ...], ...] = (
+    ("api_key",),
+    ("kafka", "password"),
+    ("password",),
+    ("signing_secret", "secret"),
+    ("secret",),
+    ("results", "*", "job", "signing_secret", "secret"),
+)
+_SECRET_NAMES = tuple(f'"{path[-1]}"' for path in SECRET_PATHS)
+log = logging.getLogger(__name__)
 
 
 def _q() -> dict[str, str]:
@@ -86,4 +112,113 @@ def begin(conn, scope: str, req: IdempotentRequest, now: int) -> Stored | None:
 
 
 def record(conn, scope: str, req: IdempotentRequest, status: int, body: str | None) -> None:
-    conn.execute(_q()["record"], {"scope": scope, "key": req.key, "status": status, "body": body})
+    """Keep the answer for replays, without the secrets it showed (`redact`)."""
+    kept = redact(body) if status < 300 else body
+    conn.execute(_q()["record"], {"scope": scope, "key": req.key, "status": status, "body": kept})
+
+
+def redact(body: str | None) -> str | None:
+    """The JSON answer with every secret of SECRET_PATHS set to null and their
+    paths listed in `not_shown_again` (dotted, list items by index); the answer
+    itself when it shows none. Only answers that name such a field are parsed."""
+    if body is None or not any(name in body for name in _SECRET_NAMES):
+        return body
+    try:
+        doc = json.loads(body)
+    except ValueError:  # pragma: no cover - the gateway records JSON only
+        return body
+    if not isinstance(doc, dict):
+        return body
+    hidden: list[str] = []
+    for path in SECRET_PATHS:
+        _blank(doc, path, (), hidden)
+    if not hidden:
+        return body
+    doc[NOT_SHOWN_FIELD] = hidden
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _blank(node: Any, path: tuple[str, ...], at: tuple[str, ...], hidden: list[str]) -> None:
+    head, rest = path[0], path[1:]
+    if head == "*":
+        for i, item in enumerate(node if isinstance(node, list) else ()):
+            _blank(item, rest, (*at, str(i)), hidden)
+        return
+    if not isinstance(node, dict) or head not in node:
+        return
+    if rest:
+        _blank(node[head], rest, (*at, head), hidden)
+    elif isinstance(node[head], str):
+        node[head] = None
+        hidden.append(".".join((*at, head)))
+
+
+def not_shown(body: str | None) -> str | None:
+    """The replay's Secret-Not-Shown-Again header: the paths `redact` blanked."""
+    if body is None or f'"{NOT_SHOWN_FIELD}"' not in body:
+        return None
+    try:
+        paths = json.loads(body).get(NOT_SHOWN_FIELD)
+    except (ValueError, AttributeError):  # pragma: no cover - recorded by redact
+        return None
+    return ", ".join(paths) if isinstance(paths, list) and paths else None
+
+
+# -- retention -------------------------------------------------------------------
+
+
+def prune(conn, now: int, batch: int = 1000, pause: Callable[[], bool] | None = None) -> int:
+    """Delete the keys older than RETENTION_MS, `batch` rows per transaction
+    (oldest first, by the created_at index; rows another transaction holds are
+    skipped), until none is left or `pause()` says stop. Every tenant's rows:
+    the scope is lifted in each transaction. Returns how many it deleted."""
+    deleted = 0
+    args = {"expired_before": to_dt(now - RETENTION_MS), "batch": batch}
+    while True:
+        with conn.transaction():
+            conn.execute(_q()["all_scopes"])
+            n = conn.execute(_q()["prune"], args).rowcount
+        deleted += n
+        if n < batch or (pause is not None and pause()):
+            return deleted
+
+
+class Pruner:
+    """A gateway process's thread that prunes expired keys every `interval_s`,
+    on a pooled connection taken per pass: requests never wait for it (it
+    holds one connection for a batch at a time, and yields between batches)."""
+
+    def __init__(
+        self,
+        pool,
+        clock: Callable[[], int],
+        interval_s: float = 60.0,
+        batch: int = 1000,
+    ):
+        self.pool = pool
+        self.clock = clock
+        self.interval_s = interval_s
+        self.batch = batch
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="idempotency-pruner", daemon=True)
+
+    def start(self) -> Pruner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def run_once(self) -> int:
+        with self.pool.connection() as conn:
+            return prune(conn, self.clock(), self.batch, pause=lambda: self._stop.wait(0.05))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                n = self.run_once()
+                if n:
+                    log.info("pruned %d expired idempotency keys", n)
+            except Exception:  # a database outage: the next pass tries again
+                log.warning("pruning idempotency keys failed", exc_info=True)

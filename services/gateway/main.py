@@ -14,6 +14,7 @@ limit holds across the workers, not per worker.
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import shutil
@@ -70,6 +71,45 @@ class GatewaySettings:
     rate_limit_table: str | None = setting(RATE_LIMIT_TABLE, None)
 
 
+MIN_OPERATOR_KEY_CHARS = 32
+MIN_OPERATOR_KEY_BITS = 96  # Shannon estimate over the key's own characters
+
+
+class WeakOperatorKey(ValueError):
+    """The operator key a deployment gave is guessable (`CHANGE-ME`, short,
+    repetitive): the gateway refuses to start with it."""
+
+
+def operator_key_weakness(key: str) -> str | None:
+    """Why `key` is too weak to manage tenants, or None. At least 32 characters,
+    at least 10 different ones, and about 96 bits by the Shannon entropy of its
+    characters (a template's `CHANGE-ME`, a word repeated, `aaaa...`, fail; a
+    random key of 32 characters or more from `secrets.token_urlsafe(32)` or
+    `openssl rand -hex 32` passes, as does the local stack's generated key)."""
+    if len(key) < MIN_OPERATOR_KEY_CHARS:
+        return f"shorter than {MIN_OPERATOR_KEY_CHARS} characters"
+    counts = collections.Counter(key)
+    if len(counts) < 10:
+        return "too few different characters"
+    bits = -sum(n * math.log2(n / len(key)) for n in counts.values())
+    repeated = any(
+        key == (key[:n] * (len(key) // n + 1))[: len(key)] for n in range(1, len(key) // 2 + 1)
+    )
+    if bits < MIN_OPERATOR_KEY_BITS or repeated:
+        return "too repetitive to be random"
+    return None
+
+
+def check_operator_key(key: str) -> None:
+    """WeakOperatorKey (one line, without the key) for a weak key."""
+    if why := operator_key_weakness(key):
+        raise WeakOperatorKey(
+            f"CRONWHEEL_OPERATOR_KEY is too weak ({why}): use at least "
+            f"{MIN_OPERATOR_KEY_CHARS} random characters, e.g. from "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+
+
 def worker_count(settings: GatewaySettings | None = None) -> int:
     settings = settings or config.load(GatewaySettings)
     if settings.workers is not None:
@@ -80,7 +120,11 @@ def worker_count(settings: GatewaySettings | None = None) -> int:
 
 
 def main() -> None:
+    from cronwheel.demo import operator_key
+
     settings = config.load(GatewaySettings)
+    check_operator_key(settings.operator_key or operator_key())
+    config.secret_keyring()  # a bad CRONWHEEL_SECRET_KEYS stops the start, in one line
     log = setup_logging("gateway", settings.common.log_level)
     if settings.listen_fd is None and worker_count(settings) > 1:
         supervise(settings, worker_count(settings), log)
@@ -98,6 +142,7 @@ def serve(settings: GatewaySettings, log) -> None:
     from services.gateway import metrics_dir
     from services.gateway.app import create_app
     from services.gateway.auth import AuthLimits, KeyGuard
+    from services.gateway.idempotency import Pruner
     from services.gateway.service import GatewayService
 
     fd = settings.listen_fd
@@ -120,6 +165,8 @@ def serve(settings: GatewaySettings, log) -> None:
         settings.quota_jobs, settings.quota_workflows, settings.quota_keys
     )
     metrics_dir.collect_for_all_workers()
+    gateway = app.state.gateway
+    pruner = Pruner(gateway.pool, gateway.clock).start()  # expired Idempotency-Keys
     try:
         sock = None if fd is None else socket.socket(fileno=fd)
         service = GatewayService(
@@ -133,6 +180,7 @@ def serve(settings: GatewaySettings, log) -> None:
             log.info("gateway listening on %s/v1", service.url)
         service.run(stop_on_signals())
     finally:
+        pruner.stop()
         app.state.gateway.close()
 
 

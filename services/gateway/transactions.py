@@ -181,6 +181,8 @@ class Gateway:
         if stored is not None:
             response = respond(stored.status, stored.body)
             response.headers["Idempotent-Replayed"] = "true"
+            if hidden := idempotency.not_shown(stored.body):
+                response.headers[idempotency.NOT_SHOWN_HEADER] = hidden
             return response
         headers: dict[str, str] = {}
         try:

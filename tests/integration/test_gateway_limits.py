@@ -198,7 +198,7 @@ def test_rate_limit__two_workers__the_burst_is_the_keys_not_each_workers(
     """`serve gateway` with two workers and a burst of 3: requests of one key on
     connections each worker accepted get 3 answers in all, not 3 per worker."""
     port = _free_port()
-    operator = "cwop_limits_workers"
+    operator = "cwop_limits_workers_7f3a9c1e5b2d8046"
     env = {
         **os.environ,
         "DATABASE_URL": database_url,

@@ -25,7 +25,7 @@ from tests.support.running import running
 
 pytestmark = pytest.mark.integration
 
-OPERATOR_KEY = "cwop_fastpath_operator"
+OPERATOR_KEY = "cwop_fastpath_operator_4e8b1d6a9f2c7053"
 
 
 @pytest.fixture

@@ -19,3 +19,18 @@ SELECT fingerprint, status, body FROM idempotency_keys
 -- name: record
 UPDATE idempotency_keys SET status = %(status)s, body = %(body)s
  WHERE scope = %(scope)s AND key = %(key)s;
+
+-- name: all_scopes
+-- The pruner works on every tenant's keys: lift the scope for its transaction.
+SELECT set_config('cronwheel.tenant_id', '', true);
+
+-- name: prune
+-- One batch of expired keys, oldest first (idempotency_keys_created); rows a
+-- request holds (its own key, being replayed or forgotten) are skipped.
+DELETE FROM idempotency_keys i
+ USING (SELECT scope, key FROM idempotency_keys
+         WHERE created_at < %(expired_before)s
+         ORDER BY created_at
+         LIMIT %(batch)s
+           FOR UPDATE SKIP LOCKED) AS old
+ WHERE i.scope = old.scope AND i.key = old.key;

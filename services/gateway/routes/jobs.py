@@ -3,6 +3,10 @@
 Each handler is one call into cronwheel.store.jobs.Jobs. The gateway adds the
 webhook destination check (cronwheel.core.ssrf) before a webhook target is
 stored, since it needs the network and the operator's allow list.
+
+A managed target's `env` is write-only: every answer shows its names with the
+values masked (`shown`); the executor reads the values from the database. A
+PATCH that sends a masked value back keeps the value the job holds.
 """
 
 from __future__ import annotations
@@ -52,6 +56,36 @@ BACKFILLED = {
 }
 
 
+ENV_MASK = "********"  # what an answer shows for each value of a managed job's env
+
+
+def shown(job: dict) -> dict:
+    """The job as answers show it: a managed target's env values masked."""
+    target = job.get("target")
+    if isinstance(target, dict) and isinstance(target.get("env"), dict) and target["env"]:
+        return {**job, "target": {**target, "env": dict.fromkeys(target["env"], ENV_MASK)}}
+    return job
+
+
+def _unmask_env(gw: Gateway, tx, job_id: str, body: dict) -> dict:
+    """A PATCH whose target.env sends ENV_MASK back for a name keeps that name's
+    stored value (a client may PATCH back a target it read); a masked value for
+    a name the job does not hold is refused."""
+    target = body.get("target")
+    env = target.get("env") if isinstance(target, dict) else None
+    if not isinstance(env, dict) or ENV_MASK not in env.values():
+        return body
+    held = gw.jobs.get(tx.conn, tx.tenant["tenant_id"], job_id, tx.now)["target"]
+    held_env = held.get("env") or {} if held.get("type") == "managed" else {}
+    for name, value in env.items():
+        if value == ENV_MASK and name not in held_env:
+            raise ValidationError(
+                f"target.env.{name}", "is masked, but the job holds no value for it"
+            )
+    unmasked = {k: held_env[k] if v == ENV_MASK else v for k, v in env.items()}
+    return {**body, "target": {**target, "env": unmasked}}
+
+
 def _check_destination(gw: Gateway, body: dict) -> None:
     target = body.get("target") if isinstance(body, dict) else None
     if isinstance(target, dict) and target.get("type") == "webhook":
@@ -69,7 +103,7 @@ def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
     def create(tx):
         _check_destination(gw, body)
         admit(tx, who, "jobs", 1, _parses(tx))(body)  # 409 QUOTA_EXCEEDED
-        return gw.jobs.create(tx.conn, tx.tenant, body, tx.now)
+        return shown(gw.jobs.create(tx.conn, tx.tenant, body, tx.now))
 
     return gw.as_tenant(who, create, 201)
 
@@ -117,7 +151,7 @@ def _batch_result(result: dict | Exception) -> dict:
     if isinstance(result, Exception):
         status, doc, _headers = problems.from_exception(result)
         return {"status": status, "problem": doc}
-    return {"status": 201, "job": result}
+    return {"status": 201, "job": shown(result)}
 
 
 @router.get("", responses=oa.ok(oa.page(oa.JOB)), summary="The tenant's jobs, oldest first")
@@ -129,15 +163,18 @@ def list_jobs(
 ):
     if cursor is not None and not _CURSOR.match(cursor):
         raise ValidationError("cursor", "is not a cursor this API returned")
-    return gw.as_tenant(
-        who, lambda tx: gw.jobs.list(tx.conn, tx.tenant["tenant_id"], cursor=cursor, limit=limit)
-    )
+
+    def page(tx):
+        out = gw.jobs.list(tx.conn, tx.tenant["tenant_id"], cursor=cursor, limit=limit)
+        return {**out, "items": [shown(job) for job in out["items"]]}
+
+    return gw.as_tenant(who, page)
 
 
 @router.get("/{job_id}", responses=oa.ok(oa.JOB, 200, 404), summary="One job")
 def get_job(gw: Gw, who: TenantCaller, job_id: str):
     jid = ident(job_id, "job")
-    return gw.as_tenant(who, lambda tx: gw.jobs.get(tx.conn, tx.tenant["tenant_id"], jid))
+    return gw.as_tenant(who, lambda tx: shown(gw.jobs.get(tx.conn, tx.tenant["tenant_id"], jid)))
 
 
 @router.patch(
@@ -151,7 +188,8 @@ def update_job(gw: Gw, who: TenantCaller, job_id: str, body: JsonObject):
 
     def update(tx):
         _check_destination(gw, body)
-        return gw.jobs.update(tx.conn, tx.tenant, jid, body, tx.now)
+        patch = _unmask_env(gw, tx, jid, body)
+        return shown(gw.jobs.update(tx.conn, tx.tenant, jid, patch, tx.now))
 
     return gw.as_tenant(who, update)
 
@@ -170,7 +208,7 @@ def delete_job(gw: Gw, who: TenantCaller, job_id: str):
 @router.post("/{job_id}/pause", responses=oa.ok(oa.JOB, 200, 404), summary="Pause a job")
 def pause_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
     jid = ident(job_id, "job")
-    return gw.as_tenant(who, lambda tx: gw.jobs.pause(tx.conn, tx.tenant, jid, tx.now))
+    return gw.as_tenant(who, lambda tx: shown(gw.jobs.pause(tx.conn, tx.tenant, jid, tx.now)))
 
 
 @router.post(
@@ -180,7 +218,7 @@ def pause_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
 )
 def resume_job(gw: Gw, who: TenantCaller, job_id: str, _body: OptionalObject):
     jid = ident(job_id, "job")
-    return gw.as_tenant(who, lambda tx: gw.jobs.resume(tx.conn, tx.tenant, jid, tx.now))
+    return gw.as_tenant(who, lambda tx: shown(gw.jobs.resume(tx.conn, tx.tenant, jid, tx.now)))
 
 
 @router.post(
