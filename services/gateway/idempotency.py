@@ -183,10 +183,35 @@ def prune(conn, now: int, batch: int = 1000, pause: Callable[[], bool] | None = 
             return deleted
 
 
+def redact_stored(conn, batch: int = 500) -> int:
+    """Redact the answers recorded before `record` redacted them (an upgrade):
+    every successful answer that names a secret field is rewritten through
+    `redact`, `batch` rows per transaction (SKIP LOCKED). Returns how many
+    changed; answers already redacted stay as they are."""
+    changed, after = 0, ("", "")
+    while True:
+        with conn.transaction():
+            conn.execute(_q()["all_scopes"])
+            rows = conn.execute(
+                _q()["unredacted"], {"scope": after[0], "key": after[1], "batch": batch}
+            ).fetchall()
+            for scope, key, body in rows:
+                kept = redact(body)
+                if kept != body:
+                    conn.execute(_q()["rewrite"], {"scope": scope, "key": key, "body": kept})
+                    changed += 1
+        if len(rows) < batch:
+            return changed
+        after = (rows[-1][0], rows[-1][1])
+
+
 class Pruner:
     """A gateway process's thread that prunes expired keys every `interval_s`,
     on a pooled connection taken per pass: requests never wait for it (it
-    holds one connection for a batch at a time, and yields between batches)."""
+    holds one connection for a batch at a time, and yields between batches).
+    Its first pass also redacts answers recorded before redaction existed
+    (`redact_stored`), so an upgrade leaves no secret here for the day
+    those rows have left."""
 
     def __init__(
         self,
@@ -199,6 +224,7 @@ class Pruner:
         self.clock = clock
         self.interval_s = interval_s
         self.batch = batch
+        self._legacy_done = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="idempotency-pruner", daemon=True)
 
@@ -212,6 +238,10 @@ class Pruner:
 
     def run_once(self) -> int:
         with self.pool.connection() as conn:
+            if not self._legacy_done:
+                if n := redact_stored(conn):
+                    log.info("redacted %d idempotency answers recorded with secrets", n)
+                self._legacy_done = True
             return prune(conn, self.clock(), self.batch, pause=lambda: self._stop.wait(0.05))
 
     def _run(self) -> None:

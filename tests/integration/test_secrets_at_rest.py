@@ -6,6 +6,7 @@ operator key stops the gateway."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +44,7 @@ MANAGED = {
     "schedule": {"every_ms": 3_600_000},
     "target": {"type": "managed", "command": ["/bin/true"], "env": {"API_TOKEN": TOKEN}},
 }
+HELD = {"secret_id": "whs_1", "secret": "whsec_legacy"}
 # Where a plain value may be, by kind: a managed job's env is read by the
 # executor from its job (and the run's copy of the target).
 MAY_HOLD = {"env": {"jobs", "runs"}}
@@ -291,8 +293,20 @@ def test_idempotency_rows__older_than_retention__pruned_in_batches(database_url)
         assert left(conn) == (0, 4)
 
         # The gateway's thread does it on its own, on a pooled connection whose
-        # sessions are scoped to no tenant (as the gateway's are).
+        # sessions are scoped to no tenant (as the gateway's are); its first pass
+        # also redacts answers recorded with their secrets (before an upgrade).
         add(conn, 5, old)
+        legacy = {
+            "tenant": (201, {"tenant_id": "t", "api_key": "cw_legacy"}),
+            "batch": (200, {"results": [{"status": 201, "job": {"signing_secret": HELD}}]}),
+            "refused": (422, {"code": "INVALID_FIELD", "detail": "api_key", "secret": "x"}),
+        }
+        for key, (status, doc) in legacy.items():
+            conn.execute(
+                "INSERT INTO idempotency_keys (scope, key, fingerprint, status, body, created_at)"
+                " VALUES ('operator', %s, '\\x00', %s, %s, %s)",
+                [key, status, json.dumps(doc), fresh],
+            )
         with ConnectionPool(
             database_url,
             min_size=1,
@@ -302,9 +316,22 @@ def test_idempotency_rows__older_than_retention__pruned_in_batches(database_url)
         ) as pool:
             pruner = idempotency.Pruner(pool, lambda: now, interval_s=0.05, batch=2).start()
             try:
-                wait_for(lambda: left(conn) == (0, 4), what="expired keys pruned")
+                wait_for(lambda: left(conn) == (0, 7), what="expired keys pruned")
             finally:
                 pruner.stop()
+        bodies = dict(
+            conn.execute(
+                "SELECT key, body FROM idempotency_keys WHERE scope = 'operator'"
+            ).fetchall()
+        )
+        assert json.loads(bodies["tenant"]) == {
+            "tenant_id": "t",
+            "api_key": None,
+            "not_shown_again": ["api_key"],
+        }
+        batch = json.loads(bodies["batch"])
+        assert batch["results"][0]["job"]["signing_secret"]["secret"] is None
+        assert json.loads(bodies["refused"]) == legacy["refused"][1]  # no secret shown
 
 
 @pytest.mark.parametrize("weak", ["CHANGE-ME", "x" * 40, "password1234567890" * 2])

@@ -34,3 +34,17 @@ DELETE FROM idempotency_keys i
          LIMIT %(batch)s
            FOR UPDATE SKIP LOCKED) AS old
  WHERE i.scope = old.scope AND i.key = old.key;
+
+-- name: unredacted
+-- Successful answers that may show a secret (recorded before the gateway
+-- redacted them), after the last one seen; the caller checks each.
+SELECT scope, key, body FROM idempotency_keys
+ WHERE status < 300 AND body IS NOT NULL
+   AND (body LIKE '%%"api_key"%%' OR body LIKE '%%"secret"%%' OR body LIKE '%%"password"%%')
+   AND (scope, key) > (%(scope)s, %(key)s)
+ ORDER BY scope, key
+ LIMIT %(batch)s
+   FOR UPDATE SKIP LOCKED;
+
+-- name: rewrite
+UPDATE idempotency_keys SET body = %(body)s WHERE scope = %(scope)s AND key = %(key)s;
