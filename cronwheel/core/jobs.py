@@ -185,6 +185,18 @@ def parse_target(raw: Any, field_name: str = "target") -> dict:
     raise ValidationError(f"{field_name}.type", "must be one of queue, webhook, managed")
 
 
+ENV_MASK = "********"  # what an answer shows for each value of a managed target's env
+
+
+def shown_target(target: Any) -> Any:
+    """A target as answers show it: a managed target's env values are
+    write-only (names kept, values masked). Jobs, runs and workflow nodes
+    all carry targets, and every answer goes through here."""
+    if isinstance(target, dict) and isinstance(target.get("env"), dict) and target["env"]:
+        return {**target, "env": dict.fromkeys(target["env"], ENV_MASK)}
+    return target
+
+
 def payload_text(raw: Any, present: bool = True) -> str:
     text = json.dumps(raw if present else None, separators=(",", ":"), ensure_ascii=False)
     if len(text.encode()) > MAX_PAYLOAD_BYTES:

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from cronwheel.core.clock import iso, to_ms
 from cronwheel.core.errors import NotFound, ValidationError
 from cronwheel.core.ids import partition_of_run
+from cronwheel.core.jobs import shown_target
 from cronwheel.core.runs import RunState
 from cronwheel.store.sql_loader import queries
 
@@ -42,7 +43,7 @@ def view(row: dict) -> dict:
         "state": row["state"],
         "attempt": row["attempt"],
         "priority": row["priority"],
-        "target": row["target"],
+        "target": shown_target(row["target"]),
         "scheduled_at": _when(row["scheduled_at"]),
         "covers": [iso(ms) for ms in row["covers"]] if row["covers"] else None,
         "worker_id": row["worker_id"],

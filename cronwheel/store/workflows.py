@@ -32,7 +32,7 @@ from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.events import OutboxRow
 from cronwheel.core.firing import next_due, plan_fire
 from cronwheel.core.ids import new_id, partition_of, partition_of_run, run_id_for_node
-from cronwheel.core.jobs import Catchup
+from cronwheel.core.jobs import Catchup, shown_target
 from cronwheel.core.runs import RunState
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.core.workflows import (
@@ -114,7 +114,7 @@ class Workflows:
     def _node_view(self, tenant_id: str, name: str, spec: dict, depends_on: list[str]) -> dict:
         out = {
             "name": name,
-            "target": spec["target"],
+            "target": shown_target(spec["target"]),
             "payload": json.loads(spec["payload"]),
             "retry": spec["retry"],
             "timeout_ms": spec["timeout_ms"],

@@ -18,13 +18,13 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from cronwheel.core.clock import now_ms, to_dt
+from cronwheel.core.jobs import ENV_MASK
 from cronwheel.core.sealing import Key, Keyring, new_key, parse_keys
 from cronwheel.core.ssrf import allowed_networks
 from cronwheel.kafka import Topics
 from cronwheel.store import webhooks
 from services.gateway import idempotency
 from services.gateway.app import create_app
-from services.gateway.routes.jobs import ENV_MASK
 from tests.support.gateway import served
 from tests.support.wait import wait_for
 
@@ -193,6 +193,19 @@ def test_managed_env__masked_in_every_answer__real_for_the_executor(app, databas
             assert answer["target"]["env"] == masked, answer
         for r in (c.get(f"/v1/jobs/{jid}"), c.get("/v1/jobs")):
             assert TOKEN not in r.text
+
+        # A run carries its job's target, and a workflow node its own: masked too.
+        run_id = c.post(f"/v1/jobs/{jid}/trigger").json()["run_id"]
+        run = c.get(f"/v1/runs/{run_id}")
+        assert run.json()["target"]["env"] == masked, run.text
+        listed = c.get("/v1/runs", params={"job_id": jid})
+        assert TOKEN not in run.text and TOKEN not in listed.text
+        node = {"name": "n", "target": MANAGED["target"], "depends_on": []}
+        flow = c.post("/v1/workflows", json={"name": "wf", "nodes": [node]})
+        assert flow.status_code == 201, flow.text
+        shown = c.get(f"/v1/workflows/{flow.json()['workflow_id']}")
+        assert shown.json()["nodes"][0]["target"]["env"] == masked, shown.text
+        assert TOKEN not in flow.text and TOKEN not in shown.text
 
         # PATCHing back a target as read keeps the value; a new name is written.
         target = {**job["target"], "env": {"API_TOKEN": ENV_MASK, "MORE": "x"}}

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query
 
 from cronwheel.core.clock import to_ms
 from cronwheel.core.errors import ValidationError
-from cronwheel.core.jobs import parse_job
+from cronwheel.core.jobs import ENV_MASK, parse_job, shown_target
 from cronwheel.core.ssrf import check_webhook_url
 from services.gateway import bodies, problems
 from services.gateway import openapi as oa
@@ -56,15 +56,11 @@ BACKFILLED = {
 }
 
 
-ENV_MASK = "********"  # what an answer shows for each value of a managed job's env
-
-
 def shown(job: dict) -> dict:
     """The job as answers show it: a managed target's env values masked."""
-    target = job.get("target")
-    if isinstance(target, dict) and isinstance(target.get("env"), dict) and target["env"]:
-        return {**job, "target": {**target, "env": dict.fromkeys(target["env"], ENV_MASK)}}
-    return job
+    if "target" not in job:
+        return job
+    return {**job, "target": shown_target(job["target"])}
 
 
 def _unmask_env(gw: Gateway, tx, job_id: str, body: dict) -> dict:
