@@ -56,6 +56,8 @@ def test_open__anything_changed__refused(change):
 @pytest.mark.parametrize(
     "text",
     ["", "nokey", "k1:short", "bad id:" + new_key(), "k1:" + new_key() + ",k1:" + new_key()],
+    # Named, not by value: random keys would differ between xdist workers.
+    ids=["empty", "no-key", "short-key", "bad-id", "same-id-twice"],
 )
 def test_parse_keys__bad__value_error_naming_no_key_material(text):
     with pytest.raises(ValueError) as e:
@@ -123,6 +125,7 @@ def test_redact__batch_results_and_plain_answers():
         (secrets.token_hex(32), False),
         (secrets.token_hex(16), False),
     ],
+    ids=["change-me", "one-char", "changeme-x4", "password-x2", "cwop-token", "hex-64", "hex-32"],
 )
 def test_operator_key__weak_ones_refused(key, weak):
     assert (operator_key_weakness(key) is not None) == weak
