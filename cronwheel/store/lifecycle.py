@@ -49,10 +49,11 @@ from cronwheel.core.runs import (
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays, timers
 from cronwheel.store.new_runs import NewRuns, insert_runs, ready_row, run_spec
-from cronwheel.store.sql_loader import queries
+from cronwheel.store.sql_loader import queries, splice
 from cronwheel.store.timers import FireReport, Timer
 
-Q = timers.spliced(queries("lifecycle"))  # with their timer fragments
+# With their fragments: the timer parts (timers.sql) and the buffered instant.
+Q = timers.spliced(splice(queries("lifecycle"), {"lifecycle": queries("lifecycle")}))
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 4096
 

@@ -29,6 +29,22 @@ def parse_blocks(text: str) -> dict[str, str]:
     return blocks
 
 
+_FRAGMENT = re.compile(r"\{\{([a-z_]+)\.([a-z0-9_]+)\}\}")
+
+
+def splice(blocks: dict[str, str], sources: dict[str, dict[str, str]]) -> dict[str, str]:
+    """`blocks` with each `{{module.name}}` replaced by that block of
+    `sources[module]`: a part two statements share is written once and each
+    still runs as one statement. Fragments of other modules are left for
+    their own splice."""
+
+    def fragment(m: re.Match) -> str:
+        source = sources.get(m.group(1))
+        return m.group(0) if source is None else source[m.group(2)].rstrip(";")
+
+    return {name: _FRAGMENT.sub(fragment, sql) for name, sql in blocks.items()}
+
+
 @functools.cache
 def queries(module: str) -> dict[str, str]:
     return parse_blocks((SQL_DIR / f"{module}.sql").read_text())

@@ -17,7 +17,6 @@ their timers is `plan_each` here.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
@@ -29,12 +28,11 @@ from cronwheel.core.events import OutboxRow
 from cronwheel.core.runs import NORMAL_RANK, PRIORITIES, PRIORITY_RANK, priority_rank
 from cronwheel.core.schedule import parse_schedule
 from cronwheel.store import pgarrays
-from cronwheel.store.sql_loader import queries
+from cronwheel.store.sql_loader import queries, splice
 
 Q = queries("timers")
 # The rank mapping, for statements that compute a timer's class from a run's.
 CLASS_PARAMS = {"classes": pgarrays.text_array(list(PRIORITIES)), "normal_rank": NORMAL_RANK}
-_FRAGMENT = re.compile(r"\{\{timers\.([a-z0-9_]+)\}\}")
 
 
 def spliced(blocks: dict[str, str]) -> dict[str, str]:
@@ -42,7 +40,7 @@ def spliced(blocks: dict[str, str]) -> dict[str, str]:
     that fragment of timers.sql: the statement runs as one, its timer part
     written once. Statements with a fragment that reads the run's class take
     CLASS_PARAMS."""
-    return {name: _FRAGMENT.sub(lambda m: Q[m.group(1)], sql) for name, sql in blocks.items()}
+    return splice(blocks, {"timers": Q})
 
 
 def timer_id(kind: str, owner_id: str) -> str:

@@ -113,6 +113,26 @@ SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry
  ORDER BY run_id
    FOR UPDATE;
 
+-- name: buffered_instant_given_up
+-- A fragment, not a statement: spliced into end_attempt and end_attempts
+-- (sql_loader.splice), which end runs in `u`. The job of a run that ended
+-- terminally gives up the instant overlap=buffer_one held back; it comes back
+-- in `b`, one row per job.
+old AS (
+    SELECT j.partition_id, j.job_id, j.buffered_at
+      FROM jobs j
+     WHERE (j.partition_id, j.job_id) IN (SELECT u.partition_id, u.job_id FROM u
+                                           WHERE u.state <> 'RETRY_WAIT')
+       AND j.buffered_at IS NOT NULL AND j.deleted_at IS NULL
+       FOR UPDATE OF j),
+b AS (
+    UPDATE jobs j
+       SET buffered_at = NULL
+      FROM old
+     WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
+    RETURNING j.partition_id, j.job_id, old.buffered_at, j.tenant_id, j.target, j.payload,
+              j.retry, j.timeout_ms, j.lease_ms, j.priority);
+
 -- name: end_attempt
 -- CompleteRun: RUNNING -> the state decide() chose (SUCCEEDED | RETRY_WAIT |
 -- FAILED), fenced on (attempt, start_token): a duplicate finds the run no
@@ -143,18 +163,7 @@ a AS (
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
 {{timers.end_attempt_timers}},
-old AS (
-    SELECT j.partition_id, j.job_id, j.buffered_at
-      FROM jobs j JOIN u ON j.partition_id = u.partition_id AND j.job_id = u.job_id
-     WHERE u.state <> 'RETRY_WAIT' AND j.buffered_at IS NOT NULL AND j.deleted_at IS NULL
-       FOR UPDATE OF j),
-b AS (
-    UPDATE jobs j
-       SET buffered_at = NULL
-      FROM old
-     WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
-    RETURNING old.buffered_at, j.tenant_id, j.target, j.payload, j.retry, j.timeout_ms,
-              j.lease_ms, j.priority)
+{{lifecycle.buffered_instant_given_up}}
 SELECT u.state, u.attempt, u.tenant_id, u.job_id, u.workflow_run_id, u.node, u.priority,
        b.buffered_at, b.tenant_id AS buffered_tenant_id, b.target, b.payload, b.retry,
        b.timeout_ms, b.lease_ms, b.priority AS buffered_priority
@@ -240,20 +249,7 @@ a AS (
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
 {{timers.end_attempt_timers}},
-old AS (
-    SELECT j.partition_id, j.job_id, j.buffered_at
-      FROM jobs j
-     WHERE (j.partition_id, j.job_id) IN (SELECT u.partition_id, u.job_id FROM u
-                                           WHERE u.state <> 'RETRY_WAIT')
-       AND j.buffered_at IS NOT NULL AND j.deleted_at IS NULL
-       FOR UPDATE OF j),
-b AS (
-    UPDATE jobs j
-       SET buffered_at = NULL
-      FROM old
-     WHERE j.partition_id = old.partition_id AND j.job_id = old.job_id
-    RETURNING j.partition_id, j.job_id, old.buffered_at, j.tenant_id, j.target, j.payload,
-              j.retry, j.timeout_ms, j.lease_ms, j.priority)
+{{lifecycle.buffered_instant_given_up}}
 SELECT c.i, u.state, u.attempt, u.tenant_id, u.job_id, u.workflow_run_id, u.node,
        u.priority, b.buffered_at, b.tenant_id AS buffered_tenant_id, b.target, b.payload,
        b.retry, b.timeout_ms, b.lease_ms, b.priority AS buffered_priority
