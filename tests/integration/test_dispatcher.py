@@ -17,7 +17,7 @@ from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics, class_of_partition
 from cronwheel.store.jobs import Jobs, create_tenant
 from services.dispatcher.service import Dispatcher
-from tests.support.kafka import drain
+from tests.support.kafka import drain, read_all
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -116,9 +116,10 @@ def test_run_ready__routed_by_target__same_bytes_and_key_reach_queue_webhook_man
         "r-managed": ready("acme", "r-managed", target={"type": "managed", "command": ["true"]}),
     }
     produce(kafka_bootstrap, topics.runs("acme"), [(k.encode(), v) for k, v in sent.items()])
-    with running(Dispatcher(database_url, kafka_bootstrap, topics)):
-        got = drain(kafka_bootstrap, f"^{topics.prefix}\\.(q|webhook|managed)\\..*", want=3)
-    by_run = {key.decode(): (topic, msg) for topic, key, _name, _datum, msg in got}
+    with running(Dispatcher(database_url, kafka_bootstrap, topics)) as dispatcher:
+        wait_for(lambda: dispatcher.forwarded_total >= 3, timeout=60, what="three forwarded")
+    dests = [topics.queue("acme", "billing"), topics.webhook("acme"), topics.managed("acme")]
+    by_run = {m.key().decode(): (m.topic(), m) for m in read_all(kafka_bootstrap, dests)}
     assert {k: t for k, (t, _m) in by_run.items()} == {
         "r-queue": topics.queue("acme", "billing"),
         "r-webhook": topics.webhook("acme"),

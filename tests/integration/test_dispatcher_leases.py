@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.core.ids import partition_of
 from cronwheel.kafka import Topics
 from services.dispatcher.service import Dispatcher
 from tests.integration.test_dispatcher import produce, ready
+from tests.support.kafka import read_all
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -26,36 +26,6 @@ TENANTS = 12
 @pytest.fixture
 def topics(topic_prefix) -> Topics:
     return Topics(topic_prefix)
-
-
-def run_ids_on(bootstrap: str, names: list[str]) -> Counter:
-    """Every run id on these topics, duplicates counted: read by explicit
-    assignment from the start to each partition's high watermark."""
-    c = kafka.consumer("unused", bootstrap)
-    try:
-        ends: dict[tuple[str, int], int] = {}
-        for name in names:
-            meta = c.list_topics(name, timeout=10).topics[name]
-            for p in meta.partitions:
-                _low, high = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
-                if high > 0:
-                    ends[(name, p)] = high
-        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends])
-        seen: Counter = Counter()
-        done: set[tuple[str, int]] = set()
-
-        def read_all() -> bool:
-            for m in c.consume(500, timeout=0.2):
-                if m.error() is None:
-                    seen[m.key().decode()] += 1
-                    if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
-                        done.add((m.topic(), m.partition()))
-            return done == set(ends)
-
-        wait_for(read_all, timeout=30, what="queue topics read to their ends")
-        return seen
-    finally:
-        c.close()
 
 
 def group_state(bootstrap: str, group: str):
@@ -128,7 +98,7 @@ def test_two_instances__tenants_split_by_lease__handed_over_on_stop__every_run_f
         wave(3)
         wait_for(lambda: forwarded(a, b), timeout=60, what="wave 3 forwarded")
 
-    seen = run_ids_on(kafka_bootstrap, queues)
+    seen = Counter(m.key().decode() for m in read_all(kafka_bootstrap, queues))
     missing = set(sent) - set(seen)
     duplicates = {r: n for r, n in seen.items() if n > 1}
     assert not missing, f"{len(missing)} runs never forwarded: {sorted(missing)[:5]}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.core.runs import PRIORITY_RANK
@@ -17,6 +16,7 @@ from cronwheel.store.jobs import create_tenant
 from services.dispatcher.service import Dispatcher
 from services.relay.service import Relay
 from tests.integration.test_dispatcher import ready
+from tests.support.kafka import read_all
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -31,26 +31,6 @@ def topics(topic_prefix) -> Topics:
 def partitions_of(admin, topic: str) -> int:
     meta = admin.list_topics(topic, timeout=10).topics.get(topic)
     return len(meta.partitions) if meta is not None and meta.error is None else 0
-
-
-def where(bootstrap: str, topic: str, want: int) -> dict[str, int]:
-    """run id -> the partition of `topic` its record is on, once `want` are there."""
-    c = kafka.consumer("unused", bootstrap)
-    try:
-        n = partitions_of(c, topic)
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(n)])
-        found: dict[str, int] = {}
-
-        def read() -> bool:
-            for m in c.consume(100, timeout=0.2):
-                if m.error() is None:
-                    found[m.key().decode()] = m.partition()
-            return len(found) >= want
-
-        wait_for(read, timeout=30, what=f"{want} records on {topic}")
-        return found
-    finally:
-        c.close()
 
 
 def test_run_topic__one_lane_until_a_critical_run__grown_to_a_partition_per_class__all_read(
@@ -97,11 +77,11 @@ def test_run_topic__one_lane_until_a_critical_run__grown_to_a_partition_per_clas
             wait_for(lambda: dispatcher.forwarded_total >= 4, timeout=30, what="all four forwarded")
 
     assert partitions_of(admin, run_topic) == kafka.CLASS_PARTITIONS
-    on_run_topic = where(kafka_bootstrap, run_topic, 4)
+    on_run_topic = {m.key().decode(): m.partition() for m in read_all(kafka_bootstrap, [run_topic])}
     assert on_run_topic == {
         "normal-1": 0,  # the one lane, before the topic grew
         "critical-1": 0,  # the critical quarter of four
         "normal-2": 2,
         "low-1": 3,
     }
-    assert set(where(kafka_bootstrap, queue, 4)) == set(on_run_topic)
+    assert {m.key().decode() for m in read_all(kafka_bootstrap, [queue])} == set(on_run_topic)

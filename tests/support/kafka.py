@@ -35,6 +35,39 @@ def drain(
     return out
 
 
+def read_all(bootstrap: str, names: list[str], timeout: float = 30.0) -> list:
+    """Every record on these topics, duplicates included, read by explicit
+    assignment from the start to each partition's high watermark as it is
+    now: no group and no pattern subscription, so a topic made a moment ago
+    is read like any other. Polls with a deadline."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    c = kafka.consumer(f"test-{uuid.uuid4().hex[:8]}", bootstrap)
+    try:
+        ends: dict[tuple[str, int], int] = {}
+        for name in names:
+            meta = c.list_topics(name, timeout=10).topics[name]
+            for p in meta.partitions:
+                _low, high = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                if high > 0:
+                    ends[(name, p)] = high
+        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends])
+        out: list = []
+        done: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout
+        while done != set(ends):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"read {len(out)} records, not to the end of {names}")
+            for m in c.consume(500, timeout=0.2):
+                if m.error() is None:
+                    out.append(m)
+                    if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
+                        done.add((m.topic(), m.partition()))
+        return out
+    finally:
+        c.close()
+
+
 def delete_topics(bootstrap: str, prefixes: list[str], timeout: float = 30.0) -> int:
     """Delete the topics whose names start with one of `prefixes` and a dot;
     returns how many were asked for. Best effort: a failure is only logged."""
