@@ -287,14 +287,23 @@ class Placement:
         dispatcher starting with thousands of tenants). Topics the broker
         does not know yet are left to `partitions`."""
         missing = [t for t in topics if t not in self._counts]
-        if len(missing) < BULK_TOPICS:
-            return
+        if len(missing) >= BULK_TOPICS:
+            self._ask_cluster(missing)
+
+    def prime(self) -> None:
+        """Every topic's count the broker knows, in one request: a producer
+        that starts beside thousands of tenants would otherwise ask once per
+        topic in its publishing path, each the first time a tenant's run goes
+        out (bench_firing_steady.py --idle-tenants)."""
+        self._ask_cluster(None)
+
+    def _ask_cluster(self, topics: list[str] | None) -> None:
         try:
             found = self.producer.list_topics(timeout=30).topics
         except Exception as exc:  # KafkaException: each is asked on its own instead
             log.warning("no cluster metadata: %s", exc)
             return
-        for t in missing:
+        for t in found if topics is None else topics:
             meta = found.get(t)
             if meta is not None and meta.error is None and meta.partitions:
                 self._counts[t] = len(meta.partitions)

@@ -93,6 +93,7 @@ class Relay:
         reconnect policy, cronwheel.store.db) and goes on with what it holds:
         rows in flight, acknowledged and held stay in memory, and the leases
         are renewed first."""
+        self._placement.prime()  # every run topic's count, before the first pass
         keep_connected(self._run_connected, stop, log)
 
     def _run_connected(self, stop: threading.Event) -> None:
