@@ -399,16 +399,8 @@ def external_kafka() -> bool:
     return bool(os.environ.get("KAFKA_BOOTSTRAP", "").strip())
 
 
-def topic_prefix() -> str:
-    return _one(Common, "topic_prefix")
-
-
 def fire_ahead_ms() -> int:
     return _one(Firing, "fire_ahead_ms")
-
-
-def processed_retention_ms() -> int:
-    return _one(Processed, "retention_ms")
 
 
 def cell() -> str:
