@@ -39,6 +39,9 @@ down: ## stop the local stack
 migrate: up ## apply pending migrations
 	$(CW) migrate
 
+schema: up ## regenerate cronwheel/store/schema.sql from the migrations (commit it with a new migration)
+	$(CW) migrate --dump-schema
+
 run: migrate ## the whole system: stack, migrations, every service, demo tenant
 	$(CW) dev --demo
 
@@ -69,4 +72,4 @@ bench: migrate ## benchmarks under bench/, printing their figures
 clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
 	rm -rf .cronwheel
 
-.PHONY: help install up down migrate run lint check-schemas unit test bench clean
+.PHONY: help install up down migrate schema run lint check-schemas unit test bench clean

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from cronwheel import config
 
@@ -86,6 +87,16 @@ def _print_status(st: dict) -> None:
 def cmd_migrate(args) -> None:
     from cronwheel.store.migrate import migrate
 
+    if args.dump_schema is not None:
+        from cronwheel.store import schema_snapshot
+
+        path = Path(args.dump_schema) if args.dump_schema else schema_snapshot.SCHEMA_FILE
+        try:
+            schema_snapshot.write(config.database_url(), path)
+        except schema_snapshot.SnapshotError as e:
+            raise CliError(str(e)) from None
+        print(f"wrote {path}")
+        return
     applied = migrate(config.database_url())
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
@@ -138,7 +149,16 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=fn)
-    sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
+    sp = sub.add_parser("migrate", help="apply pending migrations")
+    sp.add_argument(
+        "--dump-schema",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FILE",
+        help="migrate a scratch database and write its schema (default cronwheel/store/schema.sql)",
+    )
+    sp.set_defaults(func=cmd_migrate)
     if add_verbs is not None:
         add_verbs(sub)
     secrets = sub.add_parser("secrets", help="the keys that seal secrets at rest")
