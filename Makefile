@@ -53,6 +53,9 @@ lint: install ## ruff lint and format check; import-linter's layer contracts (py
 check-schemas: install ## every Avro schema version is backward and forward compatible
 	$(BIN)/python -m cronwheel.core.schema_compat schemas
 
+check-migrations: install ## squawk: no migration takes a blocking lock or rewrites a table unless it says why (.squawk.toml)
+	$(BIN)/python -m cronwheel.store.migration_lint
+
 unit: install ## the pure tests, no servers
 	$(BIN)/pytest tests/unit -q
 
@@ -61,7 +64,7 @@ unit: install ## the pure tests, no servers
 # so a file's tests that share a fixed resource never overlap.
 TEST_WORKERS ?= 3
 
-test: install lint check-schemas migrate ## install, bring the stack up, run the whole suite
+test: install lint check-schemas check-migrations migrate ## install, bring the stack up, run the whole suite
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: migrate ## benchmarks under bench/, printing their figures
@@ -72,4 +75,4 @@ bench: migrate ## benchmarks under bench/, printing their figures
 clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
 	rm -rf .cronwheel
 
-.PHONY: help install up down migrate schema run lint check-schemas unit test bench clean
+.PHONY: help install up down migrate schema run lint check-schemas check-migrations unit test bench clean

@@ -85,7 +85,7 @@ def _print_status(st: dict) -> None:
 
 
 def cmd_migrate(args) -> None:
-    from cronwheel.store.migrate import migrate
+    from cronwheel.store.migrate import migrate, pending
 
     if args.dump_schema is not None:
         from cronwheel.store import schema_snapshot
@@ -97,10 +97,14 @@ def cmd_migrate(args) -> None:
             raise CliError(str(e)) from None
         print(f"wrote {path}")
         return
-    applied = migrate(config.database_url())
+    url = config.database_url()
+    applied = migrate(url, contract=args.contract)
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
-    if not applied:
+    waiting = pending(url)
+    for m in waiting:
+        print(f"pending {m.version:04d}_{m.name} (contract step: `cronwheel migrate --contract`)")
+    if not applied and not waiting:
         print("schema up to date")
 
 
@@ -157,6 +161,12 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="migrate a scratch database and write its schema (default cronwheel/store/schema.sql)",
+    )
+    sp.add_argument(
+        "--contract",
+        action="store_true",
+        help="also apply the contract steps (NNNN_contract_*.sql), which drop the old shape: "
+        "only once no running version reads it",
     )
     sp.set_defaults(func=cmd_migrate)
     if add_verbs is not None:

@@ -5,6 +5,13 @@ recorded in `schema_migrations`; a session advisory lock makes two concurrent
 `migrate` calls safe (the second waits, polling, then finds nothing to do). A file whose
 first line is `-- cronwheel: no-transaction` runs outside a transaction (for
 `CREATE INDEX CONCURRENTLY` in contract/expand steps on big tables).
+
+A file named `NNNN_contract_name.sql` is a contract step: it removes what no
+running version reads any more, so it waits until the operator asks for it
+(`cronwheel migrate --contract`) once every instance runs a release that no
+longer needs the old shape. Every other file is an expand step, safe beside the
+previous release, and `cronwheel migrate` applies those alone. A contract step
+only drops, so the expand steps numbered after it apply without it.
 See docs/migrations.md for the expand / migrate / contract rule.
 """
 
@@ -20,6 +27,7 @@ import psycopg
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 LOCK_KEY = 0x63726F6E  # "cron": one advisory lock id for every migrate call
 NO_TX_MARKER = "-- cronwheel: no-transaction"
+CONTRACT_PREFIX = "contract_"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -32,6 +40,15 @@ class Migration:
     @property
     def sql(self) -> str:
         return self.path.read_text()
+
+    @property
+    def contract(self) -> bool:
+        """A contract step: applied only when asked (`cronwheel migrate --contract`)."""
+        return self.name.startswith(CONTRACT_PREFIX)
+
+    @property
+    def transactional(self) -> bool:
+        return not self.sql.lstrip().startswith(NO_TX_MARKER)
 
 
 def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
@@ -65,9 +82,23 @@ def _lock(conn: psycopg.Connection, timeout_s: float = 600.0) -> None:
         time.sleep(0.1)  # poll pacing while another migrate works
 
 
-def migrate(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
-    """Apply pending migrations in order; returns those applied by this call."""
-    pending_all = discover(directory)
+def pending(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """The migrations not yet applied to the database at `dsn`, in order."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        done = applied_versions(conn)
+    return [m for m in discover(directory) if m.version not in done]
+
+
+def migrate(
+    dsn: str, directory: Path = MIGRATIONS_DIR, *, contract: bool = True
+) -> list[Migration]:
+    """Apply pending migrations in order; returns those applied by this call.
+
+    `contract=False` leaves the contract steps pending (what `cronwheel
+    migrate` does unless given `--contract`). The default applies every step:
+    the tests, benchmarks and the schema snapshot run this release's code on
+    this release's whole schema."""
+    pending_all = [m for m in discover(directory) if contract or not m.contract]
     applied: list[Migration] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         _lock(conn)
@@ -83,7 +114,7 @@ def migrate(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
                     continue
                 sql = mig.sql
                 record = "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)"
-                if sql.lstrip().startswith(NO_TX_MARKER):
+                if not mig.transactional:
                     conn.execute(sql)
                     conn.execute(record, [mig.version, mig.name])
                 else:

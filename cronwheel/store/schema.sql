@@ -1,7 +1,8 @@
 -- cronwheel's whole database schema: what every migration, applied in order,
 -- makes of an empty database (tests/integration/test_schema_snapshot.py checks it).
 -- Generated: do not edit. After adding a migration run `make schema`
--- (`cronwheel migrate --dump-schema`) and commit this file with it.
+-- (`cronwheel migrate --dump-schema`) and commit this file with it, and run
+-- `make check-migrations` (squawk: docs/migrations.md, The migration lint).
 -- pg_dump --schema-only --no-owner of PostgreSQL 15, session settings removed.
 
 --

@@ -33,7 +33,8 @@ HEADER = f"""\
 -- cronwheel's whole database schema: what every migration, applied in order,
 -- makes of an empty database (tests/integration/test_schema_snapshot.py checks it).
 -- Generated: do not edit. After adding a migration run `{REGENERATE}`
--- (`cronwheel migrate --dump-schema`) and commit this file with it.
+-- (`cronwheel migrate --dump-schema`) and commit this file with it, and run
+-- `make check-migrations` (squawk: docs/migrations.md, The migration lint).
 -- pg_dump --schema-only --no-owner of PostgreSQL {{major}}, session settings removed.
 """
 
