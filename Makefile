@@ -56,6 +56,12 @@ check-schemas: install ## every Avro schema version is backward and forward comp
 check-migrations: install ## squawk: no migration takes a blocking lock or rewrites a table unless it says why (.squawk.toml)
 	$(BIN)/python -m cronwheel.store.migration_lint
 
+check-api: install ## the OpenAPI document only grows against the previous release's (oasdiff, installed with Go)
+	$(BIN)/python -m services.gateway.api_check
+
+api-baseline: install ## at a release: the current OpenAPI document becomes the baseline check-api compares with
+	$(BIN)/python -m services.gateway.api_check --write-baseline
+
 unit: install ## the pure tests, no servers
 	$(BIN)/pytest tests/unit -q
 
@@ -64,7 +70,7 @@ unit: install ## the pure tests, no servers
 # so a file's tests that share a fixed resource never overlap.
 TEST_WORKERS ?= 3
 
-test: install lint check-schemas check-migrations migrate ## install, bring the stack up, run the whole suite
+test: install lint check-schemas check-migrations check-api migrate ## install, bring the stack up, run the whole suite
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: migrate ## benchmarks under bench/, printing their figures
@@ -75,4 +81,4 @@ bench: migrate ## benchmarks under bench/, printing their figures
 clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
 	rm -rf .cronwheel
 
-.PHONY: help install up down migrate schema run lint check-schemas check-migrations unit test bench clean
+.PHONY: help install up down migrate schema run lint check-schemas check-migrations check-api api-baseline unit test bench clean
