@@ -50,7 +50,7 @@ lint: install ## ruff lint and format check; import-linter's layer contracts (py
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-logo
 
-check-schemas: install ## every Avro schema version is backward and forward compatible
+check-schemas: install ## every Avro schema version reads and is read by every other version of its record (full transitive)
 	$(BIN)/python -m cronwheel.core.schema_compat schemas
 
 check-migrations: install ## squawk: no migration takes a blocking lock or rewrites a table unless it says why (.squawk.toml)

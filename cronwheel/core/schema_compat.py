@@ -1,10 +1,16 @@
-"""Check that every schema version can be read by, and can read, the one before.
+"""Check that every schema version of a record can read, and be read by, every
+other version of it: full transitive compatibility.
 
-Producers and consumers upgrade in any order, so each ``<Record>.v<N+1>.avsc``
-must be backward compatible with v<N> (a new reader reads old records, e.g.
-ones still on a topic) and forward compatible (an old reader reads new
-records, e.g. a consumer not yet upgraded). fastavro has no such checker, so
-this uses Apache avro's ``ReaderWriterCompatibilityChecker``.
+Producers and consumers upgrade in any order and a customer's worker may lag
+several releases, so each ``<Record>.v<N>.avsc`` must be backward compatible
+with every older version (a new reader reads old records, e.g. ones still on a
+topic) and forward compatible with them (an old reader reads new records, e.g.
+a consumer not yet upgraded), not only with the one before: v1 -> v2 and v2 ->
+v3 each fine can still leave v1 unable to read v3 (a field v2 gave a default
+and v3 made required again). fastavro has no such checker; Apache avro's
+``ReaderWriterCompatibilityChecker`` checks one reader against one writer (its
+Python package has no transitive mode, as Java's SchemaValidatorBuilder has),
+so every pair is checked both ways.
 
 Usage: ``python -m cronwheel.core.schema_compat [DIR]`` (default: ``schemas/``);
 prints one line per check and exits 1 if any fails.
@@ -62,6 +68,20 @@ def _load(path: Path, record: str) -> tuple[avro.schema.Schema | None, str | Non
     return schema, None
 
 
+def _pair(
+    record: str, older: int, old: avro.schema.Schema, newer: int, new: avro.schema.Schema
+) -> Finding:
+    pair = f"{record} v{older} -> v{newer}"
+    backward = _incompatibility(reader=new, writer=old)
+    forward = _incompatibility(reader=old, writer=new)
+    problems = []
+    if backward:
+        problems.append(f"not backward compatible, v{newer} cannot read v{older}: {backward}")
+    if forward:
+        problems.append(f"not forward compatible, v{older} cannot read v{newer}: {forward}")
+    return Finding(pair, "; ".join(problems) or None)
+
+
 def check(directory: Path | str = SCHEMA_DIR) -> list[Finding]:
     """Every finding for the ``*.avsc`` files of ``directory``, in a stable order."""
     directory = Path(directory)
@@ -83,33 +103,18 @@ def check(directory: Path | str = SCHEMA_DIR) -> list[Finding]:
                 Finding(record, f"versions must run 1..N without gaps, found {numbers}")
             )
             continue
-        previous = None
+        loaded: dict[int, avro.schema.Schema] = {}
         for n in numbers:
             schema, problem = _load(by_number[n], record)
             if problem:
                 findings.append(Finding(by_number[n].name, problem))
                 break
-            if previous is None:
-                findings.append(Finding(f"{record} v{n}"))
-            else:
-                pair = f"{record} v{n - 1} -> v{n}"
-                backward = _incompatibility(reader=schema, writer=previous)
-                forward = _incompatibility(reader=previous, writer=schema)
-                if backward:
-                    findings.append(
-                        Finding(
-                            pair, f"not backward compatible, v{n} cannot read v{n - 1}: {backward}"
-                        )
-                    )
-                if forward:
-                    findings.append(
-                        Finding(
-                            pair, f"not forward compatible, v{n - 1} cannot read v{n}: {forward}"
-                        )
-                    )
-                if not backward and not forward:
-                    findings.append(Finding(pair))
-            previous = schema
+            loaded[n] = schema
+        else:
+            findings.append(Finding(f"{record} v1"))
+            for newer in numbers[1:]:
+                for older in range(1, newer):
+                    findings.append(_pair(record, older, loaded[older], newer, loaded[newer]))
     return findings
 
 
