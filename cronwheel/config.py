@@ -35,6 +35,7 @@ PG_USER = "cronwheel"
 PG_PASSWORD = "cronwheel"
 PG_DATABASE = "cronwheel"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 
 
 class SettingsError(ValueError):
@@ -247,6 +248,17 @@ class Common:
     kafka_bootstrap: str = setting("KAFKA_BOOTSTRAP", default_factory=local_kafka_bootstrap)
     topic_prefix: str = setting("CRONWHEEL_TOPIC_PREFIX", "cw")
     log_level: str = setting("CRONWHEEL_LOG_LEVEL", "INFO", choices=LOG_LEVELS)
+
+
+@dataclass(frozen=True)
+class Logs:
+    """How every service writes its log lines (cronwheel/logs.py), read by
+    runtime.setup_logging. Text by default: the readers a checkout has are a
+    terminal (`cronwheel dev`, `cronwheel serve`) and tools that read text (the
+    supervisor's last-line report of a death); a deployment's collector gets
+    JSON by setting the variable (deploy/README.md, "Logs")."""
+
+    format: str = setting("CRONWHEEL_LOG_FORMAT", "text", choices=LOG_FORMATS)
 
 
 @dataclass(frozen=True)

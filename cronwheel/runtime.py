@@ -4,16 +4,53 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
+
+from cronwheel import config, logs
 
 
 def setup_logging(service: str, level: str) -> logging.Logger:
-    """Log lines on stderr at `level` (the service's CRONWHEEL_LOG_LEVEL)."""
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s {service} %(levelname)s %(message)s",
-    )
-    return logging.getLogger(f"cronwheel.{service}")
+    """Log lines on stderr at `level` (the service's CRONWHEEL_LOG_LEVEL), JSON
+    or text as CRONWHEEL_LOG_FORMAT says (cronwheel/logs.py). Every logger of
+    the process, the libraries' included, writes through the one handler set
+    here, and warnings go through it too. With JSON, an exception nothing caught
+    is logged as well (its traceback a field), so the stream stays one object a
+    line; text keeps the interpreter's own report."""
+    log_format = config.load(config.Logs).format
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logs.formatter(service, log_format))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)
+    log = logging.getLogger(f"cronwheel.{service}")
+    if log_format == "json":
+        _log_uncaught(log)
+    return log
+
+
+def _log_uncaught(log: logging.Logger) -> None:
+    """Exceptions that end the main thread or another thread, as one log line each."""
+
+    def main_thread(kind, value, tb) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            sys.__excepthook__(kind, value, tb)
+            return
+        log.critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, tb))
+
+    def other_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:  # as the default hook: a thread's quiet exit
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        log.critical(
+            "thread %s died: %s: %s",
+            name,
+            args.exc_type.__name__,
+            args.exc_value,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    sys.excepthook = main_thread
+    threading.excepthook = other_thread
 
 
 def stop_on_signals() -> threading.Event:

@@ -51,6 +51,7 @@ from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_ow
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.kafka import Placement, Topics, class_of_partition
+from cronwheel.logs import run_fields
 from cronwheel.store.dispatch import Processed, Pruner, message_key
 from cronwheel.store.quotas import Buckets
 from cronwheel.topic_watch import announce
@@ -388,7 +389,15 @@ class Dispatcher(ConsumerService):
         def on_delivery(err, _msg, o=o):
             batch.unacked -= 1
             if err is not None:
-                log.warning("delivery to %s failed: %s", o.topic, err)
+                run_id, _, attempt = (o.done_key or "").rpartition(":")  # a forward's run
+                log.warning(
+                    "delivery to %s failed: %s",
+                    o.topic,
+                    err,
+                    extra=run_fields(
+                        run_id=run_id or None, attempt=int(attempt) if run_id else None
+                    ),
+                )
                 batch.failed.append(o)
 
         batch.unacked += 1

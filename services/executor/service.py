@@ -45,6 +45,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
+from cronwheel.logs import run_fields
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
 from services.executor.sandbox import (
@@ -212,7 +213,12 @@ class Executor(ConsumerService):
             self._stop.wait(early_ms / 1000)
         spec = self.lifecycle.spec(conn, tenant, run_id)
         if spec is None:
-            log.warning("run %s: no such run for tenant %s", run_id, tenant)
+            log.warning(
+                "run %s: no such run for tenant %s",
+                run_id,
+                tenant,
+                extra=run_fields(tenant_id=tenant, run_id=run_id, attempt=datum["attempt"]),
+            )
             return None
         started_at = time.monotonic()
         try:
@@ -220,7 +226,13 @@ class Executor(ConsumerService):
                 conn, tenant, run_id, self.worker_id, now_ms(), attempt=datum["attempt"]
             )
         except (Conflict, NotFound) as e:
-            log.info("run %s attempt %s not started: %s", run_id, datum["attempt"], e)
+            log.info(
+                "run %s attempt %s not started: %s",
+                run_id,
+                datum["attempt"],
+                e,
+                extra=run_fields(tenant_id=tenant, run_id=run_id, attempt=datum["attempt"]),
+            )
             return None
         self.started_total += 1
         return _Started(
@@ -241,7 +253,12 @@ class Executor(ConsumerService):
         try:
             self._run_and_complete(db, run)
         except Exception:
-            log.exception("run %s attempt %d: executor error", run.run_id, run.attempt)
+            log.exception(
+                "run %s attempt %d: executor error",
+                run.run_id,
+                run.attempt,
+                extra=run_fields(tenant_id=run.tenant_id, run_id=run.run_id, attempt=run.attempt),
+            )
             db.close()
         finally:
             with self._dbs_lock:
@@ -279,7 +296,14 @@ class Executor(ConsumerService):
             except (Conflict, NotFound):
                 return False  # cancelled, or the attempt already ended: stop the command
             except psycopg.Error as e:
-                log.warning("run %s: heartbeat failed (%s); trying again", run.run_id, e)
+                log.warning(
+                    "run %s: heartbeat failed (%s); trying again",
+                    run.run_id,
+                    e,
+                    extra=run_fields(
+                        tenant_id=run.tenant_id, run_id=run.run_id, attempt=run.attempt
+                    ),
+                )
                 db.close()
             return True
 
@@ -307,6 +331,7 @@ class Executor(ConsumerService):
         log.info(
             "run %s attempt %d: %s, exit code %d, %d ms",
             run.run_id, run.attempt, got.reason, got.code, got.duration_ms,
+            extra=run_fields(tenant_id=run.tenant_id, run_id=run.run_id, attempt=run.attempt),
         )  # fmt: skip
         self._finish(db, run, got, job_deadline)
 
@@ -349,11 +374,18 @@ class Executor(ConsumerService):
         try:
             db.call(complete, None, tries=COMPLETE_TRIES)
         except (Conflict, NotFound) as e:
-            log.info("run %s attempt %d: completion refused: %s", run.run_id, run.attempt, e)
+            log.info(
+                "run %s attempt %d: completion refused: %s",
+                run.run_id,
+                run.attempt,
+                e,
+                extra=run_fields(tenant_id=run.tenant_id, run_id=run.run_id, attempt=run.attempt),
+            )
         except psycopg.OperationalError as e:
             log.error(
                 "run %s attempt %d: not completed (%s); its lease will expire",
                 run.run_id, run.attempt, e,
+                extra=run_fields(tenant_id=run.tenant_id, run_id=run.run_id, attempt=run.attempt),
             )  # fmt: skip
 
     def _wait_for_runners(self) -> None:

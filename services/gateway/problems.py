@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
+from cronwheel.logs import run_fields
 
 log = logging.getLogger("cronwheel.gateway")
 MEDIA_TYPE = "application/problem+json"
@@ -156,16 +157,33 @@ def install(app: FastAPI) -> None:
         return render(e.status_code, document(e.status_code, code, detail), headers)
 
     async def unavailable(request: Request, e: Exception) -> Response:
-        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, e)
+        log.warning(
+            "database unavailable on %s %s: %s",
+            request.method,
+            request.url.path,
+            e,
+            extra=run_fields(run_id=request.path_params.get("run_id")),
+        )
         doc = document(503, "UNAVAILABLE", "the database is unavailable or busy; retry")
         return render(503, doc, {"Retry-After": "1"})
 
     async def overflow(request: Request, e: Exception) -> Response:
-        log.warning("out-of-range input on %s %s: %s", request.method, request.url.path, e)
+        log.warning(
+            "out-of-range input on %s %s: %s",
+            request.method,
+            request.url.path,
+            e,
+            extra=run_fields(run_id=request.path_params.get("run_id")),
+        )
         return render(422, out_of_range())
 
     async def server_error(request: Request, e: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception(
+            "unhandled error on %s %s",
+            request.method,
+            request.url.path,
+            extra=run_fields(run_id=request.path_params.get("run_id")),
+        )
         return render(500, document(500, "INTERNAL", "an internal error; it has been logged"))
 
     for exc in REQUEST_ERRORS:

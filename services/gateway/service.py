@@ -56,7 +56,11 @@ class GatewayService:
         self.host, self.port = bound[0], bound[1]
         self.url = url_of(self.sock)
         self.server = uvicorn.Server(
-            uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off")
+            # log_config=None: uvicorn's lines go through the process's one
+            # handler (cronwheel/logs.py's format), not a handler of its own.
+            uvicorn.Config(
+                app, log_level=log_level, access_log=False, lifespan="off", log_config=None
+            )
         )
 
     def run(self, stop: threading.Event) -> None:

@@ -59,6 +59,7 @@ from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Placement, Topics
+from cronwheel.logs import run_fields
 from cronwheel.store import webhooks
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
@@ -316,7 +317,11 @@ class WebhookService:
                 except Stopping:
                     raise
                 except Exception as exc:  # not a refusal: a bug, or data this run cannot pass
-                    log.exception("StartRun of %s failed; setting its record aside", t.run_id)
+                    log.exception(
+                        "StartRun of %s failed; setting its record aside",
+                        t.run_id,
+                        extra=run_fields(tenant_id=t.tenant_id, run_id=t.run_id, attempt=t.attempt),
+                    )
                     # Its offset must not hold back the partition's: the record
                     # goes to the dead-letter topic, as an undecodable one would.
                     reason = f"StartRun failed: {type(exc).__name__}: {exc}"
@@ -339,7 +344,11 @@ class WebhookService:
         except Stopping:
             pass
         except Exception:
-            log.exception("delivering run %s failed", t.run_id)
+            log.exception(
+                "delivering run %s failed",
+                t.run_id,
+                extra=run_fields(tenant_id=t.tenant_id, run_id=t.run_id, attempt=t.attempt),
+            )
         finally:
             permit.release(result, hold_s)
 
@@ -492,7 +501,15 @@ class WebhookService:
         out: list[dict | None | Exception] = []
         for (t, started, _o, _r), done in zip(items, answers, strict=True):
             if isinstance(done, Conflict | NotFound):
-                log.info("completing run %s attempt %s: %s", t.run_id, started["attempt"], done)
+                log.info(
+                    "completing run %s attempt %s: %s",
+                    t.run_id,
+                    started["attempt"],
+                    done,
+                    extra=run_fields(
+                        tenant_id=t.tenant_id, run_id=t.run_id, attempt=started["attempt"]
+                    ),
+                )
                 done = None
             out.append(done)
         return out
