@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -156,6 +157,30 @@ def test_dashboard__covers_the_issue_s_metrics__every_query_filtered_by_cell():
     assert names == ["datasource", "cell"]
     cell = doc["templating"]["list"][1]
     assert cell["includeAll"] and cell["allValue"] == ".*"  # series without `cell` match too
+
+
+def test_dashboard__worker_protocol_panels__exactly_the_worker_routes():
+    """The route regex of the worker protocol panels matches the gateway's
+    worker protocol routes (fastpath.WORKER) and none of its other routes."""
+    from services.gateway import routes
+    from services.gateway.fastpath import WORKER
+
+    regexes = {
+        m
+        for w, e in dashboard_exprs()
+        if "cronwheel_http_request" in e
+        for m in re.findall(r'route=~"([^"]+)"', e)
+    }
+    assert len(regexes) == 1, regexes
+    # PromQL anchors a regex matcher at both ends, as fullmatch does.
+    worker = re.compile(regexes.pop())
+    paths = set()
+    for info in pkgutil.iter_modules(routes.__path__):
+        module = importlib.import_module(f"{routes.__name__}.{info.name}")
+        paths |= {r.path for r in module.router.routes}
+    wanted = {s.path for s in WORKER}
+    assert wanted <= paths
+    assert {p for p in paths if worker.fullmatch(p)} == wanted
 
 
 def test_alerts__every_metric_and_label_is_exported__each_waits_and_says_what_to_do():
