@@ -4,10 +4,19 @@ Every value is ``C3 01`` + the writer schema's 8-byte little-endian CRC-64-AVRO
 fingerprint + the Avro binary body (the Avro spec's "single-object encoding"),
 so any Avro library holding the files in ``schemas/`` can decode it without a
 schema registry service. Schemas are files named ``<Record>.v<N>.avsc``; a
-record is always written with its newest version and read with it too, records
-written under older versions being resolved to it, so a consumer holding the
-newer files reads old and new records alike (``cronwheel.core.schema_compat``
-checks that every version can be resolved to and from the one before).
+record is always written with its newest version and read as it too, records
+written under any other version being resolved to it, so a consumer holding
+the files reads old and new records alike (``cronwheel.core.schema_compat``
+checks that every version can be resolved to and from every other).
+
+Readers first: a reader finds the writer's schema by the fingerprint in the
+record, so a consumer without a version's file cannot read what is written
+with it. A new version therefore ships staged, as ``staged.<Record>.v<N>.avsc``:
+this release's consumers decode records written with it (read as the newest
+published version, its new fields dropped) while every producer goes on
+writing the published one. The next release, once no running consumer lacks
+the file, renames it to ``<Record>.v<N>.avsc`` (the content, and so the
+fingerprint, unchanged) and writes it.
 
 Decoded datums carry the wire values: timestamps are ``int`` milliseconds since
 the epoch (UTC), so decoding and re-encoding is exact. ``encode`` accepts those
@@ -37,7 +46,9 @@ SCHEMA_DIR = Path(
 )
 MARKER = b"\xc3\x01"
 HEADER_SIZE = len(MARKER) + 8
-SCHEMA_FILE = re.compile(r"(?P<record>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc")
+SCHEMA_FILE = re.compile(
+    r"(?P<staged>staged\.)?(?P<record>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc"
+)
 
 
 class UndecodableRecord(ValueError):
@@ -49,9 +60,16 @@ class UndecodableRecord(ValueError):
 
 
 def parse_schema_filename(filename: str) -> tuple[str, int] | None:
-    """``"RunReady.v2.avsc"`` -> ``("RunReady", 2)``; None if the name breaks the rule."""
+    """``"RunReady.v2.avsc"`` (or ``"staged.RunReady.v2.avsc"``) -> ``("RunReady", 2)``;
+    None if the name breaks the rule."""
     match = SCHEMA_FILE.fullmatch(filename)
     return (match["record"], int(match["version"])) if match else None
+
+
+def is_staged(filename: str) -> bool:
+    """A version shipped for reading only, not written yet (readers first)."""
+    match = SCHEMA_FILE.fullmatch(filename)
+    return bool(match and match["staged"])
 
 
 def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
@@ -117,34 +135,50 @@ class SchemaRegistry:
         if not versions:
             raise ValueError(f"no *.avsc schema files in {self.directory}")
         self._by_fingerprint = {v.fingerprint: v for v in versions}
+        self._versions = {(v.record, v.version): v for v in versions}
         self._latest: dict[str, SchemaVersion] = {}
         for v in versions:
+            if is_staged(v.path.name):
+                continue
             if v.record not in self._latest or v.version > self._latest[v.record].version:
                 self._latest[v.record] = v
+        if staged_only := {v.record for v in versions} - set(self._latest):
+            raise ValueError(f"{self.directory}: only staged versions of {sorted(staged_only)}")
 
     @property
     def records(self) -> list[str]:
         return sorted(self._latest)
 
     def latest(self, record_name: str) -> SchemaVersion:
+        """The newest published version of the record: the one written and read as."""
         try:
             return self._latest[record_name]
         except KeyError:
             raise KeyError(f"no schema for record {record_name!r} in {self.directory}") from None
 
-    def encode(self, record_name: str, datum: Mapping[str, Any]) -> bytes:
-        """Single-object encoding of ``datum`` under the newest version of the record.
+    def encode(
+        self, record_name: str, datum: Mapping[str, Any], *, version: int | None = None
+    ) -> bytes:
+        """Single-object encoding of ``datum`` under the newest published version
+        of the record, or under `version`, staged or older (what a release that
+        writes that version sends: tests of mixed releases use it).
 
         Raises ``ValueError`` if a field is unknown or a field without a default is missing.
         """
-        version = self.latest(record_name)
+        if version is None:
+            chosen = self.latest(record_name)
+        else:
+            chosen = self._versions.get((record_name, version))
+            if chosen is None:
+                raise KeyError(f"no {record_name} v{version} in {self.directory}")
         out = io.BytesIO()
-        out.write(version.header)
-        schemaless_writer(out, version.writer, datum, strict_allow_default=True)
+        out.write(chosen.header)
+        schemaless_writer(out, chosen.writer, datum, strict_allow_default=True)
         return out.getvalue()
 
     def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
-        """``(record name, datum)``, read with the newest version of the writer's record.
+        """``(record name, datum)``, read as the newest published version of the
+        writer's record.
 
         Raises ``UndecodableRecord`` for anything that is not a whole, valid record.
         """

@@ -4,6 +4,9 @@ they announce, and the relay publishes them."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import re
 from dataclasses import dataclass
 
 from cronwheel.core.avro import default_registry, fast_writer
@@ -26,6 +29,29 @@ class OutboxRow:
     not_before_ms: int | None = None
 
 
+def traceparent(run_id: str, attempt: int) -> str:
+    """The run's W3C Trace Context `traceparent`: one trace per run, one parent
+    span per attempt, flags 00 (the scheduler records no trace of its own; a
+    worker samples as it likes). A run id is 32 lowercase hex digits, the shape
+    of a trace id, and random past its 3 partition digits (cronwheel/core/ids.py),
+    so it is the trace id as it stands; every attempt and re-announcement of the
+    run joins that trace. Any other id is hashed into one."""
+    trace_id = run_id if _TRACE_ID.fullmatch(run_id) and run_id.strip("0") else None
+    if trace_id is None:
+        trace_id = hashlib.sha256(run_id.encode()).hexdigest()[:32]
+    return f"00-{trace_id}-{attempt:016x}-00"
+
+
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@functools.cache
+def _run_ready_fields() -> frozenset[str]:
+    """The fields of the RunReady version written (v2's traceparent and cell
+    only once that version is published: docs/migrations.md, Avro records)."""
+    return frozenset(f["name"] for f in default_registry().latest("RunReady").schema["fields"])
+
+
 def run_ready(
     *,
     run_id: str,
@@ -43,30 +69,35 @@ def run_ready(
     covers: list[int] | tuple[int, ...] | None = None,
     target_type: str | None = None,
     queue: str | None = None,
+    cell: str | None = None,
+    trace: str | None = None,
 ) -> bytes:
     """`target` (the job's target object), or its `target_type` and `queue`
-    as the firing loop reads them."""
+    as the firing loop reads them. `trace`: a traceparent to carry, else the
+    run's own (`traceparent`); with `cell`, written from RunReady v2 on."""
     if target is not None:
         target_type, queue = target["type"], target.get("queue")
+    datum = {
+        "run_id": run_id,
+        "tenant_id": tenant_id,
+        "job_id": job_id,
+        "workflow_run_id": workflow_run_id,
+        "node": node,
+        "attempt": attempt,
+        "scheduled_at": scheduled_ms,
+        "created_at": created_ms,
+        "priority": priority,
+        "target_type": target_type,
+        "queue": queue,
+        "payload": payload,
+        "partition_id": partition_id,
+        "covers": list(covers) if covers else None,
+    }
+    if "traceparent" in _run_ready_fields():
+        datum["traceparent"] = trace or traceparent(run_id, attempt)
+        datum["cell"] = cell
     # One per fired run: the compiled writer (the same bytes as fastavro's).
-    return fast_writer("RunReady")(
-        {
-            "run_id": run_id,
-            "tenant_id": tenant_id,
-            "job_id": job_id,
-            "workflow_run_id": workflow_run_id,
-            "node": node,
-            "attempt": attempt,
-            "scheduled_at": scheduled_ms,
-            "created_at": created_ms,
-            "priority": priority,
-            "target_type": target_type,
-            "queue": queue,
-            "payload": payload,
-            "partition_id": partition_id,
-            "covers": list(covers) if covers else None,
-        },
-    )
+    return fast_writer("RunReady")(datum)
 
 
 def run_completed(
