@@ -75,12 +75,18 @@ def write_document(doc: dict, path: Path) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
+def go_binary() -> str | None:
+    """`go` from PATH, else from /usr/local/go/bin, where Go's own archive
+    installs (a non-login shell, as CI's, may not have it on PATH)."""
+    return shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+
+
 def oasdiff() -> Path:
     """The pinned oasdiff, installed with `go install` the first time."""
     binary = OASDIFF_DIR / "oasdiff"
     if binary.exists():
         return binary
-    go = shutil.which("go")
+    go = go_binary()
     if go is None:
         raise ApiCheckError(
             f"Go is needed to install oasdiff ({OASDIFF_MODULE}@{OASDIFF_VERSION}): "

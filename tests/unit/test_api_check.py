@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 
 import pytest
 
 from services.gateway import api_check
 
-if not api_check.OASDIFF_DIR.joinpath("oasdiff").exists() and shutil.which("go") is None:
+if not api_check.OASDIFF_DIR.joinpath("oasdiff").exists() and api_check.go_binary() is None:
     pytest.skip(
         "oasdiff is not installed and Go, which installs it, is missing", allow_module_level=True
     )
