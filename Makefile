@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-15s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-17s %s\n", $$1, $$2}'
 
 # '.[test]' includes '.[server]' (the platform); a worker needs neither: pip install cronwheel.
 $(STAMP): pyproject.toml
@@ -36,7 +36,7 @@ up: install ## start the local PostgreSQL and Kafka (no Docker)
 down: ## stop the local stack
 	@if [ -x $(CW) ]; then $(CW) down; fi
 
-migrate: up ## apply pending migrations
+migrate: up ## apply pending expand migrations (contract steps wait for `cronwheel migrate --contract`)
 	$(CW) migrate
 
 schema: up ## regenerate cronwheel/store/schema.sql from the migrations (commit it with a new migration)
