@@ -85,7 +85,7 @@ def _print_status(st: dict) -> None:
 
 
 def cmd_migrate(args) -> None:
-    from cronwheel.store.migrate import migrate, pending
+    from cronwheel.store.migrate import discover, migrate, pending
 
     if args.dump_schema is not None:
         from cronwheel.store import schema_snapshot
@@ -98,6 +98,13 @@ def cmd_migrate(args) -> None:
         print(f"wrote {path}")
         return
     url = config.database_url()
+    if args.status:
+        waiting = {m.version for m in pending(url)}
+        for m in discover():
+            kind = "contract" if m.contract else "expand"
+            state = "pending" if m.version in waiting else "applied"
+            print(f"{m.version:04d}_{m.name:<40} {kind:<8} {state}")
+        return
     applied = migrate(url, contract=args.contract)
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
@@ -167,6 +174,11 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="also apply the contract steps (NNNN_contract_*.sql), which drop the old shape: "
         "only once no running version reads it",
+    )
+    sp.add_argument(
+        "--status",
+        action="store_true",
+        help="list every migration, expand or contract, applied or pending; apply nothing",
     )
     sp.set_defaults(func=cmd_migrate)
     if add_verbs is not None:

@@ -79,3 +79,20 @@ def test_cli_migrate__expand_by_default__contract_when_asked(empty_database):
     assert second.returncode == 0, second.stderr
     assert second.stdout.count("applied ") == len(waiting)
     assert pending(empty_database) == []
+
+
+def test_cli_migrate_status__lists_kind_and_state_applies_nothing(empty_database):
+    command = [sys.executable, "-m", "services.entrypoints", "migrate", "--status"]
+    env = {**os.environ, "DATABASE_URL": empty_database}
+
+    before = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    assert before.returncode == 0, before.stderr
+    lines = before.stdout.splitlines()
+    assert len(lines) == len(discover())
+    assert lines[0].startswith("0001_core ") and lines[0].split()[1:] == ["expand", "pending"]
+    assert pending(empty_database) == discover()
+
+    migrate(empty_database)
+    after = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert all(line.endswith(" applied") for line in after.stdout.splitlines())
