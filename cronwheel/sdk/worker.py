@@ -16,10 +16,18 @@ another worker has it or it is stale): from then on the platform tracks the run,
 and if this process dies the lease expires and the run comes back as the next
 attempt. Offsets are committed in order per partition (OffsetTracker), so a
 crash never skips a record whose run was not started.
+
+A record whose run is not due yet (NOT_RUNNABLE before its instant: a clock
+ahead of the gateway's, a record read early) is not dropped: it waits aside
+and is started again after its instant (`_later`), while the records behind it
+go on; its offset stays uncommitted meanwhile, so a crash reads it again. A
+record lost anyway is announced again by the platform once the run's pending
+deadline passes (docs/pending-deadline.md).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -54,6 +62,11 @@ LOCAL_KAFKA_BOOTSTRAP = f"127.0.0.1:{os.environ.get('CRONWHEEL_KAFKA_PORT', '290
 # per record cost the broker a commit per record at a trickle, and a record read
 # again after a crash is answered ALREADY_STARTED or NOT_RUNNABLE.
 COMMIT_EVERY_S = 0.2
+# A record refused as not due yet is started again this long after its
+# instant, then with the wait doubled while it is still refused (clocks that
+# disagree), up to NOT_DUE_MAX_WAIT_S.
+NOT_DUE_FIRST_WAIT_S = 0.1
+NOT_DUE_MAX_WAIT_S = 30.0
 
 
 class Fail(Exception):
@@ -120,6 +133,12 @@ class Worker:
         # starter takes (under _cond, which also wakes the starter when a
         # handler slot frees).
         self._backlog: list[Message] = []
+        # Records refused as not due yet: (monotonic time to start again, order,
+        # record), a heap the starter moves to the backlog's head when due;
+        # with the refusals each record has had, by (topic, partition, offset).
+        self._later: list[tuple[float, int, Message]] = []
+        self._not_due: dict[tuple[str, int, int], int] = {}
+        self._seq = 0
         self._cond = threading.Condition(self._active_lock)
         self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
         self.completed = 0
@@ -216,8 +235,12 @@ class Worker:
         its offsets stay uncommitted and the next consumer reads it again)."""
         while True:
             with self._cond:
-                while not self._stop.is_set() and not (self._backlog and self._free_slots() > 0):
-                    self._cond.wait()
+                while True:
+                    self._take_due_later()
+                    if self._stop.is_set() or (self._backlog and self._free_slots() > 0):
+                        break
+                    wait = self._later[0][0] - time.monotonic() if self._later else None
+                    self._cond.wait(wait)
                 if self._stop.is_set():
                     return
                 free = self._free_slots()
@@ -225,11 +248,37 @@ class Worker:
                 self._cond.notify_all()  # room for the poll loop
             self._start(batch, pool)
 
+    def _take_due_later(self) -> None:
+        """Move the records whose wait is over to the backlog's head (the
+        caller holds _cond): they were read first."""
+        now = time.monotonic()
+        due = []
+        while self._later and self._later[0][0] <= now:
+            due.append(heapq.heappop(self._later)[2])
+        if due:
+            self._backlog[:0] = due
+
+    def _retry_after_due(self, msg: Message, run: Run) -> None:
+        """StartRun said the run is not due yet: start it again after its
+        instant (by this clock), or after a wait that doubles with each refusal."""
+        key = (msg.topic(), msg.partition(), msg.offset())
+        tries = self._not_due.get(key, 0)
+        self._not_due[key] = tries + 1
+        wait = min(NOT_DUE_FIRST_WAIT_S * 2**tries, NOT_DUE_MAX_WAIT_S)
+        until_due = run.scheduled_at / 1000 - time.time()
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(
+                self._later, (time.monotonic() + max(until_due, 0) + wait, self._seq, msg)
+            )
+            self._cond.notify_all()
+
     def _drain(self, pool: ThreadPoolExecutor) -> None:
         """Records read but not started stay uncommitted (the next consumer reads
         them again); runs held get `drain_seconds` to finish, then are handed back."""
         with self._cond:
             self._backlog.clear()
+            self._later.clear()
         deadline = time.monotonic() + self.drain_seconds
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -253,6 +302,9 @@ class Worker:
         gone = {(p.topic, p.partition) for p in partitions}
         with self._cond:
             self._backlog = [m for m in self._backlog if (m.topic(), m.partition()) not in gone]
+            self._later = [x for x in self._later if (x[2].topic(), x[2].partition()) not in gone]
+            heapq.heapify(self._later)
+            self._not_due = {k: n for k, n in self._not_due.items() if k[:2] not in gone}
         for p in partitions:
             self._offsets.forget(p.topic, p.partition)
 
@@ -298,6 +350,10 @@ class Worker:
                 self._backlog[:0] = [m for m, _r in runs]
             return
         for (msg, run), (status, body) in zip(runs, answers, strict=True):
+            if _not_due_yet(status, body, run):
+                self._retry_after_due(msg, run)  # not finished: its offset waits for it
+                continue
+            self._not_due.pop((msg.topic(), msg.partition(), msg.offset()), None)
             if status == 200:  # ALREADY_STARTED, NOT_RUNNABLE, STALE_ATTEMPT, gone: not ours
                 run.attempt = body.get("attempt", run.attempt)
                 run.start_token = body["start_token"]
@@ -356,6 +412,15 @@ class Worker:
                 logging.DEBUG if status == 409 else logging.WARNING,
                 "completion of %s answered %s", run.run_id, status,
             )  # fmt: skip
+
+
+def _not_due_yet(status: int, body: Any, run: Run) -> bool:
+    """A StartRun refusal because the run's instant has not come: NOT_RUNNABLE
+    (which also answers a run that ended), saying so, or for a run whose
+    instant is still ahead by this clock."""
+    if status != 409 or not isinstance(body, dict) or body.get("code") != "NOT_RUNNABLE":
+        return False
+    return "not due" in str(body.get("detail", "")) or run.scheduled_at > time.time() * 1000
 
 
 def _decode(value: bytes) -> Run | None:
