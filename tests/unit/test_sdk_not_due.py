@@ -10,7 +10,8 @@ import pytest
 from cronwheel.sdk.worker import Run, _not_due_yet
 
 
-def _run(scheduled_at: float) -> Run:
+def _run(when: str) -> Run:
+    scheduled_at = time.time() * 1000 + (60_000 if when == AHEAD else -60_000)
     return Run("r", 1, {}, int(scheduled_at), "normal", None, None, None, None)
 
 
@@ -18,11 +19,14 @@ def _problem(code: str, detail: str) -> dict:
     return {"status": 409, "code": code, "detail": detail}
 
 
-PAST, AHEAD = time.time() * 1000 - 60_000, time.time() * 1000 + 60_000
+PAST, AHEAD = (
+    "past",
+    "ahead",
+)  # the run's instant against this clock (ids stable across xdist workers)
 
 
 @pytest.mark.parametrize(
-    ("status", "body", "scheduled_at", "not_due"),
+    ("status", "body", "when", "not_due"),
     [
         (409, _problem("NOT_RUNNABLE", "the run is not due yet"), PAST, True),  # clocks differ
         (409, _problem("NOT_RUNNABLE", "the run is not due yet"), AHEAD, True),
@@ -35,5 +39,5 @@ PAST, AHEAD = time.time() * 1000 - 60_000, time.time() * 1000 + 60_000
         (200, {"attempt": 1, "start_token": "t"}, AHEAD, False),
     ],
 )
-def test_not_due_yet__only_a_refusal_before_the_instant(status, body, scheduled_at, not_due):
-    assert _not_due_yet(status, body, _run(scheduled_at)) is not_due
+def test_not_due_yet__only_a_refusal_before_the_instant(status, body, when, not_due):
+    assert _not_due_yet(status, body, _run(when)) is not_due
