@@ -328,7 +328,8 @@ def round_trips(url: str, topics: Topics, runs: list[tuple[str, str]]) -> dict[s
     from services.gateway.app import create_app
     from services.gateway.service import GatewayService
 
-    app = create_app(url, topics, config.kafka_bootstrap(), "cwop_rt", pool_max=1)
+    service_url = config.role_url(url, config.PG_PLATFORM_USER)  # the gateway's role from it
+    app = create_app(service_url, topics, config.kafka_bootstrap(), "cwop_rt", pool_max=1)
     counts: dict[str, list[int]] = {"start": [], "heartbeat": [], "complete": []}
     stop = threading.Event()
     svc = GatewayService(app, "127.0.0.1", 0, "warning")

@@ -140,7 +140,7 @@ class Platform:
         drop = ("CRONWHEEL_METRICS_PORT", "CRONWHEEL_METRICS_ADDR", "CRONWHEEL_DEBUG")
         self.env = {k: v for k, v in os.environ.items() if k not in drop}
         self.env.update(
-            DATABASE_URL=url,
+            DATABASE_URL=config.role_url(url, config.PG_PLATFORM_USER),  # not the owner
             KAFKA_BOOTSTRAP=config.kafka_bootstrap(),
             CRONWHEEL_TOPIC_PREFIX=prefix,
             CRONWHEEL_LOG_LEVEL=os.environ.get("CRONWHEEL_LOG_LEVEL", "WARNING"),

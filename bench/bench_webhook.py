@@ -387,7 +387,7 @@ def start_services(
 ) -> list[subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
     env.update(
-        DATABASE_URL=url,
+        DATABASE_URL=config.role_url(url, config.PG_PLATFORM_USER),  # not the owner
         KAFKA_BOOTSTRAP=config.kafka_bootstrap(),
         CRONWHEEL_TOPIC_PREFIX=prefix,
         CRONWHEEL_LOG_LEVEL="WARNING",

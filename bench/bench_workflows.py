@@ -67,7 +67,7 @@ class Procs:
     def __init__(self, url: str, prefix: str, **env: str):
         self.env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
         self.env.update(
-            DATABASE_URL=url,
+            DATABASE_URL=config.role_url(url, config.PG_PLATFORM_USER),  # not the owner
             KAFKA_BOOTSTRAP=config.kafka_bootstrap(),
             CRONWHEEL_TOPIC_PREFIX=prefix,
             CRONWHEEL_LOG_LEVEL=os.environ.get("CRONWHEEL_LOG_LEVEL", "WARNING"),

@@ -353,7 +353,7 @@ class Services:
     def __enter__(self) -> Services:
         env = {k: v for k, v in os.environ.items() if k != "CRONWHEEL_METRICS_PORT"}
         env.update(
-            DATABASE_URL=self.url,
+            DATABASE_URL=config.role_url(self.url, config.PG_PLATFORM_USER),  # not the owner
             KAFKA_BOOTSTRAP=config.kafka_bootstrap(),
             CRONWHEEL_TOPIC_PREFIX=self.prefix,
             CRONWHEEL_LOG_LEVEL=os.environ.get("CRONWHEEL_LOG_LEVEL", "WARNING"),

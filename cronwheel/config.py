@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from cronwheel.core.ssrf import Network, allowed_networks
 
@@ -31,9 +32,17 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-PG_USER = "cronwheel"
+PG_USER = "cronwheel"  # the local stack's owner of the tables: migrations, tools
 PG_PASSWORD = "cronwheel"
 PG_DATABASE = "cronwheel"
+# The roles services log in as (migration 0018, docs/tenancy.md "Roles"), with
+# the local stack's passwords (it listens on loopback only, as for PG_PASSWORD).
+PG_PLATFORM_USER = "cronwheel_platform"
+PG_GATEWAY_USER = "cronwheel_gateway"
+LOCAL_ROLE_PASSWORDS = {
+    PG_PLATFORM_USER: "cronwheel_platform",
+    PG_GATEWAY_USER: "cronwheel_gateway",
+}
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 
@@ -211,8 +220,15 @@ class Stack:
 
 
 def local_database_url() -> str:
+    """The local stack's URL for the services: the platform's role."""
+    return local_role_url(PG_PLATFORM_USER)
+
+
+def local_role_url(user: str) -> str:
+    """The local stack's URL as `user`: the owner (PG_USER) or a services' role."""
+    password = PG_PASSWORD if user == PG_USER else LOCAL_ROLE_PASSWORDS[user]
     pg_port = _one(Stack, "pg_port")
-    return f"postgresql://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{pg_port}/{PG_DATABASE}"
+    return f"postgresql://{user}:{password}@127.0.0.1:{pg_port}/{PG_DATABASE}"
 
 
 def local_kafka_bootstrap() -> str:
@@ -259,6 +275,19 @@ class Logs:
     JSON by setting the variable (deploy/README.md, "Logs")."""
 
     format: str = setting("CRONWHEEL_LOG_FORMAT", "text", choices=LOG_FORMATS)
+
+
+@dataclass(frozen=True)
+class DatabaseRoles:
+    """Beside the services' DATABASE_URL: the owner's URL, for what changes the
+    schema or makes databases (`cronwheel migrate`, the tests' and benchmarks'
+    databases), and the passwords `cronwheel migrate` gives the roles the
+    services log in as (docs/tenancy.md, "Roles"). A password left unset leaves
+    that role's login as it is."""
+
+    admin_url: str | None = setting("CRONWHEEL_ADMIN_DATABASE_URL", None)
+    platform_password: str | None = setting("CRONWHEEL_DB_PLATFORM_PASSWORD", None)
+    gateway_password: str | None = setting("CRONWHEEL_DB_GATEWAY_PASSWORD", None)
 
 
 @dataclass(frozen=True)
@@ -396,7 +425,34 @@ def project_home() -> Path:
 
 
 def database_url() -> str:
-    return _one(Common, "database_url")
+    """The owner's URL, for the tools (see DatabaseRoles; services take theirs
+    from Common): CRONWHEEL_ADMIN_DATABASE_URL, else DATABASE_URL when set (a
+    deployment whose one URL is the owner's), else the local stack's owner."""
+    if admin := _one(DatabaseRoles, "admin_url"):
+        return admin
+    if external_database():
+        return _one(Common, "database_url")
+    return local_role_url(PG_USER)
+
+
+def role_url(url: str, role: str) -> str:
+    """`url` (same server and database) logged in as a services' role, with its
+    password from CRONWHEEL_DB_*_PASSWORD, else the local stack's."""
+    password = {**LOCAL_ROLE_PASSWORDS, **role_passwords()}[role]
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    login = f"{quote(role, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=login))
+
+
+def role_passwords() -> dict[str, str]:
+    """{role: password} for the services' roles: those the environment sets
+    (CRONWHEEL_DB_*_PASSWORD), over the local stack's where the database is
+    the local stack's (no DATABASE_URL)."""
+    roles = load(DatabaseRoles)
+    given = {PG_PLATFORM_USER: roles.platform_password, PG_GATEWAY_USER: roles.gateway_password}
+    local = {} if external_database() else LOCAL_ROLE_PASSWORDS
+    return {**local, **{role: password for role, password in given.items() if password}}
 
 
 def kafka_bootstrap() -> str:

@@ -47,11 +47,16 @@ def service_settings(name: str) -> type:
 
 
 def cmd_serve(args) -> None:
+    from cronwheel import config
     from cronwheel.cli import CliError
+    from cronwheel.store.db import refuse_unsafe_role
 
     unknown = [s for s in args.services if s not in SERVICES]
     if unknown:
         raise CliError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVICES)}")
+    for name in args.services:  # a bad value is its one line before the database is asked
+        config.load(service_settings(name))
+    refuse_unsafe_role()  # a login that bypasses row-level security starts nothing
     if len(args.services) == 1:
         service_main(args.services[0])()
         return

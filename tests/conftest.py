@@ -27,11 +27,27 @@ def db_template(servers: Servers) -> str:
 
 
 @pytest.fixture
-def database_url(servers: Servers, db_template: str) -> str:
-    """A migrated database of this test's own, dropped afterwards."""
+def admin_database_url(servers: Servers, db_template: str) -> str:
+    """A migrated database of this test's own, dropped afterwards, as its owner
+    (what migrations and operators use; no service logs in so)."""
     name = dbsupport.clone(servers.database_url, db_template)
     yield dbsupport.with_dbname(servers.database_url, name)
     dbsupport.drop(servers.database_url, name)
+
+
+@pytest.fixture
+def database_url(admin_database_url: str) -> str:
+    """The test's database as the platform's services log in to it (the role
+    cronwheel_platform): what tests hand the services they construct or start,
+    and use to read and write the tables themselves."""
+    return dbsupport.platform_url(admin_database_url)
+
+
+@pytest.fixture
+def gateway_database_url(admin_database_url: str) -> str:
+    """The same database as the gateway logs in to it (cronwheel_gateway). A
+    gateway given `database_url` acts as that role too (transactions.py)."""
+    return dbsupport.gateway_url(admin_database_url)
 
 
 @pytest.fixture

@@ -4,6 +4,11 @@ It lives under the project's state directory on its own port, is owned by the
 `postgres` user when we run as root (PostgreSQL refuses root), and listens on
 loopback only. The socket directory is private to the cluster's owner, so local
 socket access as the superuser is trusted while TCP needs the role's password.
+
+Its roles: the tables' owner `cronwheel` (migrations, tools; CREATEROLE), which
+makes the roles the services log in as, `cronwheel_platform` and
+`cronwheel_gateway`, and gives them the passwords config.LOCAL_ROLE_PASSWORDS
+names (migration 0018 and `cronwheel migrate`; docs/tenancy.md, "Roles").
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ class LocalPostgres:
 
     @property
     def url(self) -> str:
+        """The services' URL (the platform's role)."""
         return config.LOCAL_DATABASE_URL
 
     def pid(self) -> int | None:
@@ -121,6 +127,7 @@ class LocalPostgres:
 
     def up(self) -> None:
         if self.running():
+            self._ensure_role_and_db()  # a cluster made before the services' roles
             return
         bindir = ensure_installed()
         if port_open(self.port):
@@ -209,6 +216,10 @@ class LocalPostgres:
                 conn.execute(
                     f"CREATE ROLE {config.PG_USER} LOGIN CREATEDB PASSWORD '{config.PG_PASSWORD}'"
                 )
+            # The owner makes the services' roles (migration 0018) and gives
+            # them their logins (`cronwheel migrate`); a cluster made before
+            # them gets the right here.
+            conn.execute(f"ALTER ROLE {config.PG_USER} CREATEROLE")
             if not conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", [config.PG_DATABASE]
             ).fetchone():

@@ -1,5 +1,6 @@
 """Connections for the services' loops, the one reconnect policy they share,
-and transactions in pipeline mode."""
+transactions in pipeline mode, and the check that a service's login cannot
+bypass row-level security."""
 
 from __future__ import annotations
 
@@ -11,6 +12,42 @@ from collections.abc import Iterator
 
 import psycopg
 from psycopg import pq
+
+from cronwheel import config
+from cronwheel.store import roles
+
+
+class UnsafeRole(RuntimeError):
+    """A service's database login could bypass row-level security (one line)."""
+
+
+def refuse_unsafe_role(dsn: str | None = None) -> None:
+    """UnsafeRole, before a service starts, when its login (`dsn`, default the
+    services' DATABASE_URL) is a superuser, has BYPASSRLS, or owns a table with
+    policies: each of those sees every tenant's rows whatever the policies say
+    (migration 0018). Waits out a database that is away, as the services do."""
+    dsn = dsn or config.load(config.Common).database_url
+    login = Reconnecting(dsn, _log)
+    try:
+        name, superuser, bypassrls, owns = login.call(roles.session_role, None)
+    finally:
+        login.close()
+    if superuser:
+        why = "is a superuser"
+    elif bypassrls:
+        why = "has BYPASSRLS"
+    elif owns:
+        why = f"owns table {owns} (an owner bypasses its policies)"
+    else:
+        return
+    raise UnsafeRole(
+        f"refusing to start: database role {name!r} {why}; services log in as a role that is "
+        "neither superuser nor BYPASSRLS and owns no table, e.g. cronwheel_platform "
+        "(docs/tenancy.md, Roles)"
+    )
+
+
+_log = logging.getLogger("cronwheel.db")
 
 
 def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Connection:

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import psycopg
 
+from cronwheel import config
+from cronwheel.store import roles
+
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 LOCK_KEY = 0x63726F6E  # "cron": one advisory lock id for every migrate call
 NO_TX_MARKER = "-- cronwheel: no-transaction"
@@ -97,7 +100,13 @@ def migrate(
     `contract=False` leaves the contract steps pending (what `cronwheel
     migrate` does unless given `--contract`). The default applies every step:
     the tests, benchmarks and the schema snapshot run this release's code on
-    this release's whole schema."""
+    this release's whole schema.
+
+    Then the services' roles (migration 0018) get their logins, with the
+    passwords of config.role_passwords() (CRONWHEEL_DB_PLATFORM_PASSWORD,
+    CRONWHEEL_DB_GATEWAY_PASSWORD, or the local stack's; docs/tenancy.md
+    "Roles"): a role belongs to the cluster, its password to the deployment,
+    neither to a migration file."""
     pending_all = [m for m in discover(directory) if contract or not m.contract]
     applied: list[Migration] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -122,6 +131,7 @@ def migrate(
                         conn.execute(sql)
                         conn.execute(record, [mig.version, mig.name])
                 applied.append(mig)
+            roles.set_logins(conn, config.role_passwords())
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
     return applied

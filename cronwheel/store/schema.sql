@@ -25,14 +25,14 @@ CREATE TYPE public.run_state AS ENUM (
 --
 
 CREATE FUNCTION public.cronwheel_authenticate(key_hash bytea) RETURNS TABLE(tenant_id text, name text, cell text, priority_classes text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
     AS $$
 DECLARE
     k record;
 BEGIN
-    PERFORM set_config('cronwheel.tenant_id', '', true);
     SELECT t.tenant_id, t.name, t.cell, t.priority_classes INTO k
-      FROM api_keys a JOIN tenants t ON t.tenant_id = a.tenant_id
+      FROM public.api_keys a JOIN public.tenants t ON t.tenant_id = a.tenant_id
      WHERE a.key_hash = cronwheel_authenticate.key_hash AND a.revoked_at IS NULL;
     IF NOT FOUND THEN
         PERFORM set_config('cronwheel.tenant_id', '!none', true);
@@ -95,8 +95,6 @@ CREATE TABLE public.api_keys (
     label text
 );
 
-ALTER TABLE ONLY public.api_keys FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: idempotency_keys; Type: TABLE; Schema: public
 --
@@ -109,8 +107,6 @@ CREATE TABLE public.idempotency_keys (
     body text,
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
-
-ALTER TABLE ONLY public.idempotency_keys FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: jobs; Type: TABLE; Schema: public
@@ -150,8 +146,6 @@ CREATE TABLE public.jobs (
     CONSTRAINT jobs_timeout_ms_check CHECK ((timeout_ms > 0))
 )
 WITH (fillfactor='75', autovacuum_analyze_threshold='50000');
-
-ALTER TABLE ONLY public.jobs FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: lease_members; Type: TABLE; Schema: public
@@ -234,8 +228,6 @@ CREATE TABLE public.run_attempts (
     error text
 );
 
-ALTER TABLE ONLY public.run_attempts FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: runs; Type: TABLE; Schema: public
 --
@@ -269,8 +261,6 @@ CREATE TABLE public.runs (
 )
 WITH (fillfactor='80');
 
-ALTER TABLE ONLY public.runs FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: schema_migrations; Type: TABLE; Schema: public
 --
@@ -294,8 +284,6 @@ CREATE TABLE public.tenant_limits (
     CONSTRAINT tenant_limits_max_count_check CHECK ((max_count >= 0))
 );
 
-ALTER TABLE ONLY public.tenant_limits FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: tenant_quotas; Type: TABLE; Schema: public
 --
@@ -315,8 +303,6 @@ CREATE TABLE public.tenant_quotas (
     CONSTRAINT tenant_quotas_rate_per_s_check CHECK ((rate_per_s > (0)::double precision))
 );
 
-ALTER TABLE ONLY public.tenant_quotas FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: tenants; Type: TABLE; Schema: public
 --
@@ -328,8 +314,6 @@ CREATE TABLE public.tenants (
     priority_classes text[] DEFAULT '{high,normal,low}'::text[] NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
-
-ALTER TABLE ONLY public.tenants FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: timers; Type: TABLE; Schema: public
@@ -350,8 +334,6 @@ CREATE TABLE public.timers (
 )
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='2000', autovacuum_vacuum_insert_scale_factor='0', autovacuum_vacuum_insert_threshold='2000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_threshold='50000');
 
-ALTER TABLE ONLY public.timers FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: webhook_secrets; Type: TABLE; Schema: public
 --
@@ -371,8 +353,6 @@ CREATE TABLE public.webhook_secrets (
     CONSTRAINT webhook_secrets_secret_check CHECK (((secret ~~ 'whsec\_%'::text) AND (length(secret) >= 38)))
 );
 
-ALTER TABLE ONLY public.webhook_secrets FORCE ROW LEVEL SECURITY;
-
 --
 -- Name: workflow_nodes; Type: TABLE; Schema: public
 --
@@ -386,8 +366,6 @@ CREATE TABLE public.workflow_nodes (
     depends_on text[] DEFAULT '{}'::text[] NOT NULL,
     children text[] DEFAULT '{}'::text[] NOT NULL
 );
-
-ALTER TABLE ONLY public.workflow_nodes FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: workflow_run_nodes; Type: TABLE; Schema: public
@@ -407,8 +385,6 @@ CREATE TABLE public.workflow_run_nodes (
     CONSTRAINT workflow_run_nodes_pending_deps_check CHECK ((pending_deps >= 0)),
     CONSTRAINT workflow_run_nodes_state_check CHECK ((state = ANY (ARRAY['WAITING'::text, 'CREATED'::text, 'SUCCEEDED'::text, 'FAILED'::text, 'TIMED_OUT'::text, 'CANCELLED'::text, 'SKIPPED'::text])))
 );
-
-ALTER TABLE ONLY public.workflow_run_nodes FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: workflow_runs; Type: TABLE; Schema: public
@@ -436,8 +412,6 @@ CREATE TABLE public.workflow_runs (
     CONSTRAINT workflow_runs_trigger_check CHECK ((trigger = ANY (ARRAY['schedule'::text, 'manual'::text]))),
     CONSTRAINT workflow_succeeded_all_nodes CHECK (((state <> 'SUCCEEDED'::text) OR (nodes_left = 0)))
 );
-
-ALTER TABLE ONLY public.workflow_runs FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: workflows; Type: TABLE; Schema: public
@@ -471,8 +445,6 @@ CREATE TABLE public.workflows (
     CONSTRAINT workflows_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023))),
     CONSTRAINT workflows_priority_check CHECK ((priority = ANY (ARRAY['critical'::text, 'high'::text, 'normal'::text, 'low'::text])))
 );
-
-ALTER TABLE ONLY public.workflows FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: api_keys api_keys_key_hash_key; Type: CONSTRAINT; Schema: public
@@ -818,6 +790,174 @@ ALTER TABLE public.idempotency_keys ENABLE ROW LEVEL SECURITY;
 ALTER TABLE public.jobs ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: api_keys operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.api_keys TO cronwheel_operator USING (true);
+
+--
+-- Name: idempotency_keys operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.idempotency_keys TO cronwheel_operator USING (true);
+
+--
+-- Name: jobs operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.jobs TO cronwheel_operator USING (true);
+
+--
+-- Name: run_attempts operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.run_attempts TO cronwheel_operator USING (true);
+
+--
+-- Name: runs operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.runs TO cronwheel_operator USING (true);
+
+--
+-- Name: tenant_limits operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.tenant_limits TO cronwheel_operator USING (true);
+
+--
+-- Name: tenant_quotas operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.tenant_quotas TO cronwheel_operator USING (true);
+
+--
+-- Name: tenants operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.tenants TO cronwheel_operator USING (true);
+
+--
+-- Name: timers operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.timers TO cronwheel_operator USING (true);
+
+--
+-- Name: webhook_secrets operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.webhook_secrets TO cronwheel_operator USING (true);
+
+--
+-- Name: workflow_nodes operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.workflow_nodes TO cronwheel_operator USING (true);
+
+--
+-- Name: workflow_run_nodes operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.workflow_run_nodes TO cronwheel_operator USING (true);
+
+--
+-- Name: workflow_runs operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.workflow_runs TO cronwheel_operator USING (true);
+
+--
+-- Name: workflows operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.workflows TO cronwheel_operator USING (true);
+
+--
+-- Name: api_keys platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.api_keys TO cronwheel_platform USING (true);
+
+--
+-- Name: idempotency_keys platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.idempotency_keys TO cronwheel_platform USING (true);
+
+--
+-- Name: jobs platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.jobs TO cronwheel_platform USING (true);
+
+--
+-- Name: run_attempts platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.run_attempts TO cronwheel_platform USING (true);
+
+--
+-- Name: runs platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.runs TO cronwheel_platform USING (true);
+
+--
+-- Name: tenant_limits platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.tenant_limits TO cronwheel_platform USING (true);
+
+--
+-- Name: tenant_quotas platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.tenant_quotas TO cronwheel_platform USING (true);
+
+--
+-- Name: tenants platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.tenants TO cronwheel_platform USING (true);
+
+--
+-- Name: timers platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.timers TO cronwheel_platform USING (true);
+
+--
+-- Name: webhook_secrets platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.webhook_secrets TO cronwheel_platform USING (true);
+
+--
+-- Name: workflow_nodes platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.workflow_nodes TO cronwheel_platform USING (true);
+
+--
+-- Name: workflow_run_nodes platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.workflow_run_nodes TO cronwheel_platform USING (true);
+
+--
+-- Name: workflow_runs platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.workflow_runs TO cronwheel_platform USING (true);
+
+--
+-- Name: workflows platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.workflows TO cronwheel_platform USING (true);
+
+--
 -- Name: run_attempts; Type: ROW SECURITY; Schema: public
 --
 
@@ -845,91 +985,91 @@ ALTER TABLE public.tenant_quotas ENABLE ROW LEVEL SECURITY;
 -- Name: api_keys tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.api_keys USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.api_keys TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: idempotency_keys tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.idempotency_keys USING (((public.cronwheel_tenant_scope() IS NULL) OR (scope = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.idempotency_keys TO cronwheel_gateway USING ((scope = public.cronwheel_tenant_scope()));
 
 --
 -- Name: jobs tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.jobs USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.jobs TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: run_attempts tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.run_attempts USING (((public.cronwheel_tenant_scope() IS NULL) OR (EXISTS ( SELECT 1
+CREATE POLICY tenant_scope ON public.run_attempts TO cronwheel_gateway USING ((EXISTS ( SELECT 1
    FROM public.runs r
-  WHERE ((r.partition_id = run_attempts.partition_id) AND (r.run_id = run_attempts.run_id) AND (r.tenant_id = public.cronwheel_tenant_scope()))))));
+  WHERE ((r.partition_id = run_attempts.partition_id) AND (r.run_id = run_attempts.run_id) AND (r.tenant_id = public.cronwheel_tenant_scope())))));
 
 --
 -- Name: runs tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.runs USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.runs TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: tenant_limits tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.tenant_limits USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.tenant_limits TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: tenant_quotas tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.tenant_quotas USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.tenant_quotas TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: tenants tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.tenants USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.tenants TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: timers tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.timers USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.timers TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: webhook_secrets tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.webhook_secrets USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.webhook_secrets TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: workflow_nodes tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.workflow_nodes USING (((public.cronwheel_tenant_scope() IS NULL) OR (EXISTS ( SELECT 1
+CREATE POLICY tenant_scope ON public.workflow_nodes TO cronwheel_gateway USING ((EXISTS ( SELECT 1
    FROM public.workflows w
-  WHERE ((w.partition_id = workflow_nodes.partition_id) AND (w.workflow_id = workflow_nodes.workflow_id) AND (w.tenant_id = public.cronwheel_tenant_scope()))))));
+  WHERE ((w.partition_id = workflow_nodes.partition_id) AND (w.workflow_id = workflow_nodes.workflow_id) AND (w.tenant_id = public.cronwheel_tenant_scope())))));
 
 --
 -- Name: workflow_run_nodes tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.workflow_run_nodes USING (((public.cronwheel_tenant_scope() IS NULL) OR (EXISTS ( SELECT 1
+CREATE POLICY tenant_scope ON public.workflow_run_nodes TO cronwheel_gateway USING ((EXISTS ( SELECT 1
    FROM public.workflow_runs r
-  WHERE ((r.partition_id = workflow_run_nodes.partition_id) AND (r.workflow_run_id = workflow_run_nodes.workflow_run_id) AND (r.tenant_id = public.cronwheel_tenant_scope()))))));
+  WHERE ((r.partition_id = workflow_run_nodes.partition_id) AND (r.workflow_run_id = workflow_run_nodes.workflow_run_id) AND (r.tenant_id = public.cronwheel_tenant_scope())))));
 
 --
 -- Name: workflow_runs tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.workflow_runs USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.workflow_runs TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: workflows tenant_scope; Type: POLICY; Schema: public
 --
 
-CREATE POLICY tenant_scope ON public.workflows USING (((public.cronwheel_tenant_scope() IS NULL) OR (tenant_id = public.cronwheel_tenant_scope())));
+CREATE POLICY tenant_scope ON public.workflows TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: tenants; Type: ROW SECURITY; Schema: public
@@ -972,3 +1112,161 @@ ALTER TABLE public.workflow_runs ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.workflows ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: FUNCTION cronwheel_authenticate(key_hash bytea); Type: ACL; Schema: public
+--
+
+REVOKE ALL ON FUNCTION public.cronwheel_authenticate(key_hash bytea) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.cronwheel_authenticate(key_hash bytea) TO cronwheel_gateway;
+GRANT ALL ON FUNCTION public.cronwheel_authenticate(key_hash bytea) TO cronwheel_platform;
+
+--
+-- Name: TABLE api_keys; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.api_keys TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.api_keys TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.api_keys TO cronwheel_operator;
+
+--
+-- Name: TABLE idempotency_keys; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.idempotency_keys TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.idempotency_keys TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.idempotency_keys TO cronwheel_operator;
+
+--
+-- Name: TABLE jobs; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.jobs TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.jobs TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.jobs TO cronwheel_operator;
+
+--
+-- Name: TABLE lease_members; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.lease_members TO cronwheel_platform;
+
+--
+-- Name: TABLE outbox; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox TO cronwheel_platform;
+GRANT INSERT ON TABLE public.outbox TO cronwheel_gateway;
+GRANT INSERT ON TABLE public.outbox TO cronwheel_operator;
+
+--
+-- Name: SEQUENCE outbox_id_seq; Type: ACL; Schema: public
+--
+
+GRANT SELECT,USAGE ON SEQUENCE public.outbox_id_seq TO cronwheel_platform;
+
+--
+-- Name: TABLE partition_leases; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.partition_leases TO cronwheel_platform;
+
+--
+-- Name: TABLE processed; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.processed TO cronwheel_platform;
+
+--
+-- Name: TABLE run_attempts; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_operator;
+
+--
+-- Name: TABLE runs; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_operator;
+
+--
+-- Name: TABLE schema_migrations; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.schema_migrations TO cronwheel_platform;
+
+--
+-- Name: TABLE tenant_limits; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenant_limits TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenant_limits TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenant_limits TO cronwheel_operator;
+
+--
+-- Name: TABLE tenant_quotas; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenant_quotas TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenant_quotas TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenant_quotas TO cronwheel_operator;
+
+--
+-- Name: TABLE tenants; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenants TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenants TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenants TO cronwheel_operator;
+
+--
+-- Name: TABLE timers; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers TO cronwheel_operator;
+
+--
+-- Name: TABLE webhook_secrets; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.webhook_secrets TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.webhook_secrets TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.webhook_secrets TO cronwheel_operator;
+
+--
+-- Name: TABLE workflow_nodes; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_nodes TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_nodes TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_nodes TO cronwheel_operator;
+
+--
+-- Name: TABLE workflow_run_nodes; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_run_nodes TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_run_nodes TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_run_nodes TO cronwheel_operator;
+
+--
+-- Name: TABLE workflow_runs; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_runs TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_runs TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflow_runs TO cronwheel_operator;
+
+--
+-- Name: TABLE workflows; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflows TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflows TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.workflows TO cronwheel_operator;

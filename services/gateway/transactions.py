@@ -6,6 +6,9 @@ connection: the key is looked up (a revoked key fails at once), the
 transaction's scope is set for row-level security (docs/tenancy.md), the
 Idempotency-Key is claimed or replayed, and the answer is rendered. The key
 check and the scope are one statement (cronwheel_authenticate, migration 0007).
+Every pooled session acts as the role `cronwheel_gateway`, whose policies show
+no tenant's row outside a scope; an operator request becomes
+`cronwheel_operator` for its transaction alone (migration 0018).
 The worker protocol's routes also run in psycopg's pipeline mode, so BEGIN goes
 out with the key check and the statements nobody reads (an outbox row, a
 notify) with the COMMIT: a StartRun or CompleteRun is three round trips.
@@ -27,7 +30,7 @@ from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Topics
 from cronwheel.store.db import pipelined_transaction
-from cronwheel.store.jobs import Jobs, hash_key, tenant_for_key
+from cronwheel.store.jobs import Jobs, hash_key
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.workflows import Workflows
@@ -116,7 +119,7 @@ class Gateway:
 
     @staticmethod
     def _configure(conn) -> None:
-        conn.execute(_q()["default_scope"])
+        conn.execute(_q()["gateway_role"])
 
     def close(self) -> None:
         self.pool.close()
@@ -153,11 +156,11 @@ class Gateway:
 
     def as_operator(self, who: Caller, fn: Callable[[Tx], Any], status: int = 200) -> Response:
         with self.pool.connection() as conn, conn.transaction():
-            self._scope(conn, "")
             if not who.operator:
-                if tenant_for_key(conn, who.token) is None:
+                if self.authenticate(conn, who.token) is None:
                     raise unauthenticated("unknown or revoked key")
                 raise Problem(403, "FORBIDDEN", "this needs the operator key")
+            conn.execute(_q()["operator_role"])
             tx = Tx(conn, None, self.clock())
             return self._execute(tx, who, OPERATOR_SCOPE, fn, status)
 
@@ -168,9 +171,6 @@ class Gateway:
                 if self.authenticate(conn, who.token) is None:
                     raise unauthenticated("unknown or revoked key")
         return respond(200, dumps(fn()))
-
-    def _scope(self, conn, scope: str) -> None:
-        conn.execute(_q()["set_scope"], {"scope": scope})
 
     def _execute(self, tx: Tx, who: Caller, scope: str, fn, status: int) -> Response:
         req = who.idempotent_request()

@@ -100,9 +100,11 @@ def test_secrets__tenant_scoped_session__sees_only_its_own(conn, tenant, job):
     webhooks.create_secret(conn, tenant["tenant_id"], job["job_id"], NOW)
     other = create_tenant(conn, "other")
     with conn.transaction():
+        conn.execute("SET LOCAL ROLE cronwheel_gateway")  # the role the scope binds (0018)
         conn.execute("SELECT set_config('cronwheel.tenant_id', %s, true)", [other["tenant_id"]])
         assert webhooks.active_secrets(conn, job["job_id"], NOW) == []
     with conn.transaction():
+        conn.execute("SET LOCAL ROLE cronwheel_gateway")
         conn.execute("SELECT set_config('cronwheel.tenant_id', %s, true)", [tenant["tenant_id"]])
         assert len(webhooks.active_secrets(conn, job["job_id"], NOW)) == 1
 

@@ -488,6 +488,7 @@ def test_store_calls_in_a_tenant_scope__see_and_change_only_that_tenants_workflo
 
     def scoped(tenant: dict, fn):
         with flow.conn.transaction():
+            flow.conn.execute("SET LOCAL ROLE cronwheel_gateway")  # the role the scope binds
             flow.conn.execute(
                 "SELECT set_config('cronwheel.tenant_id', %s, true)", [tenant["tenant_id"]]
             )

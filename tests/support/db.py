@@ -1,4 +1,9 @@
-"""One database per test, cloned from a migrated template (fast: a file copy)."""
+"""One database per test, cloned from a migrated template (fast: a file copy).
+
+The template is made and migrated by the owner (the admin URL); a test hands
+its services the URL of the role they log in as in production: the platform's
+for the internal services (and the tests' own reads and writes), the gateway's
+for a gateway (migration 0018, docs/tenancy.md "Roles")."""
 
 from __future__ import annotations
 
@@ -9,12 +14,27 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from cronwheel import config
+from cronwheel.store import roles
 from cronwheel.store.migrate import MIGRATIONS_DIR, migrate
 
 
 def with_dbname(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + name))
+
+
+def platform_url(url: str) -> str:
+    return config.role_url(url, roles.PLATFORM)
+
+
+def gateway_url(url: str) -> str:
+    return config.role_url(url, roles.GATEWAY)
+
+
+# Tests create tables of their own beside the schema (the SDK example's
+# effects): in test databases only, the platform's role may.
+_TEST_ONLY_GRANT = "GRANT CREATE ON SCHEMA public TO cronwheel_platform"
 
 
 def _migrations_digest() -> str:
@@ -36,6 +56,8 @@ def template(admin_url: str) -> str:
                 conn.execute(f'CREATE DATABASE "{name}"')
                 try:
                     migrate(with_dbname(admin_url, name))
+                    with psycopg.connect(with_dbname(admin_url, name), autocommit=True) as db:
+                        db.execute(_TEST_ONLY_GRANT)
                 except Exception:
                     conn.execute(f'DROP DATABASE "{name}"')
                     raise

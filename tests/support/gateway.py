@@ -1,5 +1,9 @@
 """A gateway app served on a free port, with a client holding a new tenant's key;
-a clock the test moves; a queue job's triggered run."""
+a clock the test moves; a queue job's triggered run.
+
+A served app's sessions act as the gateway's role, as in production, whichever
+login the test built it with (`database_url`, the platform's, narrows itself to
+cronwheel_gateway; `gateway_database_url` is that role's own): checked here."""
 
 from __future__ import annotations
 
@@ -9,8 +13,20 @@ from contextlib import contextmanager
 import httpx
 
 from cronwheel.core.clock import now_ms
+from cronwheel.store import roles
 from services.gateway.service import GatewayService
 from tests.support.running import running
+
+
+def acts_as_gateway(app) -> None:
+    """AssertionError unless the app's pooled sessions act as cronwheel_gateway."""
+    pool = app.state.gateway.pool
+    conn = pool.getconn()  # not pool.connection(), which some tests count
+    try:
+        role = conn.execute("SELECT current_user").fetchone()[0]
+    finally:
+        pool.putconn(conn)
+    assert role == roles.GATEWAY, f"the gateway's sessions act as {role}, not {roles.GATEWAY}"
 
 
 @contextmanager
@@ -18,6 +34,7 @@ def served(app) -> Iterator[httpx.Client]:
     """Serve `app` on a free port and yield a client of it; the app's pool is
     closed afterwards."""
     try:
+        acts_as_gateway(app)
         with (
             running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
             httpx.Client(base_url=svc.url, timeout=10) as c,
@@ -32,6 +49,7 @@ def tenant_client(app, operator_key: str, name: str = "acme") -> Iterator[httpx.
     """Serve `app`, create tenant `name` with the operator key, and yield a client
     that authenticates as that tenant; the app's pool is closed afterwards."""
     try:
+        acts_as_gateway(app)
         with (
             running(GatewayService(app, "127.0.0.1", 0, "warning")) as svc,
             httpx.Client(base_url=svc.url, timeout=10) as c,

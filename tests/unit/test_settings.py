@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^(CRONWHEEL_[A-Z0-9_]+|DATABASE_URL|KAFKA_BOOTSTRAP)$")
 
 COMMON = {
-    "DATABASE_URL": "postgresql://cronwheel:cronwheel@127.0.0.1:25432/cronwheel",
+    "DATABASE_URL": "postgresql://cronwheel_platform:cronwheel_platform@127.0.0.1:25432/cronwheel",
     "KAFKA_BOOTSTRAP": "127.0.0.1:29092",
     "CRONWHEEL_TOPIC_PREFIX": "cw",
     "CRONWHEEL_LOG_LEVEL": "INFO",

@@ -1,4 +1,6 @@
--- The key check of a tenant request (migration 0007).
+-- The key check of a tenant request (migrations 0007 and 0018: the function
+-- reads every tenant's keys as the tables' owner, SECURITY DEFINER, and the
+-- caller sees no key but through it).
 
 -- name: authenticate
 -- The key's tenant, or no row when it is unknown or revoked; the transaction's

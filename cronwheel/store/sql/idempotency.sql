@@ -21,8 +21,9 @@ UPDATE idempotency_keys SET status = %(status)s, body = %(body)s
  WHERE scope = %(scope)s AND key = %(key)s;
 
 -- name: all_scopes
--- The pruner works on every tenant's keys: lift the scope for its transaction.
-SELECT set_config('cronwheel.tenant_id', '', true);
+-- The pruner works on every tenant's keys: it acts as the operator for its
+-- transaction (transactions.sql operator_role; migration 0018).
+SET LOCAL ROLE cronwheel_operator;
 
 -- name: prune
 -- One batch of expired keys, oldest first (idempotency_keys_created); rows a
