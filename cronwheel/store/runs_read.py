@@ -54,6 +54,9 @@ def view(row: dict) -> dict:
         "started_at": _when(row["started_at"]),
         "finished_at": _when(row["finished_at"]),
         "updated_at": _when(row["updated_at"]),
+        # PENDING past its deadline, announced again (docs/pending-deadline.md)
+        "reannounced": row["reannounced"] or 0,
+        "last_reannounced_at": _when(row["last_reannounced_at"]),
     }
     if "payload" in row:
         out["payload"] = json.loads(row["payload"]) if row["payload"] is not None else None

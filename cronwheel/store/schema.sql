@@ -254,10 +254,13 @@ CREATE TABLE public.runs (
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    reannounced integer,
+    last_reannounced_at timestamp with time zone,
     CONSTRAINT finished_iff_terminal CHECK (((state = ANY (ARRAY['SUCCEEDED'::public.run_state, 'FAILED'::public.run_state, 'TIMED_OUT'::public.run_state, 'CANCELLED'::public.run_state, 'SKIPPED'::public.run_state])) = (finished_at IS NOT NULL))),
     CONSTRAINT running_has_token CHECK (((state <> 'RUNNING'::public.run_state) OR ((start_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 1)),
-    CONSTRAINT runs_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023)))
+    CONSTRAINT runs_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023))),
+    CONSTRAINT runs_reannounced_check CHECK ((reannounced >= 1))
 )
 WITH (fillfactor='80');
 
@@ -328,7 +331,7 @@ CREATE TABLE public.timers (
     priority smallint DEFAULT 2 NOT NULL,
     attempt integer,
     tenant_id text DEFAULT ''::text NOT NULL,
-    CONSTRAINT timers_kind_check CHECK ((kind = ANY (ARRAY['job'::text, 'retry'::text, 'lease'::text, 'timeout'::text, 'workflow'::text]))),
+    CONSTRAINT timers_kind_check CHECK ((kind = ANY (ARRAY['job'::text, 'retry'::text, 'lease'::text, 'timeout'::text, 'workflow'::text, 'pending'::text]))),
     CONSTRAINT timers_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023))),
     CONSTRAINT timers_priority_check CHECK (((priority >= 0) AND (priority <= 3)))
 )
@@ -646,6 +649,12 @@ CREATE INDEX runs_open_job ON public.runs USING btree (job_id) WHERE ((finished_
 --
 
 CREATE INDEX runs_tenant_created ON public.runs USING btree (tenant_id, created_at DESC, run_id DESC);
+
+--
+-- Name: runs_unfinished; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_unfinished ON public.runs USING btree (partition_id, scheduled_at) WHERE (finished_at IS NULL);
 
 --
 -- Name: timers_due; Type: INDEX; Schema: public

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import JobTimers
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.pending import PendingRuns
 from cronwheel.store.timers import Handler
 from cronwheel.store.workflows import Workflows
 
@@ -29,6 +30,12 @@ def _retry(topics: Topics, ahead_ms: int) -> Handler:
     return Lifecycle(topics).on_retry  # a retry's backoff is over
 
 
+def _pending(topics: Topics, ahead_ms: int) -> Handler:
+    # A partition's PENDING runs past their deadline, announced again; with the
+    # default deadlines (services/timer passes its settings' in its place).
+    return PendingRuns(topics).on_timers
+
+
 def _workflow(topics: Topics, ahead_ms: int) -> Handler:
     return Workflows(topics).on_timers  # a workflow's next instant(s)
 
@@ -42,6 +49,7 @@ KINDS: dict[str, Callable[[Topics, int], Handler]] = {
     "timeout": _lease,  # a run's timeout: ends the attempt as an expired lease does
     "retry": _retry,
     "workflow": _workflow,
+    "pending": _pending,
 }
 
 

@@ -79,6 +79,9 @@ class FireReport:
     job_due_ms: list[int] = field(default_factory=list)  # where moved job timers are due next
     held: int = 0  # due job timers a tenant's fire quota held back (they stay due)
     lanes: int = 0  # lanes served round-robin; 0: no backlog, claimed in due order
+    reannounced: dict[str, int] = field(
+        default_factory=dict
+    )  # PENDING runs past deadline, by class
 
 
 # A timer kind's handler: called in the firing transaction with the due timers
@@ -261,6 +264,23 @@ def arm_retries(conn: psycopg.Connection, retries: list[Retry]) -> None:
             "attempt": [r.attempt for r in retries],
             "tenant_id": [r.tenant_id for r in retries],
             "due_ms": min(r.due_ms for r in retries),
+        },
+    )
+
+
+def arm_sweeps(conn: psycopg.Connection, sweeps: Iterable[tuple[int, int]]) -> None:
+    """The `pending` sweep timers of partitions (partition, first due ms) that
+    have none yet (cronwheel.store.pending): one per partition, class low, no
+    tenant; an existing one keeps its due time."""
+    sweeps = list(sweeps)
+    if not sweeps:
+        return
+    conn.execute(
+        Q["arm_sweeps"],
+        {
+            "p": pgarrays.int2_array([p for p, _d in sweeps]),
+            "due": pgarrays.timestamptz_array([d for _p, d in sweeps]),
+            "prio": PRIORITY_RANK["low"],
         },
     )
 

@@ -20,6 +20,8 @@ def main() -> None:
         critical_batch=settings.critical_batch,
         lease_ttl_ms=settings.firing.lease_ttl_ms,
         ahead_ms=settings.firing.fire_ahead_ms,
+        pending_deadlines_ms=settings.pending_deadlines_ms,
+        pending_sweep_ms=settings.pending_sweep_ms,
     )
     log.info("timer %s starting", service.leases.owner)
     service.run(stop_on_signals())

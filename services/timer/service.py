@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 import psycopg
+from prometheus_client import Counter
 
 from cronwheel import metrics
 from cronwheel.config import Firing as FiringSettings
@@ -29,10 +30,19 @@ from cronwheel.kafka import Topics
 from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.firing import FireReport, Firing, Handler, wake_lead
 from cronwheel.store.leases import Leases
+from cronwheel.store.pending import DEADLINES_MS, PendingRuns, next_sweep
 from cronwheel.store.timer_kinds import timer_handlers
+from cronwheel.store.timers import arm_sweeps
 from services.timer.settings import TimerSettings
 
 log = logging.getLogger("cronwheel.timer")
+
+RUNS_REANNOUNCED = Counter(
+    "cronwheel_runs_reannounced_total",
+    "PENDING runs announced again because no worker started them by their deadline"
+    " (docs/pending-deadline.md)",
+    ["priority"],
+)
 
 
 class TimingWheel:
@@ -105,16 +115,22 @@ class TimerService:
         clock: Callable[[], int] = now_ms,
         instance: str | None = None,
         ahead_ms: int = FiringSettings.fire_ahead_ms,  # 0: each run at its instant
+        pending_deadlines_ms: tuple[int, ...] = DEADLINES_MS,  # by class rank
+        pending_sweep_ms: int = TimerSettings.pending_sweep_ms,
     ):
         self.dsn = dsn
         self.ahead_ms = ahead_ms
+        # PENDING runs past their deadline are announced again: each owned
+        # partition's sweep timer (armed when its lease is taken) runs it.
+        self.pending_sweep_ms = pending_sweep_ms
+        pending = PendingRuns(topics, pending_deadlines_ms, pending_sweep_ms)
         # The firing loop is the same for every feature; features add timer kinds.
         # critical_batch > 0: a storm led by critical timers starts with a
         # small batch of them alone (docs/priority.md, "Critical first", says
         # why it is off by default).
         self.firing = Firing(
             topics,
-            {**timer_handlers(topics), **(handlers or {})},
+            {**timer_handlers(topics), "pending": pending.on_timers, **(handlers or {})},
             critical_batch=critical_batch,
             ahead_ms=ahead_ms,
         )
@@ -128,6 +144,7 @@ class TimerService:
         self.clock = clock
         self.wheel = TimingWheel(wake_lead(ahead_ms))
         self.fired_total = 0
+        self._swept: set[int] = set()  # owned partitions whose sweep timer is armed
 
     def run(self, stop: threading.Event) -> None:
         keep_connected(self._run_connected, stop, log)
@@ -145,6 +162,7 @@ class TimerService:
                     if now >= next_lease:
                         self.leases.tick(conn, now)
                         metrics.OWNED_PARTITIONS.labels("timer").set(len(self.leases.owned))
+                        self.arm_pending_sweeps(conn, now)
                         next_lease = now + self.leases.ttl_ms // 3
                     report = self.fire_once(conn, now)
                     if report.timers + report.fenced >= self.batch or self.firing.backlog:
@@ -157,6 +175,15 @@ class TimerService:
                     self.leases.release_all(conn)
                 except psycopg.Error:
                     log.warning("could not release leases on the way out")
+
+    def arm_pending_sweeps(self, conn: psycopg.Connection, now: int) -> None:
+        """A sweep timer for each partition newly leased that has none
+        (one statement, only when the leases changed)."""
+        owned = set(self.leases.owned)
+        new = owned - self._swept
+        if new:
+            arm_sweeps(conn, [(p, next_sweep(p, now, self.pending_sweep_ms)) for p in new])
+        self._swept = owned
 
     def fire_once(self, conn: psycopg.Connection, now: int) -> FireReport:
         report = self.firing.fire_due(conn, self.leases, now, self.batch)
@@ -175,6 +202,8 @@ class TimerService:
             metrics.MISSED_INSTANTS.inc(report.missed)
         if report.fenced:
             metrics.FENCED_TIMERS.inc(report.fenced)
+        for priority, n in report.reannounced.items():
+            RUNS_REANNOUNCED.labels(priority).inc(n)
         return report
 
     def _sleep(self, conn, listen, next_lease: int, stop: threading.Event) -> None:

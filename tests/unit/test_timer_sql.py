@@ -40,5 +40,5 @@ def test_timers_written_only_from_timers_sql():
 
 
 def test_registry__every_kind_once__services_view_without_job():
-    assert set(timer_kinds.KINDS) == {"job", "lease", "timeout", "retry", "workflow"}
+    assert set(timer_kinds.KINDS) == {"job", "lease", "timeout", "retry", "workflow", "pending"}
     assert set(timer_kinds.timer_handlers(None)) == set(timer_kinds.KINDS) - {"job"}

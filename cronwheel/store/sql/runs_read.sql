@@ -7,7 +7,8 @@
 -- while runs are added (a cursor never skips or repeats a run).
 SELECT partition_id, run_id, tenant_id, job_id, workflow_run_id, node, scheduled_at, covers,
        priority, spec->'target' AS target, state, attempt, worker_id, lease_expires_at,
-       result, error, created_at, started_at, finished_at, updated_at
+       result, error, created_at, started_at, finished_at, updated_at, reannounced,
+       last_reannounced_at
   FROM runs
  WHERE tenant_id = %(tenant_id)s
    AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s)
@@ -22,7 +23,7 @@ SELECT partition_id, run_id, tenant_id, job_id, workflow_run_id, node, scheduled
 SELECT partition_id, run_id, tenant_id, job_id, workflow_run_id, node, scheduled_at, covers,
        priority, spec->'target' AS target, spec->>'payload' AS payload, state, attempt,
        worker_id, lease_expires_at, result, error, created_at, started_at, finished_at,
-       updated_at
+       updated_at, reannounced, last_reannounced_at
   FROM runs
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
 

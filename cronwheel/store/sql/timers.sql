@@ -134,6 +134,16 @@ SELECT x.p, x.id, 'job', x.owner, x.due, x.prio, NULL, %(tenant_id)s
   FROM unnest(%(p)b::smallint[], %(id)b::text[], %(owner)b::text[], %(due)b::timestamptz[],
               %(prio)b::smallint[]) AS x(p, id, owner, due, prio);
 
+-- name: arm_sweeps
+-- The `pending` sweep timer of each partition given (cronwheel/store/pending.py:
+-- PENDING runs past their deadline are announced again), where it has none: a
+-- sweep already armed keeps its due time. Owned by the partition, not a
+-- tenant: every sweep shares the lane of class %(prio)s and tenant ''.
+INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority, attempt, tenant_id)
+SELECT x.p, 'pending:' || x.p, 'pending', x.p::text, x.due, %(prio)s, NULL, ''
+  FROM unnest(%(p)b::smallint[], %(due)b::timestamptz[]) AS x(p, due)
+ON CONFLICT (partition_id, timer_id) DO NOTHING;
+
 -- name: notify_timer
 SELECT pg_notify('cw_timers', %(due_ms)s::text);
 
