@@ -1,0 +1,1 @@
+"""The fault harness and its scenarios (issue 26); see tests/faults/harness.py."""

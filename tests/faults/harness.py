@@ -1,0 +1,495 @@
+"""The fault harness (issue 26): the platform on a private stack, a load whose
+history is known in advance, faults on a schedule, and one checker over the
+whole history at the end. After Kafka's system tests (hard bounces, then
+input == output, zero duplicates) and Jepsen (a fault schedule, then a checker).
+
+What a scenario gets
+  * `PrivateStack`: PostgreSQL and Kafka of its own, started with `cronwheel up`
+    under a temporary CRONWHEEL_HOME on ports 26432 (PostgreSQL), 29392 and
+    29393 (Kafka, controller). The faults kill and restart these servers, so
+    they are never the shared dev stack (25432 / 29092) that other tests use.
+    A file lock lets one harness at a time own those ports. Kafka's clients
+    are made only through cronwheel.kafka and topics only by the services, so
+    the stack's own choice of listener security carries over unchanged.
+  * `Platform`: gateway, timer, relay and dispatcher as processes
+    (tests.support.procs), one tenant, and an SDK worker process
+    (tests/faults/worker.py) whose handler appends a line to an effect log for
+    every execution, duplicates included.
+  * `Load`: every_ms jobs (their instants are anchor + k * every_ms, so the
+    expected history is computed, not recorded) and manual triggers, each
+    posted with an Idempotency-Key and retried with it until answered, so a
+    trigger the user saw answered has exactly one run.
+  * `check`: every expected instant up to the end of the load has exactly one
+    run (its id hash(job, instant)), every answered trigger exactly one; every
+    run ended SUCCEEDED (the handler never fails); each (run, attempt) began at
+    most once; each successful run's effect happened exactly once; the outbox
+    is empty. `Report` holds the figures `make chaos` prints.
+
+A scenario (tests/faults/scenarios.py) runs the load, applies its fault a
+number of times, asserts each time that the fault landed (e.g. the broker was
+dead while the outbox grew: the relay's produces had nowhere to go), measures
+the seconds from the server's return until the platform has caught up, and
+ends with the checker. The short version runs in `make test`
+(tests/faults/test_faults.py), the long one in `make chaos` (python -m
+tests.faults). docs/reliability.md has the table and what each fault can lose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from cronwheel.core.clock import to_ms
+from cronwheel.core.ids import run_id_for_instant
+from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
+from cronwheel.stack.process import as_user, is_root, pid_alive, read_pid, stop_pid
+from tests.support import db as dbsupport
+from tests.support.procs import PYTHON, ROOT, Launcher, ServiceProc
+from tests.support.wait import wait_for
+
+PORTS = {
+    "CRONWHEEL_PG_PORT": "26432",
+    "CRONWHEEL_KAFKA_PORT": "29392",
+    "CRONWHEEL_KAFKA_CONTROLLER_PORT": "29393",
+}
+# Variables that would point `cronwheel up` (or the owner's URL) at other servers.
+_FOREIGN = ("DATABASE_URL", "KAFKA_BOOTSTRAP", "CRONWHEEL_ADMIN_DATABASE_URL", "CRONWHEEL_HOME")
+_LOCK = Path(tempfile.gettempdir()) / "cronwheel-faults.lock"
+OPERATOR_KEY = "cwop_faults_" + uuid.uuid4().hex
+TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED")
+CATCHUP = {"window_ms": 120_000, "policy": "all", "max_runs": 1000}
+LEASE_MS = 5000  # a run's lease: the SDK heartbeats it, the platform expires it
+
+
+class PrivateStack:
+    """PostgreSQL and Kafka of the harness's own, which its faults may crash."""
+
+    def __init__(self) -> None:
+        self._lock = open(_LOCK, "w")  # noqa: SIM115 - held for the stack's life
+        fcntl.flock(self._lock, fcntl.LOCK_EX)  # another harness holds the ports: wait
+        self.home = Path(tempfile.mkdtemp(prefix="cw-faults-"))
+        self.home.chmod(0o755)  # PostgreSQL's user (we may be root) reaches home/pg
+        self.env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+        self.env.update(PORTS, CRONWHEEL_HOME=str(self.home))
+        self.pg_data = data_root(self.home) / "data"
+        self.admin_url = ""
+        self.kafka_bootstrap = ""
+
+    def up(self) -> None:
+        """Start whichever server is down (`cronwheel up` is idempotent)."""
+        out = subprocess.run(
+            [PYTHON, "-m", "services.entrypoints", "up", "--json"],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"private stack did not start: {out.stderr.strip()[-500:]}")
+        status = json.loads(out.stdout)
+        self.admin_url, self.kafka_bootstrap = status["database_url"], status["kafka_bootstrap"]
+
+    # -- Kafka ----------------------------------------------------------------
+    def kafka_pid(self) -> int | None:
+        pid = read_pid(self.home / "kafka" / "kafka.pid")
+        return pid if pid_alive(pid) else None
+
+    def kill_kafka(self) -> int:
+        """kill -9 the broker: no log flush, no controlled shutdown."""
+        pid = self.kafka_pid()
+        assert pid, "the private broker is not running"
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, 0.05, "the broker to die")
+        return pid
+
+    def stop_kafka(self) -> int:
+        """A graceful broker stop (SIGTERM: controlled shutdown, logs flushed)."""
+        pid = self.kafka_pid()
+        assert pid, "the private broker is not running"
+        stop_pid(pid, timeout=60)
+        return pid
+
+    # -- PostgreSQL -----------------------------------------------------------
+    def pg_pid(self) -> int | None:
+        pid = read_pid(self.pg_data / "postmaster.pid")
+        return pid if pid_alive(pid) else None
+
+    def pg_ctl_stop(self, mode: str) -> None:
+        """`pg_ctl stop -m MODE`; `immediate` is a crash: no checkpoint, and WAL
+        not yet written from shared memory is gone."""
+        owner = SERVICE_USER if is_root() else None
+        argv = [str(ensure_installed() / "pg_ctl"), "-D", str(self.pg_data), "-m", mode, "-w"]
+        subprocess.run(as_user(owner, [*argv, "stop"]), check=True, capture_output=True, timeout=60)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if pid := self.kafka_pid():
+                stop_pid(pid, timeout=30)
+        with contextlib.suppress(Exception):
+            if self.pg_pid():
+                self.pg_ctl_stop("fast")
+        shutil.rmtree(self.pg_data.parent, ignore_errors=True)
+        shutil.rmtree(self.home, ignore_errors=True)
+        self._lock.close()
+
+
+@contextlib.contextmanager
+def private_stack():
+    st = PrivateStack()
+    try:
+        st.up()
+        yield st
+    finally:
+        st.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Platform:
+    """One scenario's database (cloned on the private server), services, tenant,
+    and SDK worker writing the effect log."""
+
+    def __init__(self, stack: PrivateStack, log_dir: Path):
+        self.stack = stack
+        template = dbsupport.template(stack.admin_url)
+        self.db_name = dbsupport.clone(stack.admin_url, template)
+        self.database_url = dbsupport.platform_url(
+            dbsupport.with_dbname(stack.admin_url, self.db_name)
+        )
+        self.topic_prefix = f"f{uuid.uuid4().hex[:10]}"
+        port = _free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.env = {
+            "CRONWHEEL_HTTP_ADDR": f"127.0.0.1:{port}",
+            "CRONWHEEL_OPERATOR_KEY": OPERATOR_KEY,
+        }
+        self.launch = Launcher(
+            self.database_url, stack.kafka_bootstrap, self.topic_prefix, log_dir=log_dir
+        )
+        self.effect_log = log_dir / "effects.jsonl"
+        self.worker: subprocess.Popen | None = None
+        self.services: dict[str, ServiceProc] = {}
+        self.api: httpx.Client | None = None
+        self.api_key = ""
+
+    def start(self) -> None:
+        for name in ("gateway", "timer", "relay", "dispatcher"):
+            # PGAPPNAME names each service's sessions in pg_stat_activity.
+            self.services[name] = self.launch.start(name, PGAPPNAME=f"fault-{name}", **self.env)
+        wait_for(self._ready, 60, 0.2, "the gateway to be ready")
+        tenant = httpx.post(
+            f"{self.base}/v1/tenants",
+            json={"name": "faults"},
+            headers={"Authorization": f"Bearer {OPERATOR_KEY}"},
+            timeout=10,
+        ).json()
+        self.api_key = tenant["api_key"]
+        self.api = httpx.Client(
+            base_url=self.base, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=5
+        )
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.base}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_worker(self, topic: str) -> None:
+        env = {**os.environ, "CRONWHEEL_URL": self.base, "CRONWHEEL_API_KEY": self.api_key,
+               "KAFKA_BOOTSTRAP": self.stack.kafka_bootstrap, "EFFECT_LOG": str(self.effect_log)}  # fmt: skip
+        with (self.launch.log_dir / "worker.log").open("ab") as log:
+            self.worker = subprocess.Popen(
+                [PYTHON, "-m", "tests.faults.worker", topic], env=env, cwd=ROOT,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.database_url, autocommit=True)
+
+    def close(self) -> None:
+        if self.worker and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)
+            try:
+                self.worker.wait(30)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+        if self.api:
+            self.api.close()
+        self.launch.close()
+        with contextlib.suppress(Exception):
+            dbsupport.drop(self.stack.admin_url, self.db_name)
+
+
+class Load:
+    """Jobs with computable instants and a stream of manual triggers."""
+
+    def __init__(self, platform: Platform, rng: random.Random, jobs: int = 6):
+        self.platform = platform
+        self.rng = rng
+        self.jobs: dict[str, int] = {}  # job_id: every_ms
+        self.triggered: set[str] = set()  # run ids of answered triggers
+        self.trigger_retries = 0  # trigger posts that had to be sent again
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.topic = ""
+        for i in range(jobs):
+            job = self._create(i, rng.randint(400, 900))
+            self.jobs[job["job_id"]] = job["schedule"]["every_ms"]
+            self.topic = job["topic"]
+
+    def _create(self, i: int, every_ms: int) -> dict:
+        body = {
+            "name": f"fault-{i}",
+            "schedule": {"every_ms": every_ms, "catchup": CATCHUP},
+            "target": {"type": "queue", "queue": "faults"},
+            "payload": {"sleep_s": 0.1},
+            "lease_ms": LEASE_MS,
+            "retry": {"max_attempts": 20, "initial_backoff_ms": 100, "max_backoff_ms": 1000},
+        }
+        r = self.platform.api.post("/v1/jobs", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def start_triggers(self, every_s: float = 0.3) -> None:
+        self._thread = threading.Thread(target=self._triggers, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _triggers(self, every_s: float) -> None:
+        ids = list(self.jobs)
+        while not self._stop.wait(every_s):
+            self.triggered.add(self._trigger(self.rng.choice(ids)))
+
+    def _trigger(self, job_id: str) -> str:
+        """POST the trigger until answered, always with the same Idempotency-Key:
+        an answer lost in a fault is replayed, never a second run."""
+        key = uuid.uuid4().hex
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                r = self.platform.api.post(
+                    f"/v1/jobs/{job_id}/trigger", headers={"Idempotency-Key": key}
+                )
+                if r.status_code in (200, 201):
+                    return r.json()["run_id"]
+            except httpx.HTTPError:
+                pass
+            self.trigger_retries += 1
+            if time.monotonic() > deadline:
+                raise AssertionError(f"trigger of {job_id} unanswered for 120 s")
+            time.sleep(0.2)  # retry pacing while the platform recovers
+
+    def stop(self) -> int:
+        """Stop triggering; wait until every job caught up to now; pause them
+        all. Returns the database's time the load ended (ms)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(150)
+        with self.platform.connect() as conn:
+            end_ms = to_ms(conn.execute("SELECT now()").fetchone()[0])
+            wait_for(lambda: behind(conn, end_ms) == 0, 60, 0.1, "every job to catch up")
+        for job_id in self.jobs:
+            r = self.platform.api.post(f"/v1/jobs/{job_id}/pause")
+            assert r.status_code == 200, r.text
+        return end_ms
+
+
+def behind(conn: psycopg.Connection, at_ms: int) -> int:
+    """How many jobs have an instant at or before `at_ms` not yet fired."""
+    return conn.execute(
+        """SELECT count(*) FROM jobs
+            WHERE last_instant + make_interval(secs => (schedule->>'every_ms')::float / 1000)
+                  <= to_timestamp(%s / 1000.0)""",
+        [at_ms],
+    ).fetchone()[0]
+
+
+def recovered(conn: psycopg.Connection, since_ms: int) -> bool:
+    """The platform has caught up with `since_ms`: every job fired its instants
+    up to it, every run due by then ended, and nothing older waits in the outbox."""
+    return settled(conn, since_ms) and behind(conn, since_ms) == 0
+
+
+def settled(conn: psycopg.Connection, since_ms: int) -> bool:
+    """Every run due by `since_ms` ended and nothing older waits in the outbox."""
+    at = [since_ms]
+    pending = conn.execute(
+        "SELECT count(*) FROM runs WHERE scheduled_at <= to_timestamp(%s / 1000.0)"
+        " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')",
+        at,
+    ).fetchone()[0]
+    queued = conn.execute(
+        "SELECT count(*) FROM outbox WHERE created_at <= to_timestamp(%s / 1000.0)", at
+    ).fetchone()[0]
+    return pending == 0 and queued == 0
+
+
+def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
+    """Seconds until the platform has caught up with the moment this is called."""
+    t0 = time.monotonic()
+
+    def check():
+        try:
+            with platform.connect() as conn:
+                since = getattr(check, "since", None)
+                if since is None:
+                    since = check.since = to_ms(conn.execute("SELECT now()").fetchone()[0])
+                return recovered(conn, since)
+        except psycopg.OperationalError:
+            return False
+
+    wait_for(check, timeout, 0.1, "the platform to catch up after the fault")
+    return time.monotonic() - t0
+
+
+@dataclass
+class Report:
+    scenario: str
+    expected: int = 0  # runs the history calls for: instants and answered triggers
+    lost: int = 0
+    duplicate_runs: int = 0
+    duplicate_effects: int = 0
+    reexecuted: int = 0  # (run, attempt) pairs whose handler began more than once
+    reexecuted_after_lost_lease: int = 0  # effects of attempts before the successful one
+    not_succeeded: int = 0
+    outbox_left: int = 0
+    recover_s: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        worst = max(self.recover_s, default=0.0)
+        return (
+            f"{self.scenario:<14} expected={self.expected} lost={self.lost} "
+            f"dup_runs={self.duplicate_runs} dup_effects={self.duplicate_effects} "
+            f"recovery_s={worst:.1f}"
+        )
+
+    def assert_clean(self) -> None:
+        assert not self.problems, f"{self.scenario}: " + "; ".join(self.problems)
+
+
+def check(
+    platform: Platform, load: Load, end_ms: int, report: Report, allow_lost_leases: bool = False
+) -> Report:
+    """The checker over the whole history; fills `report` and lists each
+    violation in `report.problems`. `allow_lost_leases`: a fault kept the
+    platform away longer than a run's lease, so a successful run's effect may
+    also have been logged by earlier attempts the platform expired (counted in
+    `duplicate_effects`, not a violation); the same attempt twice still is."""
+
+    def all_settled():
+        with platform.connect() as conn:
+            return settled(conn, end_ms + 60_000)  # paused jobs fire nothing after end_ms
+
+    try:
+        wait_for(all_settled, 90, 0.2, "every run to end and the outbox to drain")
+    except AssertionError as e:
+        report.problems.append(str(e))
+    with platform.connect() as conn:
+        jobs = conn.execute(
+            "SELECT job_id, (schedule->>'every_ms')::bigint, anchor_at FROM jobs"
+        ).fetchall()
+        runs = conn.execute(
+            "SELECT run_id, job_id, scheduled_at, state, attempt FROM runs"
+        ).fetchall()
+        report.outbox_left = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        won = Counter(
+            r
+            for (r,) in conn.execute("SELECT run_id FROM run_attempts WHERE outcome = 'SUCCEEDED'")
+        )
+    by_id = {r[0]: r for r in runs}
+    # Scheduled instants: anchor + k * every for every k whose instant the load
+    # spanned (the load ended only once every job had fired up to end_ms).
+    expected: set[str] = set()
+    for job_id, every, anchor_at in jobs:
+        anchor = to_ms(anchor_at)
+        expected |= {
+            run_id_for_instant(job_id, t) for t in range(anchor + every, end_ms + 1, every)
+        }
+    instant_ids = {
+        run_id
+        for run_id, job_id, at, _, _ in runs
+        if run_id == run_id_for_instant(job_id, to_ms(at))
+    }
+    per_instant = Counter(
+        (job_id, at) for run_id, job_id, at, _, _ in runs if run_id in instant_ids
+    )
+    report.expected = len(expected) + len(load.triggered)
+    lost = (expected - set(by_id)) | (load.triggered - set(by_id))
+    report.lost = len(lost)
+    unexplained = set(by_id) - instant_ids - load.triggered
+    report.duplicate_runs = sum(n - 1 for n in per_instant.values()) + len(unexplained)
+    report.not_succeeded = sum(1 for r in runs if r[3] != "SUCCEEDED")
+    starts, effects = _read_effects(platform.effect_log)
+    report.reexecuted = sum(1 for n in starts.values() if n > 1)
+    effect_runs = Counter(run for run, _attempt in effects.elements())
+    succeeded = [r for r in runs if r[3] == "SUCCEEDED"]
+    report.duplicate_effects = sum(max(0, effect_runs[r[0]] - 1) for r in succeeded)
+    missing_effect = [r[0] for r in succeeded if effect_runs[r[0]] == 0]
+    # The successful attempt is the run's last; an effect logged by an earlier
+    # attempt is one whose lease the platform expired (docs/workers.md: the run
+    # comes back as the next attempt, so handlers are to be idempotent by run_id).
+    twice_won = [r[0] for r in succeeded if won[r[0]] != 1]
+    final = {r[0]: r[4] for r in succeeded}
+    report.reexecuted_after_lost_lease = sum(
+        1 for (run, attempt) in effects if run in final and attempt < final[run]
+    )
+    if report.lost:
+        report.problems.append(f"{report.lost} expected runs missing: {sorted(lost)[:3]}")
+    if report.duplicate_runs:
+        report.problems.append(f"{report.duplicate_runs} runs beyond one per instant or trigger")
+    if report.not_succeeded:
+        bad = Counter(r[3] for r in runs if r[3] != "SUCCEEDED")
+        report.problems.append(f"runs not SUCCEEDED: {dict(bad)}")
+    if report.reexecuted:
+        report.problems.append(f"{report.reexecuted} (run, attempt) pairs executed twice or more")
+    if twice_won:
+        report.problems.append(f"{len(twice_won)} runs without exactly one successful attempt")
+    if report.duplicate_effects and not allow_lost_leases:
+        doubled = {
+            r[0]: sorted(a for (run, a) in effects.elements() if run == r[0])
+            for r in succeeded
+            if effect_runs[r[0]] > 1
+        }
+        report.problems.append(
+            f"{report.duplicate_effects} duplicate effects of successful runs"
+            f" (run: attempts whose effect was logged): {dict(list(doubled.items())[:3])}"
+        )
+    if missing_effect:
+        report.problems.append(f"{len(missing_effect)} SUCCEEDED runs without their effect")
+    if report.outbox_left:
+        report.problems.append(f"{report.outbox_left} rows left in the outbox")
+    return report
+
+
+def _read_effects(path: Path) -> tuple[Counter, Counter]:
+    """({(run, attempt): starts}, {(run, attempt): effects}) from the effect log."""
+    starts: Counter = Counter()
+    effects: Counter = Counter()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            (starts if e["phase"] == "start" else effects)[(e["run"], e["attempt"])] += 1
+    return starts, effects
