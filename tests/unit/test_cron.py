@@ -434,6 +434,10 @@ def croniter_cron(draw) -> str:
 def test_next_local__random_expressions__agree_with_croniter(expr: str, start: datetime) -> None:
     cron = parse_cron(expr)
     assume(cron.can_fire)  # e.g. 31 February: croniter raises instead
+    # croniter 5.0.1 misses the 1st after a short month for a day-of-month step
+    # (`0 0 */5 * *` from 2000-02-26: it says 03-06; */5 is 1,6,11,..., so 03-01):
+    # the oracle is wrong there, so those are left to the examples above.
+    assume("/" not in expr.split()[2])
     ours, t = [], start
     for _ in range(5):
         t = cron.next_local(t)
