@@ -78,7 +78,10 @@ bench: migrate ## benchmarks under bench/, printing their figures
 	@# The dispatch path again, with the worker protocol's CPU off these cores.
 	@echo "== bench/bench_lifecycle.py --hold-only"; $(BIN)/python bench/bench_lifecycle.py --hold-only
 
+chaos: install ## the fault scenarios' long versions on a private stack (ports 26432, 29392): one line each
+	$(BIN)/python -m tests.faults
+
 clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
 	rm -rf .cronwheel
 
-.PHONY: help install up down migrate schema run lint check-schemas check-migrations check-api api-baseline unit test bench clean
+.PHONY: help install up down migrate schema run lint check-schemas check-migrations check-api api-baseline unit test bench chaos clean
