@@ -190,14 +190,14 @@ class Platform:
         )
         self.effect_log = log_dir / "effects.jsonl"
         self.worker: subprocess.Popen | None = None
+        self.worker_topic = ""
         self.services: dict[str, ServiceProc] = {}
         self.api: httpx.Client | None = None
         self.api_key = ""
 
     def start(self) -> None:
         for name in ("gateway", "timer", "relay", "dispatcher"):
-            # PGAPPNAME names each service's sessions in pg_stat_activity.
-            self.services[name] = self.launch.start(name, PGAPPNAME=f"fault-{name}", **self.env)
+            self.start_service(name)
         wait_for(self._ready, 60, 0.2, "the gateway to be ready")
         tenant = httpx.post(
             f"{self.base}/v1/tenants",
@@ -216,7 +216,23 @@ class Platform:
         except httpx.HTTPError:
             return False
 
+    def start_service(self, name: str) -> ServiceProc:
+        # PGAPPNAME names each service's sessions in pg_stat_activity.
+        self.services[name] = self.launch.start(name, PGAPPNAME=f"fault-{name}", **self.env)
+        return self.services[name]
+
+    def stop_worker(self) -> None:
+        """SIGTERM: the worker finishes what it holds and commits its offsets."""
+        if self.worker and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)
+            try:
+                self.worker.wait(30)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+                self.worker.wait(10)
+
     def start_worker(self, topic: str) -> None:
+        self.worker_topic = topic
         env = {**os.environ, "CRONWHEEL_URL": self.base, "CRONWHEEL_API_KEY": self.api_key,
                "KAFKA_BOOTSTRAP": self.stack.kafka_bootstrap, "EFFECT_LOG": str(self.effect_log)}  # fmt: skip
         with (self.launch.log_dir / "worker.log").open("ab") as log:
@@ -229,12 +245,7 @@ class Platform:
         return psycopg.connect(self.database_url, autocommit=True)
 
     def close(self) -> None:
-        if self.worker and self.worker.poll() is None:
-            self.worker.send_signal(signal.SIGTERM)
-            try:
-                self.worker.wait(30)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
+        self.stop_worker()
         if self.api:
             self.api.close()
         self.launch.close()
@@ -279,14 +290,16 @@ class Load:
     def _triggers(self, every_s: float) -> None:
         ids = list(self.jobs)
         while not self._stop.wait(every_s):
-            self.triggered.add(self._trigger(self.rng.choice(ids)))
+            if run_id := self._trigger(self.rng.choice(ids)):
+                self.triggered.add(run_id)
 
-    def _trigger(self, job_id: str) -> str:
+    def _trigger(self, job_id: str) -> str | None:
         """POST the trigger until answered, always with the same Idempotency-Key:
-        an answer lost in a fault is replayed, never a second run."""
+        an answer lost in a fault is replayed, never a second run. None when
+        the load was halted first (the checker then fails on its run, if any)."""
         key = uuid.uuid4().hex
         deadline = time.monotonic() + 120
-        while True:
+        while not self._stop.is_set():
             try:
                 r = self.platform.api.post(
                     f"/v1/jobs/{job_id}/trigger", headers={"Idempotency-Key": key}
@@ -299,13 +312,18 @@ class Load:
             if time.monotonic() > deadline:
                 raise AssertionError(f"trigger of {job_id} unanswered for 120 s")
             time.sleep(0.2)  # retry pacing while the platform recovers
+        return None
+
+    def halt(self) -> None:
+        """Stop triggering (a trigger being retried gives up at once)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(150)
 
     def stop(self) -> int:
         """Stop triggering; wait until every job caught up to now; pause them
         all. Returns the database's time the load ended (ms)."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(150)
+        self.halt()
         with self.platform.connect() as conn:
             end_ms = to_ms(conn.execute("SELECT now()").fetchone()[0])
             wait_for(lambda: behind(conn, end_ms) == 0, 60, 0.1, "every job to catch up")

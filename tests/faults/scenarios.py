@@ -7,6 +7,8 @@ applies on a schedule to its private stack, with the proof that it landed.
                   and worker calls are in flight, then started again (crash
                   recovery); the runs a synchronous_commit=off commit lost are
                   counted, and the checker proves each fired again, same id
+  replay          the dispatcher's and the SDK worker's groups reset to offset
+                  0 while they are stopped: they read everything again
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
+from cronwheel import kafka
 from tests.faults.harness import Load, Platform, PrivateStack, Report, check, wait_recovered
 from tests.support.wait import wait_for
 
@@ -43,11 +47,13 @@ SHORT = {
     "kafka_kill": Plan(cycles=1, calm_s=1, down_s=2),
     "kafka_restart": Plan(cycles=1, calm_s=1, down_s=2),
     "pg_immediate": Plan(cycles=1, calm_s=1, down_s=6),
+    "replay": Plan(cycles=1, calm_s=2, down_s=0),
 }
 LONG = {
     "kafka_kill": Plan(cycles=5, calm_s=10, down_s=8),
     "kafka_restart": Plan(cycles=5, calm_s=10, down_s=8),
     "pg_immediate": Plan(cycles=5, calm_s=10, down_s=8),
+    "replay": Plan(cycles=3, calm_s=10, down_s=0),
 }
 
 
@@ -114,6 +120,60 @@ def _pg_immediate(stack: PrivateStack, platform: Platform, plan: Plan, report: R
     )
 
 
+# The admin client is held while its futures are waited for: one dropped
+# first destroys its handle and fails them ("Broker handle destroyed").
+
+
+def _consumer_groups(admin, platform: Platform) -> list[str]:
+    """The platform's consumer groups (named after its topic prefix) and the worker's."""
+    listed = admin.list_consumer_groups(request_timeout=10).result()
+    mine = (f"{platform.topic_prefix}.", f"cronwheel-worker.{platform.worker_topic}")
+    return sorted(g.group_id for g in listed.valid if g.group_id.startswith(mine))
+
+
+def _committed(admin, group: str) -> dict[tuple[str, int], int]:
+    got = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+    return {(tp.topic, tp.partition): tp.offset for tp in got.topic_partitions if tp.offset >= 0}
+
+
+def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
+    """Every consumer of the load (dispatcher, SDK worker) stopped, its group
+    reset to offset 0 of every partition it had read, and started again: it
+    reads its whole history a second time."""
+    platform.stop_worker()
+    assert platform.services["dispatcher"].stop() == 0
+    admin = kafka.admin(stack.kafka_bootstrap)
+    # Both groups: the worker's and the dispatcher's (named after the prefix).
+    groups = wait_for(
+        lambda: (g := _consumer_groups(admin, platform)) and len(g) >= 2 and g,
+        30,
+        0.5,
+        "the worker's and the dispatcher's consumer groups",
+    )
+    before = {g: _committed(admin, g) for g in groups}
+    for group, offsets in before.items():
+        to_zero = [TopicPartition(t, p, 0) for t, p in offsets]
+        admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, to_zero)])[
+            group
+        ].result()
+    reset = {g: _committed(admin, g) for g in groups}
+    assert all(not any(o.values()) for o in reset.values()), f"offsets not reset: {reset}"
+    records = sum(sum(o.values()) for o in before.values())
+    assert records > 0, "nothing to replay"
+    platform.start_service("dispatcher")
+    platform.start_worker(platform.worker_topic)
+
+    def read_again() -> bool:
+        return all(
+            all(_committed(admin, g).get(tp, 0) >= n for tp, n in offsets.items())
+            for g, offsets in before.items()
+        )
+
+    # Landed: every group has committed past everything it had read before.
+    wait_for(read_again, 120, 0.5, "the consumers to read their history again")
+    report.notes.append(f"{records} records replayed by {len(groups)} groups")
+
+
 # Faults that keep the database away longer than a run's lease: the runs they
 # interrupt are expired and run again as their next attempt (docs/reliability.md).
 OUTLASTS_LEASES = {"pg_immediate"}
@@ -122,6 +182,7 @@ FAULTS = {
     "kafka_kill": _broker_down(PrivateStack.kill_kafka),
     "kafka_restart": _broker_down(PrivateStack.stop_kafka),
     "pg_immediate": _pg_immediate,
+    "replay": _replay,
 }
 
 
@@ -136,6 +197,7 @@ def run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
     def phase(what: str) -> None:
         report.notes.append(f"{what} at {time.monotonic() - t0:.1f} s")
 
+    load = None
     try:
         platform.start()
         load = Load(platform, rng)
@@ -166,4 +228,6 @@ def run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
         platform.launch.print_logs()
         raise
     finally:
+        if load is not None:
+            load.halt()
         platform.close()
