@@ -137,6 +137,28 @@ def cmd_secrets_reseal(args) -> None:
     print(f"resealed {n} webhook secrets with key {keyring.current_id}")
 
 
+def cmd_kafka_grant(args) -> None:
+    """The platform's principals and ACLs on a deployment's broker, run as its
+    admin (CRONWHEEL_KAFKA_USERNAME / _PASSWORD in the environment). A role's
+    password comes from CRONWHEEL_KAFKA_PASSWORD_<ROLE> when set, else a new
+    one is made; each role's is printed once, as the line its service's
+    environment needs. docs/kafka-auth.md."""
+    from cronwheel import kafka, principals
+
+    prefix = args.prefix or config.load(config.Common).topic_prefix
+    passwords = {}
+    for role in principals.ROLES:
+        env = f"CRONWHEEL_KAFKA_PASSWORD_{role.upper()}"
+        passwords[role] = os.environ.get(env) or principals.new_password()
+    admin = kafka.admin(principal="admin")
+    principals.grant_platform(admin, prefix, passwords if args.users else None)
+    print(f"ACLs granted for topic prefix {prefix!r}")
+    if args.users:
+        for role, password in passwords.items():
+            print(f"{role}: CRONWHEEL_KAFKA_USERNAME={principals.username(role)}"
+                  f" CRONWHEEL_KAFKA_PASSWORD={password}")  # fmt: skip
+
+
 def cmd_preview(args) -> None:
     from cronwheel.core.preview import preview_json, render_table
 
@@ -191,6 +213,14 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
     sp = verbs.add_parser("reseal", help="seal every webhook secret with the first key")
     sp.add_argument("--batch", type=int, default=500)
     sp.set_defaults(func=cmd_secrets_reseal)
+    kafka_verbs = sub.add_parser("kafka", help="the broker's principals and ACLs").add_subparsers(
+        dest="kafka_command", required=True
+    )
+    sp = kafka_verbs.add_parser("grant", help="make the platform's principals and their ACLs")
+    sp.add_argument("--prefix", default=None, help="topic prefix (default CRONWHEEL_TOPIC_PREFIX)")
+    sp.add_argument("--no-users", dest="users", action="store_false",
+                    help="ACLs only; the principals exist already")  # fmt: skip
+    sp.set_defaults(func=cmd_kafka_grant)
     sp = sub.add_parser("preview", help="the next fire instants of a cron schedule")
     sp.add_argument("cron")
     sp.add_argument("--tz", default="UTC")

@@ -219,6 +219,37 @@ class Stack:
     kafka_jvm_opts: str | None = setting("CRONWHEEL_KAFKA_JVM_OPTS", None)
 
 
+@dataclass(frozen=True)
+class KafkaAuth:
+    """How this process authenticates to Kafka (docs/kafka-auth.md). Unset
+    `username` on the local stack: each client takes its role's password from
+    the stack's credentials file (`cronwheel up` writes it). In a deployment
+    each service's environment holds its own principal: `username` and
+    `password` (the ACLs of `cronwheel kafka grant` name `cronwheel-<role>`)."""
+
+    security_protocol: str | None = setting(
+        "CRONWHEEL_KAFKA_SECURITY_PROTOCOL",
+        None,
+        choices=("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"),
+    )
+    mechanism: str = setting(
+        "CRONWHEEL_KAFKA_SASL_MECHANISM",
+        "SCRAM-SHA-512",
+        choices=("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"),
+    )
+    username: str | None = setting("CRONWHEEL_KAFKA_USERNAME", None)
+    password: str | None = setting("CRONWHEEL_KAFKA_PASSWORD", None, secret=True)
+    ca_file: str | None = setting("CRONWHEEL_KAFKA_CA_FILE", None)
+    # Off: the gateway creates no Kafka principal for a new tenant (an operator
+    # provisions tenants' principals out of band).
+    tenants: bool = setting("CRONWHEEL_KAFKA_TENANTS", True)
+
+
+def local_kafka_credentials() -> Path:
+    """The local stack's Kafka passwords by role (mode 0600), written by `cronwheel up`."""
+    return project_home() / "kafka" / "principals.json"
+
+
 def local_database_url() -> str:
     """The local stack's URL for the services: the platform's role."""
     return local_role_url(PG_PLATFORM_USER)

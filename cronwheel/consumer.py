@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cronwheel import consuming, kafka, metrics
 from cronwheel.assignment import LeasedAssignment
@@ -87,23 +87,56 @@ def expect_owned(m: Message, record: str, topic_of: Callable[[str], str]) -> dic
     return datum
 
 
-def produce(producer: Producer, **record) -> None:
+def produce(
+    producer: Producer, *, make_topic: Callable[[str], None] | None = None, **record
+) -> None:
     """`producer.produce(**record)`; while its local queue is full
-    (BufferError), let deliveries drain and try again: never drop a record."""
+    (BufferError), let deliveries drain and try again: never drop a record.
+    A topic the broker does not have is made with `make_topic(name)`, once,
+    where the caller's role may create it (the broker creates no topic on a
+    produce: cronwheel/principals.py); without it that is the caller's error."""
     while True:
         try:
             producer.produce(**record)
             return
         except BufferError:
             producer.poll(0.05)
+        except KafkaException as exc:
+            if make_topic is None or exc.args[0].code() != KafkaError._UNKNOWN_TOPIC:
+                raise
+            make_topic(record["topic"])
+            make_topic = None
+            _learn_topic(producer, record["topic"])
+
+
+def _learn_topic(producer: Producer, topic: str, timeout: float = 10.0) -> None:
+    """Refresh the producer's metadata of a topic just made: it remembers the
+    topic as unknown, and refuses a produce to it, until its metadata says
+    otherwise. Bounded by `timeout` (then the produce's error stands)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            meta = producer.list_topics(topic, timeout=2).topics.get(topic)
+        except KafkaException:
+            continue  # asked again until the deadline
+        if meta is not None and meta.error is None and meta.partitions:
+            return
 
 
 class DeadLetters:
     """Sets poison records aside on the dead-letter topic, as `DeadLetter`
     records keyed by the source's key, and counts them per consumer."""
 
-    def __init__(self, producer: Producer, topic: str, consumer: str, log: logging.Logger):
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        consumer: str,
+        log: logging.Logger,
+        make_topic: Callable[[str], None] | None = None,
+    ):
         self.producer = producer
+        self.make_topic = make_topic  # for a dead-letter topic not made yet (`produce`)
         self.topic = topic
         self.consumer = consumer
         self.log = log
@@ -137,7 +170,9 @@ class DeadLetters:
     def produce(self, m: Message, p: Poison, on_delivery: Callable | None = None) -> None:
         """Produce `m`'s dead letter; `on_delivery(err, msg)` says whether the
         broker has it (only then may `m`'s offset be committed)."""
-        produce(self.producer, **self.record(m, p), on_delivery=on_delivery)
+        produce(
+            self.producer, make_topic=self.make_topic, **self.record(m, p), on_delivery=on_delivery
+        )
 
     def count(self, p: Poison) -> None:
         self.total += 1
@@ -238,8 +273,10 @@ class ConsumerService:
         self.lag_every_ms = lag_every_ms
         self.shutdown_grace_ms = shutdown_grace_ms
         self.log = logging.getLogger(f"cronwheel.{self.name}")
-        self.producer = kafka.producer(bootstrap)
-        self.dead_letters = DeadLetters(self.producer, topics.dead_letter, self.name, self.log)
+        self.producer = kafka.producer(bootstrap, principal=self.name)
+        self.dead_letters = DeadLetters(
+            self.producer, topics.dead_letter, self.name, self.log, self.make_topic
+        )
         self.offsets = consuming.Offsets(
             self.name, commit_every_s=commit_every_s, lag_every_s=lag_every_ms / 1000
         )
@@ -270,6 +307,7 @@ class ConsumerService:
 
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
+        self._dead_letter_topic()
         consumer = self._consumer = self.open()
         try:
             while not stop.is_set():
@@ -285,9 +323,27 @@ class ConsumerService:
             self._consumer = None
             self.close()
 
+    def _dead_letter_topic(self) -> None:
+        """The dead-letter topic, made before the first dead letter needs it: a
+        producer that sends to a topic the broker does not have holds the
+        record for 30 s, then fails it. A broker away now: made when needed."""
+        try:
+            kafka.ensure_topics(
+                [self.topics.dead_letter], bootstrap=self.bootstrap, principal=self.name
+            )
+        except Exception as exc:  # KafkaException, RuntimeError: DeadLetters makes it later
+            self.log.warning("could not make %s yet: %s", self.topics.dead_letter, exc)
+
+    def make_topic(self, name: str) -> None:
+        """Create a platform topic this service writes (its role's ACLs allow it)."""
+        kafka.ensure_topics([name], bootstrap=self.bootstrap, principal=self.name)
+        self.log.info("created %s: it did not exist", name)
+
     def open(self) -> Consumer:
         """The consumer (a subclass that subscribes does it here)."""
-        return kafka.consumer(self.group_id, self.bootstrap, on_commit=consuming.on_commit)
+        return kafka.consumer(
+            self.group_id, self.bootstrap, principal=self.name, on_commit=consuming.on_commit
+        )
 
     def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
         """One pass of the loop; False if `stop` interrupted it."""

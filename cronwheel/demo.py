@@ -9,7 +9,7 @@ import secrets
 
 import psycopg
 
-from cronwheel import config
+from cronwheel import config, kafka, principals
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant, hash_key, new_api_key
@@ -29,6 +29,16 @@ def operator_key() -> str:
         path.write_text("cwop_" + secrets.token_urlsafe(32) + "\n")
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def demo_kafka(bootstrap: str, topics: Topics, tenant_id: str) -> kafka.Credentials | None:
+    """The demo tenant's Kafka principal, with a new password each time (as the
+    gateway makes one for `POST /v1/tenants`); None on a broker without SASL."""
+    if "sasl.username" not in kafka.security("gateway", bootstrap):
+        return None
+    admin = kafka.admin(bootstrap, principal="gateway")
+    password = principals.provision_tenant(admin, topics, tenant_id)
+    return kafka.Credentials(principals.tenant_username(tenant_id), password)
 
 
 def ensure_demo(dsn: str, topics: Topics) -> dict:

@@ -85,10 +85,76 @@ def _safe(part: str) -> str:
     return part
 
 
-def producer(bootstrap: str | None = None, **overrides) -> Producer:
+@dataclass(frozen=True)
+class Credentials:
+    """A SASL principal's name and password (a tenant's, or one given by hand)."""
+
+    username: str
+    password: str
+
+    def __repr__(self) -> str:  # never print the password
+        return f"Credentials({self.username!r})"
+
+
+def security(principal: str | Credentials, bootstrap: str | None = None) -> dict:
+    """librdkafka settings that authenticate `principal` to the broker at
+    `bootstrap` (default: the configured one): a platform role ("relay",
+    "dispatcher", ...; cronwheel.principals.ROLES) or explicit Credentials.
+    Where they come from, in order: the process's environment
+    (CRONWHEEL_KAFKA_USERNAME/PASSWORD: one service per process in a
+    deployment), explicit Credentials, the local stack's credentials file
+    when `bootstrap` is the stack's broker (`cronwheel up` writes it), and
+    otherwise none (a broker without SASL)."""
+    auth = config.load(config.KafkaAuth)
+    conf: dict = {}
+    if auth.ca_file:
+        conf["ssl.ca.location"] = auth.ca_file
+    user = password = None
+    if auth.username:
+        user, password = auth.username, auth.password or ""
+    elif isinstance(principal, Credentials):
+        user, password = principal.username, principal.password
+    else:
+        user, password = _local_password(principal, bootstrap or config.kafka_bootstrap())
+    protocol = auth.security_protocol or ("SASL_PLAINTEXT" if user else "PLAINTEXT")
+    conf["security.protocol"] = protocol
+    if protocol.startswith("SASL"):
+        if not user:
+            raise ValueError(
+                f"{protocol} needs a principal: set CRONWHEEL_KAFKA_USERNAME and "
+                "CRONWHEEL_KAFKA_PASSWORD"
+            )
+        conf.update({"sasl.mechanism": auth.mechanism, "sasl.username": user})
+        conf["sasl.password"] = password
+    return conf
+
+
+def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
+    """The local stack's password of `role` (admin included) where
+    `bootstrap` is the stack's broker; (None, None) otherwise."""
+    import json
+
+    path = config.local_kafka_credentials()
+    try:
+        stack = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    if stack.get("bootstrap") != bootstrap:
+        return None, None
+    passwords = stack["passwords"]
+    if role not in passwords:
+        raise ValueError(f"the local stack has no Kafka principal for {role!r} ({path})")
+    name = "cronwheel-admin" if role == "admin" else f"cronwheel-{role}"
+    return name, passwords[role]
+
+
+def producer(
+    bootstrap: str | None = None, *, principal: str | Credentials, **overrides
+) -> Producer:
     """An idempotent producer: retries never duplicate or reorder within a partition."""
     conf = {
         "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
+        **security(principal, bootstrap),
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 2,
@@ -101,10 +167,13 @@ def producer(bootstrap: str | None = None, **overrides) -> Producer:
     return Producer(conf)
 
 
-def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consumer:
+def consumer(
+    group_id: str, bootstrap: str | None = None, *, principal: str | Credentials, **overrides
+) -> Consumer:
     """A consumer that commits only what the caller says it finished."""
     conf = {
         "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
+        **security(principal, bootstrap),
         "group.id": group_id,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
@@ -123,8 +192,14 @@ def consumer(group_id: str, bootstrap: str | None = None, **overrides) -> Consum
     return Consumer(conf)
 
 
-def admin(bootstrap: str | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap or config.kafka_bootstrap(), "log_level": 3})
+def admin(bootstrap: str | None = None, *, principal: str | Credentials) -> AdminClient:
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
+            **security(principal, bootstrap),
+            "log_level": 3,
+        }
+    )
 
 
 def ensure_topics(
@@ -132,8 +207,11 @@ def ensure_topics(
     partitions: int = PLATFORM_PARTITIONS,
     bootstrap: str | None = None,
     client=None,
+    principal: str | Credentials | None = None,
 ) -> None:
     """Create topics that do not exist yet; an existing topic is not an error.
+    Through `client`, else an admin client of `principal` (whose ACLs must
+    allow CREATE on these names: cronwheel.principals.GRANTS).
     One CreateTopics request for all of them (no cluster-wide listing first:
     with thousands of tenant topics that costs more than the create).
 
@@ -143,7 +221,10 @@ def ensure_topics(
     names = list(dict.fromkeys(names))  # a name twice refuses the whole request
     if not names:
         return
-    client = client or admin(bootstrap)
+    if client is None:
+        if principal is None:
+            raise TypeError("ensure_topics needs a client or a principal")
+        client = admin(bootstrap, principal=principal)
     wanted = [NewTopic(n, partitions, 1) for n in names]
     created = []
     for name, fut in client.create_topics(wanted, operation_timeout=10).items():
@@ -316,11 +397,29 @@ class Placement:
         """{"partition": p} for produce(), or {} (the producer's partitioner)
         while the topic's partition count is unknown."""
         n = self.partitions(topic)
+        if n is None and self.admin is not None:
+            n = self._create(topic)
         if n is None:
             return {}
         if n < CLASSES and rank != NORMAL_RANK and self.admin is not None:
             n = self._grow(topic, n)
         return {"partition": partition_for(rank, bytes(key) if key is not None else None, n)}
+
+    def _create(self, topic: str) -> int | None:
+        """Make a topic the broker does not have (it creates none on a produce):
+        a run topic of a tenant the dispatcher has not met yet, or
+        run-completed before the workflow service first started. Before the
+        producer's first record to it: a producer that sent to a missing topic
+        holds the record for 30 s, then fails it."""
+        n = Topics(topic.split(".", 1)[0]).partitions(topic)
+        try:
+            ensure_topics([topic], partitions=n, client=self.admin)
+        except Exception as exc:  # produced anyway; the delivery fails and is retried
+            log.warning("could not create %s: %s", topic, exc)
+            return None
+        log.info("created %s (%d partitions): it did not exist", topic, n)
+        self._counts[topic] = n
+        return n
 
     def _grow(self, topic: str, n: int) -> int:
         try:

@@ -3,9 +3,13 @@ completes every run, failing retryably when the payload asks for it.
 
     pip install cronwheel        # the SDK alone: confluent-kafka and fastavro
     CRONWHEEL_URL=http://127.0.0.1:8080 CRONWHEEL_API_KEY=cw_... \
+    CRONWHEEL_KAFKA_USERNAME=tenant-<tenant_id> CRONWHEEL_KAFKA_PASSWORD=... \
     python examples/worker.py cw.q.<tenant_id>.demo
 
-(KAFKA_BOOTSTRAP names the broker where it is not the local stack's.)
+`make run` prints the demo tenant's key and Kafka credentials; a tenant made
+with `POST /v1/tenants` gets its own in that answer (`kafka`), once.
+(KAFKA_BOOTSTRAP names the broker where it is not the local stack's;
+CRONWHEEL_KAFKA_SECURITY_PROTOCOL=SASL_SSL and CRONWHEEL_KAFKA_CA_FILE for TLS.)
 """
 
 from __future__ import annotations

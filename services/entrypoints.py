@@ -77,7 +77,7 @@ def _dev_services() -> list[str]:
 def cmd_dev(args) -> None:
     if args.demo:
         from cronwheel import config
-        from cronwheel.demo import ensure_demo, operator_key
+        from cronwheel.demo import demo_kafka, ensure_demo, operator_key
         from cronwheel.kafka import Topics
 
         gateway = config.load(service_settings("gateway"))
@@ -87,6 +87,10 @@ def cmd_dev(args) -> None:
         print(f"operator key  {gateway.operator_key or operator_key()}")
         print(f"demo tenant   {demo['tenant_id']}  key {demo['api_key']}")
         print(f"demo queue    {topics.queue(demo['tenant_id'], 'demo')}")
+        creds = demo_kafka(gateway.common.kafka_bootstrap, topics, demo["tenant_id"])
+        if creds:
+            print(f"demo kafka    CRONWHEEL_KAFKA_USERNAME={creds.username}"
+                  f" CRONWHEEL_KAFKA_PASSWORD={creds.password}")  # fmt: skip
     _supervise(_dev_services())
 
 

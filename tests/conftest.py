@@ -19,6 +19,7 @@ def servers() -> Servers:
     with provide() as s:
         yield s
         kafkasupport.delete_topics(s.kafka_bootstrap, _prefixes)
+        kafkasupport.revoke(s.kafka_bootstrap, _prefixes)
 
 
 @pytest.fixture(scope="session")
@@ -55,22 +56,24 @@ def kafka_bootstrap(servers: Servers) -> str:
     return servers.kafka_bootstrap
 
 
-def _new_topic_prefix() -> str:
+def _new_topic_prefix(servers: Servers) -> str:
     prefix = f"t{uuid.uuid4().hex[:10]}"
     _prefixes.append(prefix)
+    kafkasupport.grant(servers.kafka_bootstrap, prefix)
     return prefix
 
 
 @pytest.fixture
-def topic_prefix() -> str:
+def topic_prefix(servers: Servers) -> str:
     """Topics of this test start with this, so tests never read each other's records.
-    They are deleted when the session ends (a broker that kept every test's topics
-    ran out of file descriptors after a day of runs)."""
-    return _new_topic_prefix()
+    The platform's principals get their ACLs for it (as `cronwheel up` grants them
+    for `cw`). Topics and ACLs are deleted when the session ends (a broker that
+    kept every test's topics ran out of file descriptors after a day of runs)."""
+    return _new_topic_prefix(servers)
 
 
 @pytest.fixture(scope="session")
-def new_topic_prefix():
+def new_topic_prefix(servers: Servers):
     """topic_prefix for fixtures wider than a test: call it for a prefix whose
     topics are deleted when the session ends."""
-    return _new_topic_prefix
+    return lambda: _new_topic_prefix(servers)

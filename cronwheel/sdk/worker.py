@@ -69,6 +69,28 @@ NOT_DUE_FIRST_WAIT_S = 0.1
 NOT_DUE_MAX_WAIT_S = 30.0
 
 
+def kafka_security(username: str | None = None, password: str | None = None) -> dict:
+    """The consumer's SASL settings: the tenant's Kafka credentials (returned
+    once by `POST /v1/tenants`), from the arguments or else the environment
+    (CRONWHEEL_KAFKA_USERNAME, CRONWHEEL_KAFKA_PASSWORD; the protocol, default
+    SASL_PLAINTEXT with credentials, from CRONWHEEL_KAFKA_SECURITY_PROTOCOL,
+    the mechanism, default SCRAM-SHA-512, from CRONWHEEL_KAFKA_SASL_MECHANISM,
+    a CA bundle for TLS from CRONWHEEL_KAFKA_CA_FILE). None of them: no
+    authentication (a broker without SASL)."""
+    env = os.environ
+    username = username or env.get("CRONWHEEL_KAFKA_USERNAME") or None
+    password = password or env.get("CRONWHEEL_KAFKA_PASSWORD") or ""
+    default = "SASL_PLAINTEXT" if username else "PLAINTEXT"
+    conf = {"security.protocol": env.get("CRONWHEEL_KAFKA_SECURITY_PROTOCOL") or default}
+    if username:
+        conf["sasl.mechanism"] = env.get("CRONWHEEL_KAFKA_SASL_MECHANISM") or "SCRAM-SHA-512"
+        conf["sasl.username"] = username
+        conf["sasl.password"] = password
+    if ca := env.get("CRONWHEEL_KAFKA_CA_FILE"):
+        conf["ssl.ca.location"] = ca
+    return conf
+
+
 class Fail(Exception):
     """Raise from a handler to fail the attempt; `retryable=False` skips retries."""
 
@@ -110,6 +132,8 @@ class Worker:
         worker_id: str | None = None,
         drain_seconds: float = 30.0,
         consumer_config: dict | None = None,
+        kafka_username: str | None = None,
+        kafka_password: str | None = None,
     ):
         self.topic = topic
         self.handler = handler
@@ -122,7 +146,10 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.drain_seconds = drain_seconds
-        self.consumer_config = consumer_config or {}
+        self.consumer_config = {
+            **kafka_security(kafka_username, kafka_password),
+            **(consumer_config or {}),
+        }
         self._stop = threading.Event()
         self._offsets = OffsetTracker()
         self._committed_at = 0.0  # monotonic time of the poll loop's last commit

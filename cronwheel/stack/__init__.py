@@ -44,14 +44,29 @@ def status() -> dict:
     pg, kafka = _parts()
     supervised = read_state(config.project_home())
     services = {"services": supervised["services"]} if supervised else {}
+    bootstrap = config.kafka_bootstrap()
     return {
         **services,
         "database_url": config.database_url(),
-        "kafka_bootstrap": config.kafka_bootstrap(),
+        "kafka_bootstrap": bootstrap,
+        # For tools and tests: the observer principal's client settings (it reads
+        # every topic of the deployment, with group ids under its prefix, and
+        # writes nothing). CONTRACT.md, "Tenants' Kafka credentials".
+        "kafka_client": _kafka_client(bootstrap),
         "postgres": "external" if config.external_database() else _state(pg.pid),
         "kafka": "external" if config.external_kafka() else _state(kafka.pid),
         "home": str(config.project_home()),
     }
+
+
+def _kafka_client(bootstrap: str) -> dict:
+    from cronwheel.kafka import security
+
+    try:
+        conf = security("observer", bootstrap)
+    except (ValueError, KeyError):  # a credentials file of an older stack: no principals yet
+        conf = {}
+    return {"bootstrap.servers": bootstrap, **conf}
 
 
 def _state(pid_of) -> str:

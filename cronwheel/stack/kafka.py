@@ -11,12 +11,14 @@ for measuring the broker under other settings.
 from __future__ import annotations
 
 import base64
+import json
 import os
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
-from cronwheel import config
+from cronwheel import config, principals
 from cronwheel.stack.process import (
     StackError,
     pid_alive,
@@ -29,17 +31,39 @@ from cronwheel.stack.process import (
 )
 
 KAFKA_VERSION = "4.1.1"
+AUTH = "sasl-scram-sha-512"  # what the storage was formatted for (the `auth` marker)
 POM = Path(__file__).with_name("kafka-pom.xml")
 
+# One client listener with SASL SCRAM-SHA-512 (the broker's own connections
+# too, as the super user), the controller's with PLAIN (KRaft's controller
+# cannot check SCRAM: the credentials live in the metadata it serves), and
+# the StandardAuthorizer denying whatever no ACL allows. No listener takes
+# a client without credentials, and no topic is created by a client asking
+# for it: cronwheel/principals.py says who may do what.
 SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners=CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=CLIENT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT
+inter.broker.listener.name=CLIENT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.client.scram-sha-512.sasl.jaas.config=\
+org.apache.kafka.common.security.scram.ScramLoginModule required \
+username="{admin}" password="{admin_password}";
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config=\
+org.apache.kafka.common.security.plain.PlainLoginModule required \
+username="{admin}" password="{admin_password}" user_{admin}="{admin_password}";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:{admin}
+allow.everyone.if.no.acl.found=false
+auto.create.topics.enable=false
 log.dirs={log_dirs}
 num.partitions=8
 default.replication.factor=1
@@ -50,7 +74,6 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-auto.create.topics.enable=true
 delete.topic.enable=true
 log.retention.hours=24
 log.segment.bytes=67108864
@@ -114,6 +137,7 @@ class LocalKafka:
         self.pidfile = self.root / "kafka.pid"
         self.log = self.root / "kafka.log"
         self.stdout = self.root / "kafka.out"
+        self.auth_marker = self.root / "auth"
         self.port = config.KAFKA_PORT
         self.controller_port = config.KAFKA_CONTROLLER_PORT
 
@@ -141,11 +165,18 @@ class LocalKafka:
                     "CRONWHEEL_KAFKA_CONTROLLER_PORT or KAFKA_BOOTSTRAP"
                 )
         self.root.mkdir(parents=True, exist_ok=True)
+        passwords = self._passwords()
+        self._forget_storage_without_auth()
         self.props.write_text(
             SERVER_PROPERTIES.format(
-                port=self.port, controller_port=self.controller_port, log_dirs=self.data
+                port=self.port,
+                controller_port=self.controller_port,
+                log_dirs=self.data,
+                admin=principals.ADMIN,
+                admin_password=passwords["admin"],
             )
         )
+        self.props.chmod(0o600)
         log4j = self.root / "log4j2.properties"
         log4j.write_text(LOG4J2.format(log=self.log))
         classpath = f"{libs}/*"
@@ -163,9 +194,12 @@ class LocalKafka:
                     cluster_id,
                     "-c",
                     str(self.props),
+                    "--add-scram",
+                    f"SCRAM-SHA-512=[name={principals.ADMIN},password={passwords['admin']}]",
                 ],
                 "formatting Kafka storage",
             )
+            self.auth_marker.write_text(AUTH + "\n")
         with open(self.stdout, "ab") as out:
             proc = subprocess.Popen(
                 [
@@ -192,11 +226,58 @@ class LocalKafka:
             return self._answers()
 
         wait_until(answers, 90, "Kafka", on_fail=self._log_tail)
+        self.grant()
+
+    def grant(self) -> None:
+        """The platform's principals and their ACLs for the configured topic
+        prefix (idempotent: every `up` makes sure of them)."""
+        from cronwheel.kafka import admin
+
+        passwords = self._passwords()
+        roles = {r: passwords[r] for r in principals.ROLES}
+        prefix = config.load(config.Common).topic_prefix
+        principals.grant_platform(admin(self.bootstrap, principal="admin"), prefix, roles)
+
+    def _passwords(self) -> dict[str, str]:
+        """Every local principal's password (the admin's and each role's), made
+        on first use and kept in a file only this user can read."""
+        path = config.local_kafka_credentials()
+        try:
+            have = json.loads(path.read_text())
+        except FileNotFoundError:
+            have = {"passwords": {}}
+        old = have["passwords"]
+        names = ("admin", *principals.ROLES)
+        want = {
+            "bootstrap": self.bootstrap,
+            "passwords": {name: old.get(name) or principals.new_password() for name in names},
+        }
+        if want != have:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.touch(mode=0o600)
+            tmp.write_text(json.dumps(want, indent=1) + "\n")
+            tmp.replace(path)
+        return want["passwords"]
+
+    def _forget_storage_without_auth(self) -> None:
+        """Storage formatted before the broker required SASL has no admin
+        credentials: it is formatted again (the local stack's topics go)."""
+        if (self.data / "meta.properties").exists() and not self.auth_marker.exists():
+            print("cronwheel: the local Kafka storage predates SASL; formatting it again")
+            shutil.rmtree(self.data)
 
     def _answers(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        from cronwheel.kafka import security
+
+        conf = {
+            "bootstrap.servers": self.bootstrap,
+            "log_level": 0,
+            **security("admin", self.bootstrap),
+        }
+        admin = AdminClient(conf)
         try:
             md = admin.list_topics(timeout=2)
         except Exception:

@@ -170,7 +170,7 @@ class Dispatcher(ConsumerService):
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
         self._held_until: dict[tuple[str, int], int] = {}
-        self._admin = kafka.admin(self.bootstrap)
+        self._admin = kafka.admin(self.bootstrap, principal=self.name)
         # The run topics, by name: one per tenant, created when the tenant is;
         # read are those of the tenants whose partitions this instance leases.
         self.lease_tenant_topics(

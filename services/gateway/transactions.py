@@ -208,7 +208,7 @@ class Gateway:
 
         with self._admin_lock:
             if self._admin is None:
-                self._admin = admin(self.bootstrap)
+                self._admin = admin(self.bootstrap, principal="gateway")
             return self._admin
 
     def check_kafka(self) -> None:

@@ -62,7 +62,7 @@ class Relay:
     ):
         self.dsn = dsn
         # linger 1 ms: the relay already batches by reading the outbox in bulk.
-        self.producer = kafka.producer(bootstrap, **{"linger.ms": 1})
+        self.producer = kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1})
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
         if instance:
             self.leases.owner = instance
@@ -85,7 +85,7 @@ class Relay:
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
         self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
         # Class partitions of run topics; grows a topic a first non-normal record comes to.
-        self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap))
+        self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
 
     def run(self, stop: threading.Event) -> None:
         """Publish until `stop`. A lost database (a restart, a terminated
@@ -244,6 +244,7 @@ class Relay:
     def _produce(self, row_id: int, record: dict) -> None:
         self._inflight.add(row_id)
         # A full local queue is waited out (consumer.produce), never dropped.
+        # A topic the broker does not have was made by the placement first.
         produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))
 
     def _release_due(self) -> int:

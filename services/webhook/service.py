@@ -178,8 +178,10 @@ class WebhookService:
         self._tasks: set[asyncio.Task] = set()
         self._waiting: set[asyncio.Task] = set()
         self._active: set[tuple[str, int]] = set()
-        self._producer = kafka.producer(self.bootstrap)
-        self._dead_letters = DeadLetters(self._producer, self.topics.dead_letter, CONSUMER, log)
+        self._producer = kafka.producer(self.bootstrap, principal="webhook")
+        self._dead_letters = DeadLetters(
+            self._producer, self.topics.dead_letter, CONSUMER, log, self._make_topic
+        )
         # Webhook topics by name, announced by the dispatcher when it creates
         # one; read are those of the tenants whose partitions this instance
         # leases (cronwheel.assignment), renewed on the Kafka thread through a
@@ -225,9 +227,14 @@ class WebhookService:
         """Every consumer call on one thread: confluent-kafka blocks, the loop must not."""
         return await self._loop.run_in_executor(self._kafka_thread, fn, *args)
 
+    def _make_topic(self, name: str) -> None:
+        """The dead-letter topic, where it does not exist yet (its ACLs allow it)."""
+        kafka.ensure_topics([name], bootstrap=self.bootstrap, principal=CONSUMER)
+        log.info("created %s: it did not exist", name)
+
     def _subscribe(self) -> Consumer:
         self._consumer = kafka.consumer(
-            self.group_id, self.bootstrap, on_commit=consuming.on_commit
+            self.group_id, self.bootstrap, principal=CONSUMER, on_commit=consuming.on_commit
         )
         return self._consumer
 

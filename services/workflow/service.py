@@ -94,12 +94,14 @@ class WorkflowService(ConsumerService):
     # -- the loop ---------------------------------------------------------------
     def open(self) -> Consumer:
         kafka.ensure_topics(
-            [self.topics.run_completed, self.topics.dead_letter], bootstrap=self.bootstrap
+            [self.topics.run_completed, self.topics.dead_letter],
+            bootstrap=self.bootstrap,
+            principal=self.name,
         )
         conf = {"session.timeout.ms": self.session_timeout_ms, "on_commit": consuming.on_commit}
         if self.group_instance_id:
             conf["group.instance.id"] = self.group_instance_id
-        consumer = kafka.consumer(self.group_id, self.bootstrap, **conf)
+        consumer = kafka.consumer(self.group_id, self.bootstrap, principal=self.name, **conf)
         consumer.subscribe(
             [self.topics.run_completed], on_revoke=lambda c, ps: self.offsets.give_up(c, ps)
         )

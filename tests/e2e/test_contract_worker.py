@@ -38,13 +38,18 @@ def _free_port() -> int:
 class ContractWorker:
     """What a team would write from the contract alone."""
 
-    def __init__(self, bootstrap: str, topic: str, api: httpx.Client):
+    def __init__(self, topic: str, api: httpx.Client, kafka: dict):
         self.schema = json.loads(SCHEMA_FILE.read_text())
         self.parsed = fastavro.parse_schema(self.schema)
         self.fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(self.parsed), "CRC-64-AVRO"))
         self.api = api
+        # The `kafka` credentials of POST /v1/tenants, as any Kafka client takes them.
         self.consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": f"contract-{uuid.uuid4().hex[:6]}",
+            {"bootstrap.servers": kafka["bootstrap"],
+             "security.protocol": kafka["security_protocol"],
+             "sasl.mechanism": kafka["sasl_mechanism"],
+             "sasl.username": kafka["username"], "sasl.password": kafka["password"],
+             "group.id": f"{kafka['group_prefix']}contract-{uuid.uuid4().hex[:6]}",
              "auto.offset.reset": "earliest", "enable.auto.commit": True}
         )  # fmt: skip
         self.consumer.subscribe([topic])
@@ -126,7 +131,7 @@ def test_contract_worker__start_retry_heartbeat_lease_fencing(platform, kafka_bo
         },
     )
     assert job.status_code == 201, job.text
-    worker = ContractWorker(kafka_bootstrap, job.json()["topic"], api)
+    worker = ContractWorker(job.json()["topic"], api, acme["kafka"])
     try:
         # Attempt 1: start wins once; another start and another tenant are refused.
         run_id = api.post(f"/v1/jobs/{job.json()['job_id']}/trigger").json()["run_id"]

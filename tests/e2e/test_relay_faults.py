@@ -44,7 +44,7 @@ def launch(database_url, kafka_bootstrap, topic_prefix):
 
 def records_on(bootstrap: str, topic: str) -> int:
     """How many records the topic holds, from its partitions' watermarks."""
-    c = kafka.consumer(f"test-{uuid.uuid4().hex[:8]}", bootstrap)
+    c = kafka.consumer(f"test-{uuid.uuid4().hex[:8]}", bootstrap, principal="observer")
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         total = 0

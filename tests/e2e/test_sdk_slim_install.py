@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import test_sdk_worker
+from tests.support.kafka import worker_env
 from tests.support.procs import ROOT
 from tests.support.wait import wait_for
 
@@ -108,7 +109,7 @@ def test_slim_install__example_worker_completes_a_run(slim_python, platform, kaf
     worker = subprocess.Popen(
         [slim_python, ROOT / "examples" / "worker.py", job.json()["topic"]],
         env=_clean_env(CRONWHEEL_URL=base, CRONWHEEL_API_KEY=tenant["api_key"],
-                       KAFKA_BOOTSTRAP=kafka_bootstrap),
+                       KAFKA_BOOTSTRAP=kafka_bootstrap, **worker_env(tenant["kafka"])),
         cwd=slim_python.parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

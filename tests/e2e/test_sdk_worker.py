@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.support.kafka import worker_env
 from tests.support.procs import PYTHON, ROOT, launcher
 from tests.support.wait import wait_for
 
@@ -63,9 +64,12 @@ def platform(database_url, kafka_bootstrap, topic_prefix):
 
 
 class WorkerProc:
-    def __init__(self, topic, base, key, database_url, kafka_bootstrap, **extra):
-        env = {**os.environ, "CRONWHEEL_URL": base, "CRONWHEEL_API_KEY": key,
-               "KAFKA_BOOTSTRAP": kafka_bootstrap, "EFFECTS_DSN": database_url, **extra}  # fmt: skip
+    """The SDK worker as a tenant runs it: its API key and Kafka credentials."""
+
+    def __init__(self, topic, base, tenant, database_url, kafka_bootstrap, **extra):
+        env = {**os.environ, "CRONWHEEL_URL": base, "CRONWHEEL_API_KEY": tenant["api_key"],
+               "KAFKA_BOOTSTRAP": kafka_bootstrap, "EFFECTS_DSN": database_url,
+               **worker_env(tenant["kafka"]), **extra}  # fmt: skip
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tests.support.sdk_worker", topic], env=env, cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -105,7 +109,7 @@ def test_sdk__outcomes__success_retry_and_fatal(platform, database_url, kafka_bo
         _job(api, {"fail": "retry"}),
         _job(api, {"fail": "fatal"}),
     )
-    worker = WorkerProc(ok["topic"], base, tenant["api_key"], database_url, kafka_bootstrap)
+    worker = WorkerProc(ok["topic"], base, tenant, database_url, kafka_bootstrap)
     try:
         ids = [
             api.post(f"/v1/jobs/{j['job_id']}/trigger").json()["run_id"] for j in (ok, flaky, fatal)
@@ -127,7 +131,7 @@ def test_sdk__outcomes__success_retry_and_fatal(platform, database_url, kafka_bo
 def test_sdk__sigterm__finishes_the_run_it_holds(platform, database_url, kafka_bootstrap):
     launch, api, env, base, tenant = platform
     job = _job(api, {"sleep_s": 2})
-    worker = WorkerProc(job["topic"], base, tenant["api_key"], database_url, kafka_bootstrap)
+    worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
     run_id = api.post(f"/v1/jobs/{job['job_id']}/trigger").json()["run_id"]
     wait_for(
         lambda: api.get(f"/v1/runs/{run_id}").json()["state"] == "RUNNING",
@@ -145,7 +149,7 @@ def test_sdk__kill_dispatcher_and_worker_repeatedly__every_run_terminal_once(
     launch, api, env, base, tenant = platform
     job = _job(api, {"sleep_s": 0.15}, every_ms=250)
     rnd = random.Random(7)
-    worker = WorkerProc(job["topic"], base, tenant["api_key"], database_url, kafka_bootstrap)
+    worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
     dispatcher = next(p for p in launch.started if p.name == "dispatcher")
     kills = 0
     try:
@@ -154,9 +158,7 @@ def test_sdk__kill_dispatcher_and_worker_repeatedly__every_run_terminal_once(
             time.sleep(rnd.uniform(0.5, 2.0))  # the fault schedule: random gaps between kills
             if rnd.random() < 0.5:
                 worker.kill()
-                worker = WorkerProc(
-                    job["topic"], base, tenant["api_key"], database_url, kafka_bootstrap
-                )
+                worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
             else:
                 dispatcher.kill()
                 dispatcher = launch.start("dispatcher", **env)

@@ -26,6 +26,7 @@ from cronwheel.store.jobs import Jobs, create_tenant
 from tests.e2e.test_sdk_worker import OPERATOR_KEY, _free_port
 from tests.e2e.test_tenant_churn import read_all, records_on
 from tests.integration.test_webhook_delivery import Receiver
+from tests.support.kafka import tenant_credentials, worker_env
 from tests.support.procs import PYTHON, ROOT, launcher
 from tests.support.wait import wait_for
 
@@ -98,6 +99,7 @@ def test_tenant_burst__queue_webhook_managed_jobs_while_runs_flow_under_load__ev
                     "EFFECTS_DSN": database_url,
                     "CRONWHEEL_URL": base,
                     "CRONWHEEL_API_KEY": steady["api_key"],
+                    **worker_env(tenant_credentials(kafka_bootstrap, topics, steady["tenant_id"])),
                 },
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

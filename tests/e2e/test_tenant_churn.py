@@ -33,10 +33,16 @@ def test_tenant_churn__new_run_topics_while_runs_flow__dispatcher_stays_up__ever
     database_url, kafka_bootstrap, topic_prefix
 ):
     topics = Topics(topic_prefix)
-    producer = kafka.producer(kafka_bootstrap)
+    producer = kafka.producer(kafka_bootstrap, principal="relay")
     sent: set[str] = set()
+    made: set[str] = set()
 
     def send(tenant: str, n: int) -> None:
+        if tenant not in made:  # the broker creates no topic on a produce
+            kafka.ensure_topics(
+                [topics.runs(tenant)], kafka.RUN_PARTITIONS, kafka_bootstrap, principal="dispatcher"
+            )
+            made.add(tenant)
         for i in range(n):
             run_id = f"{tenant}-r{i}"
             producer.produce(topics.runs(tenant), key=run_id.encode(), value=ready(tenant, run_id))
@@ -50,8 +56,8 @@ def test_tenant_churn__new_run_topics_while_runs_flow__dispatcher_stays_up__ever
         wait_for(lambda: "dispatcher starting" in dispatcher.log(), timeout=30, what="start")
         tenants = [f"burst{i}{uuid.uuid4().hex[:4]}" for i in range(TENANTS)]
         for i, tenant in enumerate(tenants):
-            # Each new tenant's first record creates its run topic (as the relay's
-            # first produce does); the runs of earlier tenants keep flowing.
+            # Each new tenant's run topic is made just before its first record;
+            # the runs of earlier tenants keep flowing.
             send(tenant, 3)
             send(tenants[i // 2], 1) if i else None
             assert producer.flush(30) == 0
@@ -81,7 +87,7 @@ def _partitions(c, prefix: str) -> list[TopicPartition]:
 
 def records_on(bootstrap: str, prefix: str) -> int:
     """Records the topics starting with `prefix` hold, duplicates included."""
-    c = kafka.consumer(f"count-{uuid.uuid4().hex[:8]}", bootstrap)
+    c = kafka.consumer(f"count-{uuid.uuid4().hex[:8]}", bootstrap, principal="observer")
     try:
         total = 0
         for tp in _partitions(c, prefix):
@@ -100,7 +106,7 @@ def records_on(bootstrap: str, prefix: str) -> int:
 def read_all(bootstrap: str, prefix: str) -> list[str]:
     """Every record's run_id on those topics, by explicit assignment (a pattern
     subscription reads partitions again when its topics grow)."""
-    c = kafka.consumer(f"read-{uuid.uuid4().hex[:8]}", bootstrap)
+    c = kafka.consumer(f"read-{uuid.uuid4().hex[:8]}", bootstrap, principal="observer")
     try:
         ends = {}
         parts = []

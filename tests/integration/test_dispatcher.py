@@ -43,10 +43,16 @@ def ready(
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]], **kw) -> None:
-    p = kafka.producer(bootstrap)
+    # The broker creates no topic on a produce: a run topic exists before its
+    # first record (the dispatcher makes it when the tenant appears).
+    kafka.ensure_topics([topic], bootstrap=bootstrap, principal="dispatcher")
+    p = kafka.producer(bootstrap, principal="relay")  # run topics are the relay's to write
+    errors = []
     for key, value in records:
-        p.produce(topic, value=value, key=key, **kw)
-    assert p.flush(30) == 0
+        p.produce(
+            topic, value=value, key=key, on_delivery=lambda e, _m: e and errors.append(e), **kw
+        )
+    assert p.flush(30) == 0 and errors == []
 
 
 NO_LEADER_YET = {
@@ -60,7 +66,7 @@ class Broker:
     """What the tests read back: record counts and a consumer group's progress."""
 
     def __init__(self, bootstrap: str, group: str):
-        self.c = kafka.consumer(group, bootstrap)
+        self.c = kafka.consumer(group, bootstrap, principal="dispatcher")  # its group's offsets
 
     def partitions(self, topic: str) -> list[TopicPartition]:
         meta = self.c.list_topics(topic, timeout=10).topics[topic]
@@ -150,7 +156,7 @@ def test_duplicate__same_run_and_attempt__forwarded_once__next_attempt_forwarded
     assert attempts == [1, 2]
 
     # A dispatcher that rereads the whole topic (new group) forwards nothing again.
-    group = f"{topics.prefix}.again"
+    group = f"{topics.prefix}.dispatcher-again"  # a group of the dispatcher's ACLs
     again = Broker(kafka_bootstrap, group)
     try:
         with running(Dispatcher(database_url, kafka_bootstrap, topics, group_id=group)):
@@ -213,7 +219,7 @@ def test_new_tenant__row_committed__run_topic_created_and_read_without_waiting_f
     topic and subscribes by name. The broker scan is off (an hour), so only the
     notification can explain the forward."""
     tenant = f"new{uuid.uuid4().hex[:6]}"
-    admin = kafka.admin(kafka_bootstrap)
+    admin = kafka.admin(kafka_bootstrap, principal="observer")
     with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
         wait_for(lambda: d.watch.names is not None and d._consumer is not None, what="started")
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -237,7 +243,7 @@ def test_job_created__its_queue_topic_made_before_any_run__announced_destination
     """The jobs trigger names the job's destination; the dispatcher creates the
     topic then, so the first run's forward does not wait for a CreateTopics
     (and a worker that subscribes to the job's topic finds it)."""
-    admin = kafka.admin(kafka_bootstrap)
+    admin = kafka.admin(kafka_bootstrap, principal="observer")
     with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
         wait_for(lambda: d._consumer is not None, what="started")
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -366,7 +372,7 @@ def test_webhook_and_managed_forwards__placed_in_their_class_partitions(
     produce(kafka_bootstrap, topics.runs("acme"), [(k.encode(), v) for k, v in sent.items()])
     with running(Dispatcher(database_url, kafka_bootstrap, topics)):
         got = drain(kafka_bootstrap, f"^{topics.prefix}\\.(webhook|managed)\\..*", want=len(sent))
-    n = len(kafka.admin(kafka_bootstrap).list_topics(topics.webhook("acme")).topics[
+    n = len(kafka.admin(kafka_bootstrap, principal="observer").list_topics(topics.webhook("acme")).topics[
         topics.webhook("acme")].partitions)  # fmt: skip
     assert n >= 4
     classes = {key.decode(): class_of_partition(msg.partition(), n) for _t, key, _n, _d, msg in got}

@@ -29,7 +29,7 @@ def topics(topic_prefix) -> Topics:
 
 
 def group_state(bootstrap: str, group: str):
-    admin = kafka.admin(bootstrap)
+    admin = kafka.admin(bootstrap, principal="dispatcher")  # describes its own group
     return admin.describe_consumer_groups([group])[group].result(10)
 
 
@@ -37,7 +37,9 @@ def test_two_instances__tenants_split_by_lease__handed_over_on_stop__every_run_f
     database_url, kafka_bootstrap, topics
 ):
     tenants = [f"acme{i}" for i in range(TENANTS)]
-    kafka.ensure_topics([topics.runs(t) for t in tenants], partitions=kafka.RUN_PARTITIONS)
+    kafka.ensure_topics(
+        [topics.runs(t) for t in tenants], partitions=kafka.RUN_PARTITIONS, principal="dispatcher"
+    )
     queues = [topics.queue(t, "billing") for t in tenants]
     sent: list[str] = []
 

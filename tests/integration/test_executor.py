@@ -286,7 +286,7 @@ def test_poison__on_every_partition__dead_lettered_counted__runs_behind_it_still
     assert platform.finished(tenant, first)["state"] == "SUCCEEDED"
     topic = platform.topics.managed(tenant["tenant_id"])
     bootstrap = platform.executor.bootstrap
-    producer = kafka.producer(bootstrap)
+    producer = kafka.producer(bootstrap, principal="dispatcher")  # managed topics are its to write
     partitions = len(producer.list_topics(topic, timeout=10).topics[topic].partitions)
     before = platform.executor.dead_lettered_total
     for p in range(partitions):

@@ -19,6 +19,19 @@ from tests.support.kafka import drain
 pytestmark = pytest.mark.integration
 
 
+def _aio(role: str, bootstrap: str) -> dict:
+    """aiokafka's arguments for a platform role's SASL principal."""
+    conf = kafka.security(role, bootstrap)
+    out = {"security_protocol": conf["security.protocol"]}
+    if "sasl.username" in conf:
+        out.update(
+            sasl_mechanism=conf["sasl.mechanism"],
+            sasl_plain_username=conf["sasl.username"],
+            sasl_plain_password=conf["sasl.password"],
+        )
+    return out
+
+
 def _record(i: int) -> bytes:
     return events.run_ready(
         run_id=f"{i:032x}", tenant_id="ten_a", partition_id=1, attempt=1,
@@ -28,9 +41,9 @@ def _record(i: int) -> bytes:
 
 
 def test_confluent_kafka__idempotent_producer__records_round_trip(kafka_bootstrap, topic_prefix):
-    topic = f"{topic_prefix}.roundtrip"
-    kafka.ensure_topics([topic], partitions=3, bootstrap=kafka_bootstrap)
-    p = kafka.producer(kafka_bootstrap)
+    topic = f"{topic_prefix}.runs.roundtrip"  # a run topic: the relay writes it
+    kafka.ensure_topics([topic], partitions=3, bootstrap=kafka_bootstrap, principal="dispatcher")
+    p = kafka.producer(kafka_bootstrap, principal="relay")
     for i in range(20):
         p.produce(topic, key=f"{i:032x}".encode(), value=_record(i))
     assert p.flush(15) == 0
@@ -44,11 +57,15 @@ def test_confluent_kafka__idempotent_producer__records_round_trip(kafka_bootstra
 def test_aiokafka__the_faust_client__reads_and_writes_the_same_records(
     kafka_bootstrap, topic_prefix
 ):
-    topic = f"{topic_prefix}.aiokafka"
-    kafka.ensure_topics([topic], partitions=2, bootstrap=kafka_bootstrap)
+    topic = f"{topic_prefix}.runs.aiokafka"
+    kafka.ensure_topics([topic], partitions=2, bootstrap=kafka_bootstrap, principal="dispatcher")
 
     async def scenario() -> list[dict]:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=kafka_bootstrap,
+            enable_idempotence=True,
+            **_aio("relay", kafka_bootstrap),
+        )
         await producer.start()
         try:
             for i in range(5):
@@ -56,8 +73,8 @@ def test_aiokafka__the_faust_client__reads_and_writes_the_same_records(
         finally:
             await producer.stop()
         consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=kafka_bootstrap, group_id=f"{topic_prefix}-aio",
-            auto_offset_reset="earliest", enable_auto_commit=False,
+            topic, bootstrap_servers=kafka_bootstrap, group_id=f"{topic_prefix}.dispatcher",
+            auto_offset_reset="earliest", enable_auto_commit=False, **_aio("dispatcher", kafka_bootstrap),
         )  # fmt: skip
         await consumer.start()
         out: list[dict] = []

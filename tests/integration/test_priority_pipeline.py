@@ -35,8 +35,8 @@ class Arrivals:
     run (key) its broker timestamp, tenant and class."""
 
     def __init__(self, bootstrap: str, topics: list[str]):
-        kafka.ensure_topics(topics, bootstrap=bootstrap)
-        self.c = kafka.consumer(f"t-{uuid.uuid4().hex[:8]}", bootstrap)
+        kafka.ensure_topics(topics, bootstrap=bootstrap, principal="dispatcher")
+        self.c = kafka.consumer(f"t-{uuid.uuid4().hex[:8]}", bootstrap, principal="observer")
         meta = self.c.list_topics(timeout=10).topics
         self.c.assign(
             [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions]
@@ -70,7 +70,9 @@ class Arrivals:
 def pipeline(url: str, bootstrap: str, topics: Topics, tenants: list[dict]):
     """The run topics made up front (the dispatcher finds them at once) and
     timer, relay and dispatcher running in this process."""
-    kafka.ensure_topics([topics.runs(t["tenant_id"]) for t in tenants], bootstrap=bootstrap)
+    kafka.ensure_topics(
+        [topics.runs(t["tenant_id"]) for t in tenants], bootstrap=bootstrap, principal="dispatcher"
+    )
     with (
         running(TimerService(url, topics, lease_ttl_ms=5_000, ahead_ms=0)),
         running(Relay(url, bootstrap, idle_ms=100)),
@@ -168,8 +170,8 @@ def test_dispatcher__normal_backlog_then_critical__critical_forwarded_next(
     the normal partitions while critical has records waiting."""
     topics = Topics(topic_prefix)
     source, dest = topics.runs("acme"), topics.queue("acme", "q")
-    kafka.ensure_topics([source], bootstrap=kafka_bootstrap)
-    p = kafka.producer(kafka_bootstrap)
+    kafka.ensure_topics([source], bootstrap=kafka_bootstrap, principal="dispatcher")
+    p = kafka.producer(kafka_bootstrap, principal="relay")
     for i in range(6000):
         key = f"n{i}".encode()
         p.produce(source, key=key, value=_ready("acme", f"n{i}", "normal"), partition=4 + i % 2)
@@ -206,12 +208,16 @@ def test_dispatcher__one_lane_tenants_backlog_then_critical_of_a_laid_out_tenant
     ones on a tenant whose topic is laid out by class."""
     topics = Topics(topic_prefix)
     lanes = [f"lane{i}" for i in range(20)]
-    kafka.ensure_topics([topics.runs(t) for t in lanes], partitions=1, bootstrap=kafka_bootstrap)
     kafka.ensure_topics(
-        [topics.runs("vip")], partitions=kafka.CLASS_PARTITIONS, bootstrap=kafka_bootstrap
-    )
+        [topics.runs(t) for t in lanes], partitions=1, bootstrap=kafka_bootstrap,
+        principal="dispatcher",
+    )  # fmt: skip
+    kafka.ensure_topics(
+        [topics.runs("vip")], partitions=kafka.CLASS_PARTITIONS, bootstrap=kafka_bootstrap,
+        principal="dispatcher",
+    )  # fmt: skip
     dests = [topics.queue(t, "q") for t in [*lanes, "vip"]]
-    p = kafka.producer(kafka_bootstrap)
+    p = kafka.producer(kafka_bootstrap, principal="relay")
     for t in lanes:
         for i in range(300):
             key = f"{t}-n{i}".encode()
@@ -250,8 +256,8 @@ def test_dispatch_quota__bucket_paces_a_tenant__held_records_follow__nothing_los
             [tenant],
         )
         source, dest = topics.runs(tenant), topics.queue(tenant, "q")
-        kafka.ensure_topics([source], bootstrap=kafka_bootstrap)
-        p = kafka.producer(kafka_bootstrap)
+        kafka.ensure_topics([source], bootstrap=kafka_bootstrap, principal="dispatcher")
+        p = kafka.producer(kafka_bootstrap, principal="relay")
         for i in range(30):
             p.produce(source, key=f"r{i}".encode(), value=_ready(tenant, f"r{i}", "normal"))
         assert p.flush(30) == 0

@@ -22,7 +22,7 @@ def client(database_url, kafka_bootstrap, topic_prefix):
 
 
 def _partitions(bootstrap: str, topic: str) -> int:
-    meta = kafka.admin(bootstrap).list_topics(topic, timeout=10).topics[topic]
+    meta = kafka.admin(bootstrap, principal="observer").list_topics(topic, timeout=10).topics[topic]
     return len(meta.partitions) if meta.error is None else 0
 
 

@@ -36,7 +36,7 @@ def partitions_of(admin, topic: str) -> int:
 def test_run_topic__one_lane_until_a_critical_run__grown_to_a_partition_per_class__all_read(
     database_url, kafka_bootstrap, topics
 ):
-    admin = kafka.admin(kafka_bootstrap)
+    admin = kafka.admin(kafka_bootstrap, principal="observer")
     with psycopg.connect(database_url, autocommit=True) as conn:
         tenant = create_tenant(conn, "growing")["tenant_id"]
         run_topic, queue = topics.runs(tenant), topics.queue(tenant, "billing")

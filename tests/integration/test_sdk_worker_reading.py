@@ -11,12 +11,10 @@ from __future__ import annotations
 import threading
 import uuid
 
-from confluent_kafka import Producer
-
-from cronwheel import kafka
+from cronwheel import kafka, principals
 from cronwheel.core.avro import default_registry
 from cronwheel.sdk.worker import Worker
-from tests.support.kafka import delete_topics
+from tests.support.kafka import delete_topics, tenant_credentials
 from tests.support.wait import wait_for
 
 
@@ -67,9 +65,12 @@ def _run_ready(run_id: str) -> bytes:
 def test_worker__start_batch_out__reads_on_and_starts_the_rest_together(
     kafka_bootstrap, topic_prefix
 ):
-    topic = f"{topic_prefix}.queue.reading"
-    kafka.ensure_topics([topic], partitions=1, bootstrap=kafka_bootstrap)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    topics = kafka.Topics(topic_prefix)
+    topic = topics.queue("ten_reading", "reading")
+    # The dispatcher makes and writes queue topics; the worker reads as its tenant.
+    kafka.ensure_topics([topic], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    producer = kafka.producer(kafka_bootstrap, principal="dispatcher")
+    creds = tenant_credentials(kafka_bootstrap, topics, "ten_reading")
 
     def produce(run_id: str) -> None:
         producer.produce(topic, key=run_id.encode(), value=_run_ready(run_id))
@@ -81,8 +82,10 @@ def test_worker__start_batch_out__reads_on_and_starts_the_rest_together(
         lambda run: {"ok": run.run_id},
         api_url="http://127.0.0.1:9",
         bootstrap=kafka_bootstrap,
-        group_id=f"{topic_prefix}.reading-{uuid.uuid4().hex[:6]}",
+        group_id=f"{principals.tenant_group_prefix(topics, 'ten_reading')}{uuid.uuid4().hex[:6]}",
         concurrency=8,
+        kafka_username=creds and creds.username,
+        kafka_password=creds and creds.password,
     )
     worker._api.close()
     worker._api = gateway

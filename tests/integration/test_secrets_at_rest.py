@@ -117,6 +117,10 @@ def test_secrets__in_no_table_but_their_own__replays_say_not_shown_again(
         batch = call("batch", "/v1/jobs/batch", {"jobs": [HOOK, MANAGED]})
         key = call("key", "/v1/keys", {"label": "second"})
         rotated = call("rotate", f"/v1/jobs/{hook['job_id']}/rotate-secret", {})
+        headers = idem(OPERATOR)
+        kafka_path = f"/v1/tenants/{made.json()['tenant_id']}/kafka-credentials"
+        calls["kafka"] = (kafka_path, {}, headers, c.post(kafka_path, json={}, headers=headers))
+        assert calls["kafka"][3].status_code == 200, calls["kafka"][3].text
         run = c.post(f"/v1/jobs/{managed['job_id']}/trigger", headers=tenant).json()
 
         secrets = {
@@ -126,6 +130,8 @@ def test_secrets__in_no_table_but_their_own__replays_say_not_shown_again(
             "batch hook secret": batch["results"][0]["job"]["signing_secret"]["secret"],
             "rotated secret": rotated["secret"],
             "operator key": OPERATOR_KEY,
+            "tenant kafka password": made.json()["kafka"]["password"],
+            "rotated kafka password": calls["kafka"][3].json()["kafka"]["password"],
         }
         with psycopg.connect(database_url, autocommit=True) as conn:
             for what, value in secrets.items():
@@ -142,7 +148,8 @@ def test_secrets__in_no_table_but_their_own__replays_say_not_shown_again(
 
         # Each replay: the same status and answer, the secret null and named.
         hidden = {
-            "tenant": ["api_key"],
+            "tenant": ["api_key", "kafka.password"],
+            "kafka": ["kafka.password"],
             "hook": ["signing_secret.secret"],
             "managed": [],
             "batch": ["results.0.job.signing_secret.secret"],

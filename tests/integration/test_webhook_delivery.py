@@ -159,6 +159,7 @@ def tenant(conn, topics, kafka_bootstrap) -> dict:
         [topics.runs(t["tenant_id"]), topics.webhook(t["tenant_id"])],
         partitions=2,
         bootstrap=kafka_bootstrap,
+        principal="dispatcher",
     )
     return t
 
@@ -558,7 +559,7 @@ def test_start__fails_other_than_a_refusal__record_dead_lettered_and_partition_m
             tenant["tenant_id"]
         )
         assert letter["reason"].startswith("StartRun failed: DataError: injected")
-        probe = kafka.consumer(service.group_id, kafka_bootstrap)
+        probe = kafka.consumer(service.group_id, kafka_bootstrap, principal="webhook")
         part = TopicPartition(letter["source_topic"], letter["source_partition"])
         try:
             wait_for(

@@ -177,7 +177,7 @@ def _committed_to_the_end(service: WebhookService, topic: str) -> bool:
     """The service's group has committed every partition of `topic` that holds
     records up to its end (a partition of a class no run had holds none and
     has nothing to commit)."""
-    c = kafka.consumer(service.group_id, service.bootstrap)
+    c = kafka.consumer(service.group_id, service.bootstrap, principal="webhook")
     try:
         n = len(c.list_topics(topic, timeout=10).topics[topic].partitions)
         parts = [TopicPartition(topic, p) for p in range(n)]

@@ -43,7 +43,8 @@ class Topic:
 
     def __init__(self, flow: Flow, service: WorkflowService, bootstrap: str):
         self.flow, self.service = flow, service
-        self.producer = kafka.producer(bootstrap)
+        # The relay writes run-completed; tenants cannot (cronwheel.principals).
+        self.producer = kafka.producer(bootstrap, principal="relay")
 
     def publish(self, *values: bytes) -> None:
         for value in values:
@@ -77,7 +78,9 @@ class Topic:
 @pytest.fixture
 def topic(database_url, kafka_bootstrap, flow):
     kafka.ensure_topics(
-        [flow.topics.run_completed, flow.topics.dead_letter], bootstrap=kafka_bootstrap
+        [flow.topics.run_completed, flow.topics.dead_letter],
+        bootstrap=kafka_bootstrap,
+        principal="workflow",
     )
     service = WorkflowService(database_url, kafka_bootstrap, flow.topics)
     t = Topic(flow, service, kafka_bootstrap)

@@ -455,8 +455,8 @@ def test_service__same_completion_twice_through_kafka__and_poison__one_effect_no
         partition_id=0, attempt=1, state="PENDING", finished_ms=now_ms(),
         workflow_run_id=wfr, node="b",
     )  # fmt: skip
-    kafka.ensure_topics([flow.topics.run_completed], bootstrap=kafka_bootstrap)
-    producer = kafka.producer(kafka_bootstrap)
+    kafka.ensure_topics([flow.topics.run_completed], bootstrap=kafka_bootstrap, principal="relay")
+    producer = kafka.producer(kafka_bootstrap, principal="relay")
     for v in (value, b"\xc3\x01garbage", bad, value):
         producer.produce(flow.topics.run_completed, key=key, value=v)  # one partition: in order
     assert producer.flush(30) == 0

@@ -1,4 +1,6 @@
-"""Reading records back from the real broker in tests."""
+"""Reading records back from the real broker in tests, as the platform's
+observer principal (cronwheel.principals: it reads every topic of a prefix and
+writes nothing), and the ACLs of each test's topic prefix."""
 
 from __future__ import annotations
 
@@ -6,8 +8,57 @@ import logging
 import time
 import uuid
 
-from cronwheel import kafka
+from cronwheel import kafka, principals
 from cronwheel.core.avro import default_registry
+
+OBSERVER_GROUPS = "cronwheel-observer."  # the observer's group prefix
+
+
+def grant(bootstrap: str, prefix: str) -> None:
+    """The platform's ACLs for a test's topic prefix, as `cronwheel up` grants
+    them for the stack's (the principals exist already). A broker without
+    authentication (servers named by KAFKA_BOOTSTRAP) has no ACLs to grant."""
+    if "sasl.username" not in kafka.security("admin", bootstrap):
+        return
+    principals.grant_platform(kafka.admin(bootstrap, principal="admin"), prefix)
+
+
+def tenant_credentials(bootstrap: str, topics, tenant_id: str) -> kafka.Credentials | None:
+    """A tenant's Kafka principal and its ACLs, made as the gateway makes them
+    for `POST /v1/tenants` (None on a broker without authentication)."""
+    if "sasl.username" not in kafka.security("admin", bootstrap):
+        return None
+    admin = kafka.admin(bootstrap, principal="admin")
+    password = principals.provision_tenant(admin, topics, tenant_id)
+    return kafka.Credentials(principals.tenant_username(tenant_id), password)
+
+
+def worker_env(creds: dict | kafka.Credentials | None) -> dict[str, str]:
+    """The SDK worker's environment for a tenant's Kafka credentials: the
+    `kafka` object of `POST /v1/tenants`, or Credentials (none: nothing)."""
+    if creds is None:
+        return {}
+    if isinstance(creds, kafka.Credentials):
+        return {
+            "CRONWHEEL_KAFKA_USERNAME": creds.username,
+            "CRONWHEEL_KAFKA_PASSWORD": creds.password,
+        }
+    return {
+        "CRONWHEEL_KAFKA_USERNAME": creds["username"],
+        "CRONWHEEL_KAFKA_PASSWORD": creds["password"],
+        "CRONWHEEL_KAFKA_SECURITY_PROTOCOL": creds["security_protocol"],
+        "CRONWHEEL_KAFKA_SASL_MECHANISM": creds["sasl_mechanism"],
+    }
+
+
+def revoke(bootstrap: str, prefixes: list[str]) -> None:
+    """The ACLs `grant` made for these prefixes. Best effort, as delete_topics."""
+    try:
+        admin = kafka.admin(bootstrap, principal="admin")
+        for prefix in prefixes:
+            principals.delete_acls_on_prefix(admin, prefix)
+    except Exception as exc:  # teardown must not fail a green session
+        logging.getLogger("tests").warning("could not delete test ACLs: %s", exc)
 
 
 def drain(
@@ -19,7 +70,8 @@ def drain(
 ) -> list[tuple]:
     """Consume until `want` records arrived or the deadline passed; returns
     (topic, key, record_name, datum, message) for each. Polls, never sleeps."""
-    c = kafka.consumer(group or f"test-{uuid.uuid4().hex[:8]}", bootstrap)
+    group = group or f"{OBSERVER_GROUPS}test-{uuid.uuid4().hex[:8]}"
+    c = kafka.consumer(group, bootstrap, principal="observer")
     c.subscribe([topic_or_pattern])
     out: list[tuple] = []
     deadline = time.monotonic() + timeout
@@ -42,7 +94,9 @@ def read_all(bootstrap: str, names: list[str], timeout: float = 30.0) -> list:
     is read like any other. Polls with a deadline."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    c = kafka.consumer(f"test-{uuid.uuid4().hex[:8]}", bootstrap)
+    c = kafka.consumer(
+        f"{OBSERVER_GROUPS}test-{uuid.uuid4().hex[:8]}", bootstrap, principal="observer"
+    )
     try:
         ends: dict[tuple[str, int], int] = {}
         for name in names:
@@ -75,7 +129,7 @@ def delete_topics(bootstrap: str, prefixes: list[str], timeout: float = 30.0) ->
         return 0
     starts = tuple(f"{p}." for p in prefixes)
     try:
-        admin = kafka.admin(bootstrap)
+        admin = kafka.admin(bootstrap, principal="admin")
         names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(starts)]
         for i in range(0, len(names), 500):
             futures = admin.delete_topics(names[i : i + 500], operation_timeout=timeout)
@@ -95,7 +149,7 @@ def run_topic_and_record(conn, topics, bootstrap: str) -> tuple[str, bytes]:
 
     tenant = create_tenant(conn, "acme")
     topic = topics.runs(tenant["tenant_id"])
-    kafka.ensure_topics([topic], bootstrap=bootstrap)
+    kafka.ensure_topics([topic], bootstrap=bootstrap, principal="dispatcher")
     value = events.run_ready(
         run_id="r", tenant_id=tenant["tenant_id"], partition_id=0, attempt=1,
         scheduled_ms=1, created_ms=1, priority="normal",

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 
 from cronwheel import kafka
 from cronwheel.core.errors import ValidationError
-from services.gateway import accounts
+from services.gateway import accounts, kafka_credentials
 from services.gateway import openapi as oa
 from services.gateway.auth import AnyCaller, TenantCaller
 from services.gateway.bodies import JsonObject, OptionalObject
@@ -40,6 +40,7 @@ TENANT = {
         "cell": {"type": "string"},
         "priority_classes": {"type": "array", "items": oa.PRIORITY},
         "api_key": {"type": "string", "description": "at creation only"},
+        "kafka": kafka_credentials.KAFKA,
     },
 }
 
@@ -52,7 +53,35 @@ TENANT = {
     summary="Create a tenant and its first API key (operator)",
 )
 def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
-    return gw.as_operator(who, lambda tx: accounts.new_tenant(tx.conn, body, gw.cell), 201)
+    def create(tx):
+        tenant = accounts.new_tenant(tx.conn, body, gw.cell)
+        # Made before the transaction commits: no tenant without its principal.
+        tenant["kafka"] = kafka_credentials.provision(gw, tenant["tenant_id"])
+        return tenant
+
+    return gw.as_operator(who, create, 201)
+
+
+@router.post(
+    "/v1/tenants/{tenant_id}/kafka-credentials",
+    responses=oa.ok(
+        {"type": "object", "properties": {"kafka": kafka_credentials.KAFKA}},
+        200,
+        403,
+        404,
+        409,
+        503,
+    ),  # fmt: skip
+    summary="A new Kafka password for a tenant, shown once; the old one stops working (operator)",
+)
+def rotate_kafka_credentials(gw: Gw, who: AnyCaller, tenant_id: str):
+    tid = ident(tenant_id, "tenant")
+
+    def rotate(tx):
+        accounts.get_tenant(tx.conn, tid)  # 404 for an unknown tenant
+        return {"tenant_id": tid, "kafka": kafka_credentials.rotate(gw, tid)}
+
+    return gw.as_operator(who, rotate)
 
 
 @router.get(
