@@ -23,7 +23,17 @@ import threading
 import time
 import uuid
 
-from common import describe, fresh_database, header, machine_load, say
+from common import (
+    delete_topics,
+    describe,
+    fresh_database,
+    grant,
+    header,
+    machine_load,
+    observer_group,
+    prefix_topics,
+    say,
+)
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from cronwheel import config, kafka
@@ -41,13 +51,16 @@ def main() -> None:
     header("bench_dispatch_quiet: one RunReady every 50 ms through the dispatcher")
     bootstrap = config.kafka_bootstrap()
     topics = Topics(f"bench{uuid.uuid4().hex[:8]}")
+    grant(topics.prefix)
     tenant = "ten_quiet"
     source, dest = topics.runs(tenant), topics.queue(tenant, "q")
-    kafka.ensure_topics([source, dest], bootstrap=bootstrap)
-    reader = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}", bootstrap)
+    # As the platform's roles: the dispatcher creates the topics, the relay
+    # writes the run topic, the observer reads the queue topic.
+    kafka.ensure_topics([source, dest], bootstrap=bootstrap, principal="dispatcher")
+    reader = kafka.consumer(observer_group(), bootstrap, principal="observer")
     parts = reader.list_topics(dest, timeout=10).topics[dest].partitions
     reader.assign([TopicPartition(dest, p, OFFSET_BEGINNING) for p in parts])
-    producer = kafka.producer(bootstrap, **{"linger.ms": 0})
+    producer = kafka.producer(bootstrap, principal="relay", **{"linger.ms": 0})
     latencies: list[float] = []
     with fresh_database() as url:
         stop = threading.Event()
@@ -77,6 +90,8 @@ def main() -> None:
             stop.set()
             thread.join(30)
             reader.close()
+            if mine := prefix_topics(topics.prefix):
+                delete_topics(mine)
     say(f"machine: {machine_load()}")
     say(
         f"quiet dispatch: {len(latencies)} of {args.records} records, produce() -> readable on"

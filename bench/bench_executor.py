@@ -11,7 +11,17 @@ import time
 import uuid
 
 import psycopg
-from common import Services, delete_topics, fresh_database, header, machine_load, percentile, say
+from common import (
+    Services,
+    completions_topic,
+    delete_topics,
+    fresh_database,
+    grant,
+    header,
+    machine_load,
+    percentile,
+    say,
+)
 
 from cronwheel.core.clock import now_ms, to_ms
 from cronwheel.kafka import Topics
@@ -87,7 +97,9 @@ def finished(conn) -> int:
 def throughput() -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
-    names: list[str] = []
+    grant(prefix)
+    completions_topic(topics)  # no workflow service here to create it
+    names: list[str] = [topics.run_completed]
     with fresh_database() as url:
         os.environ.update(  # read by the executor process
             CRONWHEEL_EXECUTOR_CONCURRENCY=str(CONCURRENCY),

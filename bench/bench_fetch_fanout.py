@@ -32,9 +32,11 @@ from common import (
     cpu_seconds,
     delete_topics,
     describe,
+    grant,
     header,
     kafka_broker_pid,
     machine_load,
+    observer_group,
     say,
     topics_ready,
 )
@@ -59,6 +61,7 @@ class Consumer:
         self._stop = threading.Event()
         self.consumer = kafka.consumer(
             group,
+            principal="observer",
             **{"statistics.interval.ms": 1000, "stats_cb": self._stats},
         )
         parts = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
@@ -91,13 +94,16 @@ class Consumer:
 
 def case(label: str, topics_n: int, members: int) -> None:
     prefix = f"benchfan{uuid.uuid4().hex[:8]}"
-    topics = [f"{prefix}.t{i}" for i in range(topics_n)]
-    kafka.ensure_topics(topics, partitions=PARTITIONS)
-    topics_ready(kafka.admin(), topics)  # records sent before would wait
+    # Run topics of the case's own prefix, as the platform's roles use them:
+    # created by the dispatcher, written by the relay, read by the observer.
+    topics = [f"{prefix}.runs.t{i}" for i in range(topics_n)]
+    grant(prefix)
+    kafka.ensure_topics(topics, partitions=PARTITIONS, principal="dispatcher")
+    topics_ready(kafka.admin(principal="observer"), topics)  # records sent before would wait
     targets = [(t, p) for t in topics for p in range(PARTITIONS)]
-    group = f"{prefix}-group"
+    group = observer_group(prefix)
     broker = kafka_broker_pid()
-    producer = kafka.producer(**{"linger.ms": 1})
+    producer = kafka.producer(principal="relay", **{"linger.ms": 1})
     consumers = [Consumer(group, topics, members, i) for i in range(members)]
     try:
         for c in consumers:

@@ -24,6 +24,7 @@ from common import (
     database_name,
     delete_topics,
     fresh_database,
+    grant,
     header,
     machine_load,
     now_ms,
@@ -65,6 +66,7 @@ def load_idle(url: str) -> None:
 def one_storm(label: str, template: str | None) -> float:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     with fresh_database(template) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = conn.execute("SELECT tenant_id FROM tenants ORDER BY name").fetchall()

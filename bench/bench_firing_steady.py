@@ -29,6 +29,7 @@ from common import (
     delete_topics,
     describe,
     fresh_database,
+    grant,
     header,
     machine_load,
     now_ms,
@@ -64,13 +65,16 @@ def idle_tenants(conn: psycopg.Connection, topics: Topics, n: int) -> list[str]:
     bulk_jobs(conn, idle, batch)
     names = [topics.runs(t["tenant_id"]) for t in idle]
     for i in range(0, len(names), 500):
-        kafka.ensure_topics(names[i : i + 500], partitions=kafka.RUN_PARTITIONS)
+        kafka.ensure_topics(
+            names[i : i + 500], partitions=kafka.RUN_PARTITIONS, principal="dispatcher"
+        )
     return names
 
 
 def case(label: str, spread_ms: int, idle: int) -> float:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)

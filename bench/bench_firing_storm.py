@@ -13,6 +13,7 @@ from common import (
     create_tenants,
     delete_topics,
     fresh_database,
+    grant,
     header,
     machine_load,
     say,
@@ -30,6 +31,7 @@ def main() -> None:
     header("bench_firing_storm: one-off jobs all due at one instant")
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)

@@ -64,14 +64,16 @@ from common import (
     delete_topics,
     describe,
     fresh_database,
+    grant,
     header,
     machine_load,
     percentile,
+    prefix_topics,
     say,
     vacuum_analyze,
 )
 
-from cronwheel import config, kafka
+from cronwheel import config
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs
@@ -408,6 +410,7 @@ def main() -> None:
     needed = warm + n_start + n_mixed // 2 + n_low // 2
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     profile = Path(tempfile.mkdtemp(prefix="cw-bench-prof-")) / "gateway.prof"
     servers = [m for m in ("httptools", "uvloop") if importlib.util.find_spec(m)]
     with fresh_database() as url:
@@ -507,8 +510,7 @@ def main() -> None:
             if args.profile:
                 profile_report(profile)
         finally:
-            names = kafka.admin().list_topics(timeout=10).topics
-            if mine := sorted(n for n in names if n.startswith(prefix + ".")):
+            if mine := prefix_topics(prefix):
                 delete_topics(mine)
             shutil.rmtree(profile.parent, ignore_errors=True)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import psycopg
 from bench_gateway import Call, OpenLoop
 from bench_lifecycle import CpuTimeline, Platform, profile_report
-from common import create_tenants, describe, fresh_database, header, machine_load, say
+from common import create_tenants, describe, fresh_database, grant, header, machine_load, say
 
 from cronwheel.core.clock import now_ms
 
@@ -127,6 +127,7 @@ def main() -> None:
         ap.error("--rate, --seconds, --batches >= 1 and --batch-size 1..1000")
     header("bench_job_create: registering jobs over HTTP")
     prefix = f"bj{uuid.uuid4().hex[:8]}"
+    grant(prefix)
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)

@@ -19,6 +19,11 @@ Each stage is its own process, as the services are:
 Producers are cronwheel.kafka.producer() (idempotent, acks=all, lz4) with the
 relay's linger of 1 ms; consumers are cronwheel.kafka.consumer() polled the
 way bench/common.py's Reader polls. Records carry 200 bytes, about a RunReady.
+Each stage authenticates as the platform role whose part it plays (the
+broker requires SASL and ACLs): the producer as the relay (it writes run
+topics), the forwarder as the dispatcher (its consumer group included), the
+last consumer as the observer; the topics are the case's own prefix's run
+and queue topics, created by the dispatcher's principal.
 Topics are fresh per case, and the stages run WARMUP_S before the window
 opens: fresh partitions written at the same time stall the broker's request
 handlers once, for 100-1,700 ms, 8-15 s after their first records, in writes
@@ -41,9 +46,11 @@ from common import (
     cpu_seconds,
     delete_topics,
     describe,
+    grant,
     header,
     kafka_broker_pid,
     machine_load,
+    observer_group,
     percentile,
     say,
     topics_ready,
@@ -61,7 +68,7 @@ PAD = b"x" * 190  # the record: "<produce ms>|" + padding, about 200 bytes
 
 
 def _produce_loop(topics: list[str], rate: int, aligned: bool, until: float) -> None:
-    producer = kafka.producer(**{"linger.ms": 1})
+    producer = kafka.producer(principal="relay", **{"linger.ms": 1})
     topics_ready(producer, topics)
     targets = [(t, p) for t in topics for p in range(PARTITIONS)]
     i = 0
@@ -83,16 +90,22 @@ def _produce_loop(topics: list[str], rate: int, aligned: bool, until: float) -> 
     producer.flush(10)
 
 
-def _consume_loop(topics: list[str], until: float, out, forward_to: list[str] | None) -> None:
+def _consume_loop(
+    topics: list[str], until: float, out, forward_to: list[str] | None, prefix: str
+) -> None:
     """Read every partition of `topics`; with forward_to, produce each record on
-    (same value, partition by its index) and report nothing; else report
-    (sent ms, read ms) pairs."""
-    consumer = kafka.consumer(f"floor-{uuid.uuid4().hex[:8]}")
+    (same value, partition by its index) and report nothing, as the dispatcher
+    (its principal and consumer group); else report (sent ms, read ms) pairs,
+    as the observer."""
+    if forward_to:
+        consumer = kafka.consumer(f"{prefix}.dispatcher", principal="dispatcher")
+    else:
+        consumer = kafka.consumer(observer_group("floor"), principal="observer")
     meta = topics_ready(consumer, topics)
     consumer.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in meta[t].partitions])
     producer = None
     if forward_to:
-        producer = kafka.producer()
+        producer = kafka.producer(principal="dispatcher")
         topics_ready(producer, forward_to)
     seen: list[tuple[int, int]] = []
     n = 0
@@ -124,16 +137,17 @@ def case(label: str, rate: int, window_s: int, aligned: bool = False, hops: int 
     prefix = f"floor{uuid.uuid4().hex[:8]}"
     first = [f"{prefix}.runs.t{i}" for i in range(TOPICS)]
     second = [f"{prefix}.q.t{i}" for i in range(TOPICS)] if hops == 2 else []
-    kafka.ensure_topics(first + second, partitions=PARTITIONS)
-    topics_ready(kafka.admin(), first + second)
+    grant(prefix)
+    kafka.ensure_topics(first + second, partitions=PARTITIONS, principal="dispatcher")
+    topics_ready(kafka.admin(principal="observer"), first + second)
     ctx = mp.get_context("spawn")  # no librdkafka handle crosses a fork
     out = ctx.Queue()
     t0 = time.time() + 3  # the processes' start-up, then the warm-up
     window = (t0 + WARMUP_S, t0 + WARMUP_S + window_s)
     end = window[1] + 2
-    procs = [ctx.Process(target=_consume_loop, args=(second or first, end, out, None))]
+    procs = [ctx.Process(target=_consume_loop, args=(second or first, end, out, None, prefix))]
     if hops == 2:
-        procs.append(ctx.Process(target=_consume_loop, args=(first, end, out, second)))
+        procs.append(ctx.Process(target=_consume_loop, args=(first, end, out, second, prefix)))
     procs.append(ctx.Process(target=_produce_loop, args=(first, rate, aligned, window[1])))
     broker = kafka_broker_pid()
 

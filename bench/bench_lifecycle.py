@@ -72,17 +72,21 @@ from common import (
     Reader,
     bulk_jobs,
     check_like_create,
+    completions_topic,
     cpu_seconds,
     create_tenants,
     delete_topics,
     describe,
     fresh_database,
+    grant,
     header,
     kafka_broker_pid,
     local_ports,
     machine_load,
     percentile,
+    prefix_topics,
     say,
+    tenant_kafka,
     vacuum_analyze,
     waited_seconds,
 )
@@ -174,14 +178,17 @@ class Platform:
     def start_workers(self, tenants: list[dict], topics: Topics, procs: int, concurrency: int):
         """`procs` worker processes; each runs one SDK Worker per tenant it serves
         (tenants dealt round-robin), `concurrency` each, a no-op handler that
-        notes its entry time per run."""
+        notes its entry time per run. Each Worker reads as its tenant's Kafka
+        principal (common.tenant_kafka: made as the gateway makes it)."""
         for i in range(procs):
             mine = tenants[i::procs]
             if not mine:
                 continue
             out = self.logdir / f"worker{i}.entries"
             self.entry_files.append(out)
-            targets = [[topics.queue(t["tenant_id"], QUEUE), t["api_key"]] for t in mine]
+            targets = [
+                [topics.queue(t["tenant_id"], QUEUE), t["api_key"], t["kafka"]] for t in mine
+            ]
             self._spawn(
                 f"worker{i}",
                 [sys.executable, __file__, "--worker", str(out), "--concurrency", str(concurrency)],
@@ -585,8 +592,8 @@ def worker_process(out: str, concurrency: int) -> None:
         entries.append((run.run_id, now_ms()))
 
     workers = [
-        Timed(topic, handle, api_key=key, concurrency=concurrency, drain_seconds=5)
-        for topic, key in json.loads(os.environ["BENCH_WORKER_TARGETS"])
+        Timed(topic, handle, api_key=key, concurrency=concurrency, drain_seconds=5, **creds)
+        for topic, key, creds in json.loads(os.environ["BENCH_WORKER_TARGETS"])
     ]
     signal.signal(signal.SIGTERM, lambda *_: [w.stop() for w in workers])
     signal.signal(signal.SIGINT, lambda *_: [w.stop() for w in workers])
@@ -976,11 +983,6 @@ def _span(times: list[int], origin: int) -> str:
     return f"+{times[0] - origin}..+{times[-1] - origin}" if times else "none"
 
 
-def my_topics(prefix: str) -> list[str]:
-    names = kafka.admin().list_topics(timeout=10).topics
-    return sorted(n for n in names if n.startswith(prefix + "."))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--profile", action="store_true", help="cProfile the gateway process")
@@ -1015,13 +1017,17 @@ def main() -> None:
     header("bench_lifecycle: fire -> dispatch -> SDK worker start -> complete")
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     profile = Path(tempfile.mkdtemp(prefix="cw-bench-prof-")) / "gateway.prof"
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)
+        for t in tenants:
+            t["kafka"] = tenant_kafka(topics, t["tenant_id"])
         queues = [topics.queue(t["tenant_id"], QUEUE) for t in tenants]
         runs = [topics.runs(t["tenant_id"]) for t in tenants]
-        kafka.ensure_topics(runs + queues)
+        kafka.ensure_topics(runs + queues, principal="dispatcher")
+        completions_topic(topics)  # no workflow service here to create it
         say(
             f"setup: fresh database, {TENANTS} tenants; `cronwheel serve gateway timer relay"
             f" dispatcher` as processes with default settings"
@@ -1066,7 +1072,8 @@ def main() -> None:
             if args.profile:
                 profile_report(profile)
         finally:
-            delete_topics(my_topics(prefix))
+            if mine := prefix_topics(prefix):
+                delete_topics(mine)
             shutil.rmtree(profile.parent, ignore_errors=True)
 
 

@@ -30,8 +30,10 @@ from common import (
     create_tenants,
     delete_topics,
     fresh_database,
+    grant,
     header,
     machine_load,
+    observer_group,
     percentile,
     say,
     vacuum_analyze,
@@ -120,8 +122,8 @@ class Arrivals:
 
     def __init__(self, topics: list[str], decode: bool = True):
         self.decode = decode
-        kafka.ensure_topics(topics)
-        self.c = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}")
+        kafka.ensure_topics(topics, principal="dispatcher")  # run or queue topics
+        self.c = kafka.consumer(observer_group(), principal="observer")
         deadline = time.monotonic() + 30
         meta = self.c.list_topics(timeout=10).topics
         while not all(t in meta and meta[t].partitions for t in topics):
@@ -184,6 +186,7 @@ def storm(total: int) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     counts = sizes(total)
+    grant(prefix)
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)
@@ -193,7 +196,7 @@ def storm(total: int) -> None:
         # The dispatcher finds the run topics at once; the queue topics exist, as
         # they do when workers consume them (else the first forwards wait for
         # their creation, a cold start no storm in production meets).
-        kafka.ensure_topics(runs_topics + queues)
+        kafka.ensure_topics(runs_topics + queues, principal="dispatcher")
         crit_per = CRITICAL // 10  # the 500 critical: 50 each for the 10 largest tenants
         say(
             f"setup: {total:,} normal one-off jobs across {TENANTS} tenants (largest"
@@ -345,8 +348,9 @@ def dispatcher_backlog(pausing: bool, backlog: int = 20_000, critical: int = 50)
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     source, dest = topics.runs("acme"), topics.queue("acme", "work")
-    kafka.ensure_topics([source])
-    p = kafka.producer()
+    grant(prefix)
+    kafka.ensure_topics([source], principal="dispatcher")
+    p = kafka.producer(principal="relay")  # run topics are the relay's to write
     for i in range(backlog):
         p.produce(
             source, key=f"n{i}".encode(), value=_ready(f"n{i}", "normal"), partition=4 + i % 2

@@ -46,10 +46,13 @@ from common import (
     delete_topics,
     describe,
     fresh_database,
+    grant,
     header,
     kafka_broker_pid,
     machine_load,
+    observer_group,
     percentile,
+    prefix_topics,
     say,
 )
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -66,6 +69,7 @@ def first_run(tenants: int, pace_ms: int, due_ms: int) -> None:
     header(f"first runs of {tenants} new tenants, each job due {due_ms} ms after its tenant")
     prefix = f"bt{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     made: list[tuple[str, int]] = []  # (tenant_id, scheduled_ms)
     with fresh_database() as url, Services(url, prefix, ("timer", "relay", "dispatcher")) as svc:
         say(f"load before: {machine_load()}")
@@ -124,11 +128,12 @@ def _idle_once(n: int, window_s: int) -> dict:
     """One measurement; its topics are deleted however it ends (thousands of
     tenants' topics left behind exhausted the broker's open files)."""
     prefix = f"bi{uuid.uuid4().hex[:8]}"
+    grant(prefix)
     try:
         return _measure_idle(prefix, n, window_s)
     finally:
-        names = kafka.admin().list_topics(timeout=30).topics
-        delete_topics([t for t in names if t.startswith(f"{prefix}.")])
+        if mine := prefix_topics(prefix):
+            delete_topics(mine)
 
 
 def _measure_idle(prefix: str, n: int, window_s: int) -> dict:
@@ -148,7 +153,7 @@ def _measure_idle(prefix: str, n: int, window_s: int) -> dict:
                     jobs.create_many(conn, t, [body], now_ms())
         wanted = {topics.runs(t["tenant_id"]) for t in tenants}
         wanted |= {topics.queue(t["tenant_id"], "q") for t in tenants}
-        admin = kafka.admin()
+        admin = kafka.admin(principal="observer")  # sees every topic of the prefix
         while True:
             present = set(admin.list_topics(timeout=30).topics)
             svc.check_alive()
@@ -164,7 +169,11 @@ def _measure_idle(prefix: str, n: int, window_s: int) -> dict:
         time.sleep(60 - time.time() % 60 + 5)
         meta = admin.list_topics(timeout=30).topics
         partitions = sum(len(t.partitions) for name, t in meta.items() if name.startswith(prefix))
-        cluster = sum(len(t.partitions) for t in meta.values())
+        # The whole broker's partitions, other prefixes' and internal topics
+        # included: only the admin principal may see them all (an operator's
+        # figure; the observer sees only granted prefixes).
+        everything = kafka.admin(principal="admin").list_topics(timeout=30).topics
+        cluster = sum(len(t.partitions) for t in everything.values())
         broker = kafka_broker_pid()
         before = svc.cpu()
         b0 = cpu_seconds(broker) if broker else 0.0
@@ -195,6 +204,7 @@ def restart(n: int) -> None:
     header(f"a dispatcher starting with {n} tenants, each with one run waiting")
     prefix = f"br{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     try:
         with fresh_database() as url:
             with psycopg.connect(url, autocommit=True) as conn:
@@ -202,10 +212,15 @@ def restart(n: int) -> None:
             # Run topics, and the queue topics their jobs' creation would have made.
             names = [topics.runs(t) for t in tenants]
             queues = [topics.queue(t, "q") for t in tenants]
+            # Created by the dispatcher's principal; the runs written by the relay's.
             for i in range(0, n, 500):
-                kafka.ensure_topics(names[i : i + 500], partitions=kafka.RUN_PARTITIONS)
-                kafka.ensure_topics(queues[i : i + 500], partitions=kafka.QUEUE_PARTITIONS)
-            producer = kafka.producer()
+                kafka.ensure_topics(
+                    names[i : i + 500], partitions=kafka.RUN_PARTITIONS, principal="dispatcher"
+                )
+                kafka.ensure_topics(
+                    queues[i : i + 500], partitions=kafka.QUEUE_PARTITIONS, principal="dispatcher"
+                )
+            producer = kafka.producer(principal="relay")
             for t in tenants:
                 value = events.run_ready(
                     run_id=f"run-{t}",
@@ -243,8 +258,8 @@ def restart(n: int) -> None:
             f"RESULT dispatcher start with {n} tenants: every waiting run forwarded in {last:.1f} s"
         )
     finally:
-        present = kafka.admin().list_topics(timeout=30).topics
-        delete_topics([t for t in present if t.startswith(f"{prefix}.")])
+        if mine := prefix_topics(prefix):
+            delete_topics(mine)
 
 
 def _rss_mb(pid: int) -> float:
@@ -261,7 +276,7 @@ def _p99(values: list[float]) -> str:
 def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float):
     """Each tenant's first record on its queue topic and on its run topic:
     their timestamps minus the scheduled instant."""
-    c = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}")
+    c = kafka.consumer(observer_group(), principal="observer")
     decode = default_registry().decode
     wanted = {topics.queue(t, "q"): at for t, at in made} | {topics.runs(t): at for t, at in made}
     got: dict[str, float] = {}

@@ -47,7 +47,7 @@ from common import (
     delete_topics,
     describe,
     fresh_database,
-    group_spread,
+    grant,
     header,
     kafka_broker_pid,
     local_ports,
@@ -74,7 +74,7 @@ PARTITIONS = 8  # of the webhook topic
 # for receivers nobody has measured.)
 PER_ENDPOINT = "256"
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON = ROOT / ".venv" / "bin" / "python"
+PYTHON = sys.executable  # the interpreter running the bench (.venv/bin/python under make bench)
 RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok"
 
 
@@ -203,7 +203,8 @@ class Bench:
         self.conn = psycopg.connect(url, autocommit=True)
         self.tenant = create_tenant(self.conn, "bench")
         self.topic = self.topics.webhook(self.tenant["tenant_id"])
-        kafka.ensure_topics([self.topic], partitions=PARTITIONS)
+        # The dispatcher's principal creates and writes webhook topics.
+        kafka.ensure_topics([self.topic], partitions=PARTITIONS, principal="dispatcher")
         body = {
             "name": "bench-hook",
             "schedule": {"every_ms": 86_400_000},
@@ -220,7 +221,7 @@ class Bench:
         self.spec = dict(
             zip(("target", "payload", "retry", "timeout_ms", "lease_ms"), row, strict=True)
         )
-        self.producer = kafka.producer()
+        self.producer = kafka.producer(principal="dispatcher")
         self._at = now_ms() - 60_000  # distinct trigger instants, all due
 
     def runs(self, n: int, priority: str = "normal") -> list[tuple[str, bytes]]:
@@ -382,6 +383,28 @@ class CpuMeter:
         return {k: 1000 * (v - self.before.get(k, 0.0)) / n for k, v in after.items()}
 
 
+def lease_spread(conn, group: str, members: int, timeout: float = 60) -> list[int]:
+    """The logical partitions leased by each webhook process once `members`
+    processes each hold some and together all 1,024. The service reads a
+    tenant's topic where it holds the tenant's lease (cronwheel.assignment),
+    not as a consumer group member: the group has no members to describe."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = sorted(
+            n
+            for (n,) in conn.execute(
+                "SELECT count(*) FROM partition_leases WHERE service = %s"
+                " AND owner IS NOT NULL AND expires_at > now() GROUP BY owner",
+                [group],
+            ).fetchall()
+        )
+        if len(held) >= members and sum(held) == 1024:
+            return held
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{group}: partitions leased {held} after {timeout:.0f} s")
+        time.sleep(0.2)  # polling the leases with a deadline
+
+
 def start_services(
     url: str, prefix: str, instances: int, logdir: Path, root: Path = ROOT
 ) -> list[subprocess.Popen]:
@@ -451,6 +474,7 @@ def main() -> None:
         return serve_receiver()
     header("bench_webhook: deliveries to a local receiver")
     prefix = f"bench{uuid.uuid4().hex[:8]}"
+    grant(prefix)
     receiver = Receiver()
     logdir = Path(tempfile.mkdtemp(prefix="cw-bench-webhook-"))
     with fresh_database() as url:
@@ -468,8 +492,8 @@ def main() -> None:
             warm = bench.runs(200)
             bench.produce(warm)
             bench.wait_done([r for r, _ in warm], procs, timeout=120)
-            held = group_spread(f"{prefix}.webhook", args.instances)
-            say(f"setup: partitions held by each process: {held}")
+            held = lease_spread(bench.conn, f"{prefix}.webhook", args.instances)
+            say(f"setup: tenant partitions leased by each process: {held}")
 
             records = bench.runs(args.burst)
             ids = [r for r, _ in records]

@@ -26,6 +26,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -37,13 +38,18 @@ import psycopg
 from common import (
     ROOT,
     Reader,
+    completions_topic,
     delete_topics,
     describe,
     fresh_database,
+    grant,
     header,
     machine_load,
+    observer_group,
     percentile,
+    prefix_topics,
     say,
+    tenant_kafka,
 )
 
 from cronwheel import config, kafka
@@ -54,7 +60,7 @@ from cronwheel.store.jobs import create_tenant
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.workflows import Workflows
 
-PYTHON = ROOT / ".venv" / "bin" / "python"
+PYTHON = sys.executable  # the interpreter running the bench (.venv/bin/python under make bench)
 LATENCY_SAMPLES = int(os.environ.get("BENCH_LATENCY_SAMPLES", "300"))
 TARGET_P99_MS = 50
 FAN_SIZES = tuple(int(x) for x in os.environ.get("BENCH_FAN_SIZES", "500,1000").split(","))
@@ -252,7 +258,7 @@ class LifecycleWorker:
 def sdk_worker(topics: Topics, tenant: dict, api_url: str):
     from cronwheel.sdk import Worker
 
-    kafka.ensure_topics([topics.queue(tenant["tenant_id"], QUEUE["queue"])])
+    kafka.ensure_topics([topics.queue(tenant["tenant_id"], QUEUE["queue"])], principal="dispatcher")
     worker = Worker(
         topics.queue(tenant["tenant_id"], QUEUE["queue"]),
         lambda run: None,
@@ -261,6 +267,7 @@ def sdk_worker(topics: Topics, tenant: dict, api_url: str):
         bootstrap=config.kafka_bootstrap(),
         concurrency=16,
         drain_seconds=5,
+        **tenant_kafka(topics, tenant["tenant_id"]),
     )
     thread = threading.Thread(target=worker.run, name="sdk-worker", daemon=True)
     return worker, thread
@@ -320,25 +327,28 @@ def _phases(conn, wfr: str, t0: int) -> str:
 # -- 0. why not faust ----------------------------------------------------------------
 
 
-def consumer_hop(samples: int = 500) -> None:
+def consumer_hop(topics: Topics, samples: int = 500) -> None:
     """The consumer hop alone, for the choice of client: one record produced at a
     time, timed until the handler sees it, for a faust-streaming agent and for a
     confluent-kafka loop shaped like the workflow service's (consume 1, then what
-    the client already fetched); plus each one's start-up to its first record."""
+    the client already fetched); plus each one's start-up to its first record.
+    On a run topic of the bench's prefix, as the platform's roles use one:
+    created by the dispatcher's principal, written by the relay's, read (and
+    committed, in an observer group) by the observer's."""
     bootstrap = config.kafka_bootstrap()
     for name, start in (
         ("confluent-kafka loop", _confluent_consumer),
         ("faust agent", _faust_agent),
     ):
-        topic = f"bench{uuid.uuid4().hex[:8]}.hop"
-        kafka.ensure_topics([topic], bootstrap=bootstrap)
+        topic = topics.runs(f"hop-{uuid.uuid4().hex[:8]}")
+        kafka.ensure_topics([topic], bootstrap=bootstrap, principal="dispatcher")
         seen: dict[bytes, float] = {}
         first = threading.Event()
         stop = threading.Event()
         t0 = time.monotonic()
         thread = threading.Thread(target=start, args=(bootstrap, topic, seen, first, stop))
         thread.start()
-        producer = kafka.producer(bootstrap, **{"linger.ms": 0})
+        producer = kafka.producer(bootstrap, principal="relay", **{"linger.ms": 0})
         i = 0
         while not first.is_set():  # probes until the consumer has its partitions
             producer.produce(topic, key=b"probe", value=b"probe%d" % i)
@@ -365,7 +375,7 @@ def consumer_hop(samples: int = 500) -> None:
 
 
 def _confluent_consumer(bootstrap, topic, seen, first, stop) -> None:
-    c = kafka.consumer(f"hop-{uuid.uuid4().hex[:8]}", bootstrap)
+    c = kafka.consumer(observer_group("hop"), bootstrap, principal="observer")
     c.subscribe([topic])
     try:
         while not stop.is_set():
@@ -388,10 +398,25 @@ def _faust_agent(bootstrap, topic, seen, first, stop) -> None:
     import faust
 
     datadir = tempfile.mkdtemp(prefix="cw-bench-faust-")  # not `<app id>-data` in the cwd
+    # The app id is its consumer group: the observer's. The observer creates no
+    # topic, so faust declares none (the topic exists) and makes no leader topic.
+    conf = kafka.security("observer", bootstrap)
+    credentials = (
+        faust.SASLCredentials(
+            username=conf["sasl.username"],
+            password=conf["sasl.password"],
+            mechanism=conf["sasl.mechanism"],
+        )
+        if "sasl.username" in conf
+        else None
+    )
     app = faust.App(
-        f"hop-{uuid.uuid4().hex[:8]}",
+        observer_group("hop"),
         datadir=datadir,
         broker=f"kafka://{bootstrap}",
+        broker_credentials=credentials,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
         value_serializer="raw",
         key_serializer="raw",
         store="memory://",
@@ -436,6 +461,7 @@ def main() -> None:
     header("bench_workflows: node release latency and a wide fan-out / fan-in")
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
+    grant(prefix)
     gateway = not args.no_gateway and importlib.util.find_spec("services.gateway.main") is not None
     addr = f"127.0.0.1:{_free_port()}"
     with fresh_database() as url:
@@ -454,7 +480,8 @@ def main() -> None:
         try:
             if not args.no_consumers:
                 say("the consumer hop alone (why the workflow service is not a faust agent):")
-                consumer_hop()
+                consumer_hop(topics)
+            completions_topic(topics)  # before the relay publishes a completion
             for name in ("relay", "workflow"):
                 procs.start(name)
             say(
@@ -498,9 +525,8 @@ def main() -> None:
             ok = True
         finally:
             procs.close(keep_logs=not ok)
-            delete_topics(
-                [runs_topic, topics.queue(tenant["tenant_id"], "bench"), topics.run_completed]
-            )
+            if mine := prefix_topics(prefix):  # the dead-letter topic included
+                delete_topics(mine)
 
 
 def _healthy(addr: str) -> bool:

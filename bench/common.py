@@ -11,6 +11,7 @@ timings.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import math
@@ -30,8 +31,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin import AclBindingFilter
 
-from cronwheel import config, kafka
+from cronwheel import config, kafka, principals
 from cronwheel.core.avro import default_registry
 from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
 from cronwheel.core.ids import partition_of
@@ -446,6 +448,93 @@ class Services:
 
 
 # -- Kafka ------------------------------------------------------------------
+#
+# The broker authenticates every client and allows each principal only what
+# cronwheel.principals grants its role, so every client here is the platform
+# role whose part it plays: the relay writes run topics, the dispatcher creates
+# run and queue (webhook, managed) topics and writes queue topics, the observer
+# reads for measurement (its consumer groups start OBSERVER_GROUPS), each
+# service describes its own consumer group. The admin principal only grants
+# the platform's ACLs for a benchmark's own topic prefix and deletes its
+# topics afterwards, as an operator would.
+
+OBSERVER_GROUPS = "cronwheel-observer."  # the observer's consumer group prefix
+
+
+def observer_group(name: str = "bench") -> str:
+    """A fresh consumer group id the observer principal may use."""
+    return f"{OBSERVER_GROUPS}{name}-{uuid.uuid4().hex[:8]}"
+
+
+def authenticated() -> bool:
+    """Whether the broker takes only authenticated clients (the local stack's
+    does); a broker named by KAFKA_BOOTSTRAP without SASL has no ACLs."""
+    return "sasl.username" in kafka.security("admin", config.kafka_bootstrap())
+
+
+def grant(prefix: str) -> None:
+    """The platform roles' ACLs for the benchmark's own topic prefix, as
+    `cronwheel up` grants them for the stack's `cw` (the principals exist
+    already); revoked when the benchmark's process exits. Nothing to do on a
+    broker without SASL."""
+    if not authenticated():
+        return
+    principals.grant_platform(kafka.admin(principal="admin"), prefix)
+    atexit.register(_revoke, prefix)
+
+
+def _revoke(prefix: str) -> None:
+    """The bindings `grant` made on the prefix's own resources, each exactly.
+    Not principals.delete_acls_on_prefix: it also deletes the bindings every
+    prefix's grant shares (the observer's consumer groups, `cronwheel-observer.`),
+    which the stack's `cw` and every other user of the broker still need."""
+    mine = [
+        AclBindingFilter(
+            b.restype,
+            b.name,
+            b.resource_pattern_type,
+            b.principal,
+            b.host,
+            b.operation,
+            b.permission_type,
+        )
+        for b in principals.platform_bindings(prefix)
+        if b.name.startswith(f"{prefix}.")
+    ]
+    try:
+        client = kafka.admin(principal="admin")
+        for fut in client.delete_acls(mine, request_timeout=30).values():
+            fut.result(30)
+    except Exception as e:  # the figures stand; a leftover ACL names a deleted prefix
+        say(f"warning: could not delete the ACLs of prefix {prefix}: {e}")
+
+
+def completions_topic(topics: Topics) -> None:
+    """The run-completed topic, created by the relay's principal (it may):
+    the relay publishes every run's completion there, and only the workflow
+    service creates it otherwise; a benchmark that completes runs without it
+    running would leave the relay producing to a topic that does not exist."""
+    kafka.ensure_topics([topics.run_completed], principal="relay")
+
+
+def tenant_kafka(topics: Topics, tenant_id: str) -> dict[str, str]:
+    """An SDK Worker's Kafka credentials for a tenant made through the store
+    (create_tenant, which makes no principal): the tenant's principal and ACLs
+    made by the gateway's principal as `POST /v1/tenants` makes them, removed
+    when the process exits. As Worker keyword arguments; {} on a broker
+    without SASL."""
+    if not authenticated():
+        return {}
+    password = principals.provision_tenant(kafka.admin(principal="gateway"), topics, tenant_id)
+    atexit.register(_remove_tenant, tenant_id)
+    return {"kafka_username": principals.tenant_username(tenant_id), "kafka_password": password}
+
+
+def _remove_tenant(tenant_id: str) -> None:
+    try:
+        principals.remove_tenant(kafka.admin(principal="gateway"), tenant_id)
+    except Exception as e:  # a leftover principal can read nothing once the topics are gone
+        say(f"warning: could not remove tenant {tenant_id}'s Kafka principal: {e}")
 
 
 @dataclass
@@ -456,12 +545,13 @@ class Arrival:
     produced_ms: int | None = None  # the record's timestamp: when its producer took it
 
 
-def group_spread(group: str, members: int, timeout: float = 60) -> list[int]:
-    """Partitions held by each member of consumer group `group` once it has
-    `members` members that each hold some: a process that joins seconds after
-    the others may find them holding every partition, and a burst measured then
+def group_spread(group: str, members: int, role: str, timeout: float = 60) -> list[int]:
+    """Partitions held by each member of consumer group `group` (the service
+    `role`'s own, described by that role's principal) once it has `members`
+    members that each hold some: a process that joins seconds after the
+    others may find them holding every partition, and a burst measured then
     is one process's rate."""
-    client = kafka.admin()
+    client = kafka.admin(principal=role)
     deadline = time.monotonic() + timeout
     while True:
         desc = client.describe_consumer_groups([group])[group].result(timeout=10)
@@ -504,8 +594,9 @@ class Reader:
     records fetched behind it."""
 
     def __init__(self, topics: list[str], decode: bool = False):
-        kafka.ensure_topics(topics)
-        self.consumer = kafka.consumer(f"bench-{uuid.uuid4().hex[:8]}")
+        # Run and queue topics: the dispatcher creates them; the observer reads.
+        kafka.ensure_topics(topics, principal="dispatcher")
+        self.consumer = kafka.consumer(observer_group(), principal="observer")
         meta = topics_ready(self.consumer, topics)
         self.consumer.assign(
             [
@@ -582,10 +673,17 @@ class Reader:
             say(f"reader: {len(self.errors)} consumer errors, the first: {self.errors[0]}")
 
 
+def prefix_topics(prefix: str) -> list[str]:
+    """The topics of a benchmark's own prefix, to delete them (by the admin
+    principal, as delete_topics)."""
+    names = kafka.admin(principal="admin").list_topics(timeout=30).topics
+    return sorted(n for n in names if n.startswith(prefix + "."))
+
+
 def delete_topics(topics: list[str]) -> None:
     """The benchmark's own topics (unique prefix), so runs do not pile up on the
     shared broker. A failure is reported, not raised: the figures stand."""
-    client = kafka.admin()  # kept referenced until every future is done
+    client = kafka.admin(principal="admin")  # kept referenced until every future is done
     for name, fut in client.delete_topics(topics, operation_timeout=30).items():
         try:
             fut.result()
