@@ -13,7 +13,7 @@ from datetime import datetime
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.core.clock import now_ms
@@ -22,6 +22,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store.new_runs import insert_runs
 from tests.e2e import test_sdk_worker
 from tests.e2e.test_sdk_worker import WorkerProc
+from tests.support.kafka import tenant_conf
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -116,7 +117,7 @@ def test_deleted_before_the_relay__announced_again__run_once__overlap_skip_not_b
         )
 
     launch.start("relay")
-    worker = WorkerProc(job["topic"], base, tenant["api_key"], database_url, kafka_bootstrap)
+    worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
     try:
         done = _succeeded(api, first, "the lost run announced again and run")
         assert done["attempt"] == 1
@@ -134,12 +135,16 @@ def test_deleted_before_the_relay__announced_again__run_once__overlap_skip_not_b
         assert worker.term() == 0
 
 
-def _drop_from_queue(kafka_bootstrap: str, topic: str, group: str, run_id: str) -> None:
-    """Read the queue topic as the workers' group would, find `run_id`'s record,
-    and commit past it without starting the run: a worker that lost it."""
+def _drop_from_queue(
+    kafka_bootstrap: str, topic: str, group: str, run_id: str, creds: dict | None
+) -> None:
+    """Read the queue topic as the workers' group would (with the tenant's Kafka
+    credentials), find `run_id`'s record, and commit past it without starting
+    the run: a worker that lost it."""
     consumer = Consumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False}
-    )
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
+         **tenant_conf(creds)}
+    )  # fmt: skip
     try:
 
         def partitions():
@@ -170,7 +175,7 @@ def test_dropped_by_a_worker_after_dispatch__announced_again__forwarded_again__r
     job = _job(api)
     run_id = api.post(f"/v1/jobs/{job['job_id']}/trigger").json()["run_id"]
     group = f"cronwheel-worker.{job['topic']}"  # the SDK's default group
-    _drop_from_queue(kafka_bootstrap, job["topic"], group, run_id)
+    _drop_from_queue(kafka_bootstrap, job["topic"], group, run_id, tenant["kafka"])
     with psycopg.connect(database_url) as conn:
         forwarded = conn.execute(
             "SELECT 1 FROM processed WHERE consumer = 'dispatcher' AND message_key = %s",
@@ -178,7 +183,7 @@ def test_dropped_by_a_worker_after_dispatch__announced_again__forwarded_again__r
         ).fetchone()
     assert forwarded or _state(api, run_id)["reannounced"] >= 1
 
-    worker = WorkerProc(job["topic"], base, tenant["api_key"], database_url, kafka_bootstrap)
+    worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
     try:
         done = _succeeded(api, run_id, "the dropped run announced again, forwarded again and run")
         assert done["attempt"] == 1 and done["reannounced"] >= 1
@@ -210,14 +215,15 @@ def test_sdk__not_due_yet__started_after_its_instant__records_behind_it_go_on(
     ]  # fmt: skip
     with psycopg.connect(database_url, autocommit=True) as conn:
         records = insert_runs(conn, Topics(topic_prefix), runs, now)
-    kafka.ensure_topics([job["topic"]], bootstrap=kafka_bootstrap)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    # Queue topics are the dispatcher's to make and write.
+    kafka.ensure_topics([job["topic"]], bootstrap=kafka_bootstrap, principal="dispatcher")
+    producer = kafka.producer(kafka_bootstrap, principal="dispatcher")
     for r in records:  # the early record first, the due one behind it
         producer.produce(job["topic"], r.value, r.key, partition=0)
     assert producer.flush(10) == 0
     early, due = (r["run_id"] for r in runs)
 
-    worker = WorkerProc(job["topic"], base, tenant["api_key"], database_url, kafka_bootstrap)
+    worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
     try:
         _succeeded(api, due, "the due run behind the early one", timeout=30)
         assert now_ms() < early_at  # ... before the early run's instant

@@ -61,6 +61,7 @@ from cronwheel.core.ids import run_id_for_instant
 from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
 from cronwheel.stack.process import as_user, is_root, pid_alive, read_pid, stop_pid
 from tests.support import db as dbsupport
+from tests.support.kafka import worker_env
 from tests.support.procs import PYTHON, ROOT, Launcher, ServiceProc
 from tests.support.wait import wait_for
 
@@ -184,7 +185,10 @@ class Platform:
         self.env = {
             "CRONWHEEL_HTTP_ADDR": f"127.0.0.1:{port}",
             "CRONWHEEL_OPERATOR_KEY": OPERATOR_KEY,
+            # The private stack's home: its Kafka principals' passwords are there.
+            "CRONWHEEL_HOME": str(stack.home),
         }
+        self.kafka: dict | None = None  # the tenant's Kafka credentials
         self.launch = Launcher(
             self.database_url, stack.kafka_bootstrap, self.topic_prefix, log_dir=log_dir
         )
@@ -196,6 +200,13 @@ class Platform:
         self.api_key = ""
 
     def start(self) -> None:
+        # The platform's ACLs for this scenario's topic prefix, as an operator
+        # grants them (`cronwheel kafka grant`, as the private broker's admin).
+        subprocess.run(
+            [PYTHON, "-m", "services.entrypoints", "kafka", "grant", "--no-users",
+             "--prefix", self.topic_prefix],
+            env=self.stack.env, cwd=ROOT, check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
         for name in ("gateway", "timer", "relay", "dispatcher"):
             self.start_service(name)
         wait_for(self._ready, 60, 0.2, "the gateway to be ready")
@@ -206,6 +217,7 @@ class Platform:
             timeout=10,
         ).json()
         self.api_key = tenant["api_key"]
+        self.kafka = tenant.get("kafka")
         self.api = httpx.Client(
             base_url=self.base, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=5
         )
@@ -234,7 +246,8 @@ class Platform:
     def start_worker(self, topic: str) -> None:
         self.worker_topic = topic
         env = {**os.environ, "CRONWHEEL_URL": self.base, "CRONWHEEL_API_KEY": self.api_key,
-               "KAFKA_BOOTSTRAP": self.stack.kafka_bootstrap, "EFFECT_LOG": str(self.effect_log)}  # fmt: skip
+               "KAFKA_BOOTSTRAP": self.stack.kafka_bootstrap, "EFFECT_LOG": str(self.effect_log),
+               **worker_env(self.kafka)}  # fmt: skip
         with (self.launch.log_dir / "worker.log").open("ab") as log:
             self.worker = subprocess.Popen(
                 [PYTHON, "-m", "tests.faults.worker", topic], env=env, cwd=ROOT,

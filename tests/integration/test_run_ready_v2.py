@@ -66,8 +66,8 @@ def _writing_with(monkeypatch, directory):
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> list[bytes]:
-    kafka.ensure_topics([topic], partitions=1, bootstrap=bootstrap)
-    p = kafka.producer(bootstrap)
+    kafka.ensure_topics([topic], partitions=1, bootstrap=bootstrap, principal="dispatcher")
+    p = kafka.producer(bootstrap, principal="relay")  # run topics are the relay's to write
     for v in values:
         p.produce(topic, key=RUN["run_id"].encode(), value=v)
     assert p.flush(15) == 0
@@ -91,7 +91,8 @@ def test_next_release_writes_v2__readers_of_this_release_decode_it(
     with _writing_with(monkeypatch, nxt):
         v2_bytes = events.run_ready(**RUN, cell="eu")
 
-    got_v2, got_v1 = _produce(kafka_bootstrap, f"{topic_prefix}.runs", [v2_bytes, v1_bytes])
+    topic = f"{topic_prefix}.runs.ten_v2"  # a run topic: the relay writes, the observer reads
+    got_v2, got_v1 = _produce(kafka_bootstrap, topic, [v2_bytes, v1_bytes])
 
     next_reader, this_reader = SchemaRegistry(nxt), SchemaRegistry(this)
     assert got_v2[2:10] == next_reader.latest("RunReady").fingerprint != got_v1[2:10]

@@ -33,6 +33,19 @@ def tenant_credentials(bootstrap: str, topics, tenant_id: str) -> kafka.Credenti
     return kafka.Credentials(principals.tenant_username(tenant_id), password)
 
 
+def tenant_conf(creds: dict | None) -> dict:
+    """librdkafka's settings for a tenant's Kafka credentials (the `kafka` of
+    `POST /v1/tenants`); none on a broker without authentication."""
+    if creds is None:
+        return {}
+    return {
+        "security.protocol": creds["security_protocol"],
+        "sasl.mechanism": creds["sasl_mechanism"],
+        "sasl.username": creds["username"],
+        "sasl.password": creds["password"],
+    }
+
+
 def worker_env(creds: dict | kafka.Credentials | None) -> dict[str, str]:
     """The SDK worker's environment for a tenant's Kafka credentials: the
     `kafka` object of `POST /v1/tenants`, or Credentials (none: nothing)."""
