@@ -109,6 +109,18 @@ class PrivateStack:
         self.admin_url, self.kafka_bootstrap = status["database_url"], status["kafka_bootstrap"]
 
     # -- Kafka ----------------------------------------------------------------
+    def kafka_admin(self):
+        """An admin client of the private broker, as its admin principal (the
+        password from the private stack's credentials file, when it has one)."""
+        from cronwheel import kafka, principals
+
+        creds = self.home / "kafka" / "principals.json"
+        if not creds.exists():  # a broker without authentication
+            return kafka.admin(self.kafka_bootstrap, principal="admin")
+        password = json.loads(creds.read_text())["passwords"]["admin"]
+        who = kafka.Credentials(principals.ADMIN, password)
+        return kafka.admin(self.kafka_bootstrap, principal=who)
+
     def kafka_pid(self) -> int | None:
         pid = read_pid(self.home / "kafka" / "kafka.pid")
         return pid if pid_alive(pid) else None

@@ -23,7 +23,6 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-from cronwheel import kafka
 from tests.faults.harness import Load, Platform, PrivateStack, Report, check, wait_recovered
 from tests.support.wait import wait_for
 
@@ -142,7 +141,7 @@ def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report)
     reads its whole history a second time."""
     platform.stop_worker()
     assert platform.services["dispatcher"].stop() == 0
-    admin = kafka.admin(stack.kafka_bootstrap)
+    admin = stack.kafka_admin()  # resetting groups is the operator's act
     # Both groups: the worker's and the dispatcher's (named after the prefix).
     groups = wait_for(
         lambda: (g := _consumer_groups(admin, platform)) and len(g) >= 2 and g,
