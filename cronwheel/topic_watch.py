@@ -12,15 +12,18 @@ waited 2-5 s. A topic must exist before it is assigned, so:
 - Topics created on first use (webhook and managed destinations, which the
   dispatcher creates) are announced by their creator on cw_topics.
 - A job's destination (channel cw_destinations, from the jobs trigger) is
-  handed to `on_destination(tenant_id, target_type, queue)`: the dispatcher
-  creates that topic before the job's first run, not in its path.
+  handed to `on_destinations([(tenant_id, target_type, queue), ...])`: the
+  dispatcher creates that topic before the job's first run, not in its path.
+  When the listening connection is made (at start, after a reconnect), every
+  job's destination is handed over too: a job created while nobody listened
+  has its topic made then rather than by its first run.
 - A scan of the broker by prefix at start and every `scan_every_s` finds
   what no notification named: topics created by hand, or while the listening
   connection was down. After a reconnect the tenants are read again too.
 
 `poll()` is cheap and never waits for the broker: called on every pass of a
 consumer loop, it checks the listening socket without blocking. Creating
-topics, `on_destination` and the broker scans run on one thread of the
+topics, `on_destinations` and the broker scans run on one thread of the
 watch's own, so a run due while another tenant's topics are being created is
 not held up behind them (measured: first runs 56-522 ms late at p99 while the
 dispatcher's loop created the next tenants' topics itself).
@@ -58,20 +61,20 @@ class TopicWatch:
         *,
         tenant_topic: Callable[[str], str] | None = None,
         ensure: Callable[[list[str]], None] | None = None,
-        on_destination: Callable[[str, str, str], None] | None = None,
+        on_destinations: Callable[[list[tuple[str, str, str]]], None] | None = None,
         scan_every_s: float = 30.0,
         check_every_s: float = 0.05,
     ):
         """`metadata_client`: a producer or admin client to scan the broker with,
         never the consumer that subscribes: the scan runs on the watch's thread,
-        and a consumer's calls belong to its own. `ensure` and `on_destination`
+        and a consumer's calls belong to its own. `ensure` and `on_destinations`
         run on that thread too."""
         self.dsn = dsn
         self.client = metadata_client
         self.prefix = prefix
         self.tenant_topic = tenant_topic
         self.ensure = ensure
-        self.on_destination = on_destination
+        self.on_destinations = on_destinations
         self.scan_every_s = scan_every_s
         self.check_every_s = check_every_s
         self.names: set[str] = set()
@@ -115,7 +118,7 @@ class TopicWatch:
 
     def announce(self, topics: list[str]) -> None:
         """`announce` through the worker thread's own connection: for
-        `on_destination`, which runs on that thread."""
+        `on_destinations`, which runs on that thread."""
         try:
             if self._announcer is None or self._announcer.closed:
                 self._announcer = psycopg.connect(self.dsn, autocommit=True)
@@ -153,8 +156,11 @@ class TopicWatch:
             if self._listen is None or self._listen.closed:
                 self._listen = psycopg.connect(self.dsn, autocommit=True)
                 self._listen.execute(Q["listen"])
-                if self.tenant_topic is not None:  # what was missed while not listening
+                # What was missed while not listening.
+                if self.tenant_topic is not None:
                     tenants = [r[0] for r in self._listen.execute(Q["tenant_ids"])]
+                if self.on_destinations is not None:
+                    destinations = [r[0] for r in self._listen.execute(Q["destinations"])]
             for note in self._listen.notifies(timeout=0):
                 if note.channel == "cw_tenants":
                     tenants.append(note.payload)
@@ -173,11 +179,13 @@ class TopicWatch:
         with self._lock:
             again = {t for t in topics if t in self.names}
         self._add(topics, again)
-        if self.on_destination is not None:
+        if self.on_destinations is not None and destinations:
+            batch = []
             for payload in dict.fromkeys(destinations):  # once each, in order
                 tenant, _, rest = payload.partition(":")
                 target_type, _, queue = rest.partition(":")
-                self._submit(self.on_destination, tenant, target_type, queue)
+                batch.append((tenant, target_type, queue))
+            self._submit(self.on_destinations, batch)
 
     def _add_tenants(self, tenant_ids: list[str]) -> None:
         assert self.tenant_topic is not None

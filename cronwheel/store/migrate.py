@@ -85,6 +85,43 @@ def _lock(conn: psycopg.Connection, timeout_s: float = 600.0) -> None:
         time.sleep(0.1)  # poll pacing while another migrate works
 
 
+def _apply_in_transaction(conn: psycopg.Connection, sql: str, record: str, mig: Migration) -> None:
+    with conn.transaction():
+        conn.execute(sql)
+        conn.execute(record, [mig.version, mig.name])
+
+
+def _is_cluster_race(e: psycopg.Error) -> bool:
+    """Two sessions changed the same shared-catalog row (a role, a membership)
+    at once: `tuple concurrently updated`, or a role made by the other between
+    this one's check and its CREATE ROLE."""
+    if isinstance(e, psycopg.errors.InternalError):
+        return "concurrently updated" in str(e)
+    if isinstance(e, psycopg.errors.UniqueViolation | psycopg.errors.DuplicateObject):
+        return "pg_auth" in str(e) or "role" in str(e)
+    return False
+
+
+def _retry_cluster_race(step, *args, attempts: int = 8) -> None:
+    """Run `step`, again after a short pause when it lost a cluster race.
+
+    The advisory lock is per database, but roles belong to the cluster: two
+    databases of one cluster migrating at once (a test's clones, two cells
+    on one server) both run 0018's role statements and set_logins' ALTER
+    ROLE, and PostgreSQL fails the later writer of the same pg_authid row
+    rather than making it wait. The step is idempotent (its transaction
+    rolled back, or ALTER ROLE sets the same thing again), so retrying it is
+    exact."""
+    for attempt in range(attempts):
+        try:
+            step(*args)
+            return
+        except psycopg.Error as e:
+            if attempt == attempts - 1 or not _is_cluster_race(e):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
 def pending(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     """The migrations not yet applied to the database at `dsn`, in order."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -127,11 +164,9 @@ def migrate(
                     conn.execute(sql)
                     conn.execute(record, [mig.version, mig.name])
                 else:
-                    with conn.transaction():
-                        conn.execute(sql)
-                        conn.execute(record, [mig.version, mig.name])
+                    _retry_cluster_race(_apply_in_transaction, conn, sql, record, mig)
                 applied.append(mig)
-            roles.set_logins(conn, config.role_passwords())
+            _retry_cluster_race(roles.set_logins, conn, config.role_passwords())
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
     return applied

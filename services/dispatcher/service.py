@@ -181,7 +181,7 @@ class Dispatcher(ConsumerService):
             ensure=lambda names: kafka.ensure_topics(
                 names, partitions=kafka.RUN_PARTITIONS, client=self._admin
             ),
-            on_destination=self._new_destination,
+            on_destinations=self._new_destinations,
             scan_every_s=topic_scan_s,
         )
 
@@ -349,16 +349,18 @@ class Dispatcher(ConsumerService):
             # The webhook service and the executor subscribe to their topics by name.
             self.with_db(lambda c: announce(c, sorted(created)), self._stop)
 
-    def _new_destination(self, tenant: str, target_type: str, queue: str) -> None:
-        """A job was created or retargeted: its destination topic exists before
-        its first run comes (created now, not in that run's path). Runs on the
-        watch's thread, so it touches neither the loop's database connection
-        nor its consumer."""
-        try:
-            name = destination(self.topics, tenant, target_type, queue)
-        except (Poison, ValueError):
-            return  # not a target this dispatcher routes; its runs say so when they come
-        created = self._create_destinations({name})
+    def _new_destinations(self, destinations: list[tuple[str, str, str]]) -> None:
+        """Jobs were created or retargeted (or the watch started listening):
+        their destination topics exist before their first runs come (created
+        now, not in a run's path). Runs on the watch's thread, so it touches
+        neither the loop's database connection nor its consumer."""
+        names = set()
+        for tenant, target_type, queue in destinations:
+            try:
+                names.add(destination(self.topics, tenant, target_type, queue))
+            except (Poison, ValueError):
+                continue  # not a target this dispatcher routes; its runs say so when they come
+        created = self._create_destinations(names)
         if created:
             self.watch.announce(sorted(created))
 
@@ -367,6 +369,17 @@ class Dispatcher(ConsumerService):
         partition count (Topics.partitions); empty if none was new or the
         broker refused (produce retries until the topic exists)."""
         missing = names - self._known_topics
+        if len(missing) > 1:
+            # Many at once (every job's, when the watch starts listening): one
+            # metadata request leaves out those that exist rather than asking
+            # the controller to create thousands of topics it has.
+            try:
+                existing = missing & set(self._admin.list_topics(timeout=10).topics)
+            except Exception as exc:
+                log.warning("could not list topics: %s", exc)
+                existing = set()
+            self._known_topics |= existing
+            missing -= existing
         if not missing:
             return set()
         by_size: dict[int, list[str]] = {}

@@ -266,6 +266,34 @@ def test_job_created__its_queue_topic_made_before_any_run__announced_destination
         assert len(meta.partitions) == kafka.QUEUE_PARTITIONS  # an idle tenant costs little
 
 
+def test_jobs_created_while_no_dispatcher_ran__their_topics_made_at_its_start(
+    database_url, kafka_bootstrap, topics
+):
+    """No one listened when these jobs were created: the dispatcher reads every
+    job's destination when it starts listening, so their topics exist before
+    their first runs rather than being made in those runs' path."""
+    admin = kafka.admin(kafka_bootstrap, principal="observer")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        tenant = create_tenant(conn, f"t{uuid.uuid4().hex[:6]}")
+        with conn.transaction():
+            for queue in ("alpha", "beta"):
+                body = {
+                    "name": f"nightly-{queue}",
+                    "schedule": {"cron": "0 3 * * *", "timezone": "UTC"},
+                    "target": {"type": "queue", "queue": queue},
+                }
+                Jobs(topics).create(conn, tenant, body, 1_700_000_000_000)
+    queues = {topics.queue(tenant["tenant_id"], q) for q in ("alpha", "beta")}
+    assert not queues & set(admin.list_topics(timeout=10).topics)
+    with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
+        wait_for(
+            lambda: queues <= set(admin.list_topics(timeout=10).topics),
+            timeout=30,
+            what="the queue topics of jobs created before the dispatcher started",
+        )
+        assert d.forwarded_total == 0
+
+
 def test_run_topic_of_no_known_tenant__created_after_start__found_by_the_broker_scan(
     database_url, kafka_bootstrap, topics
 ):

@@ -11,5 +11,11 @@ LISTEN cw_destinations;
 -- name: tenant_ids
 SELECT tenant_id FROM tenants ORDER BY tenant_id;
 
+-- name: destinations
+-- Every job's destination, as cw_destinations names it: read when the watch
+-- starts listening, for the jobs created while it did not.
+SELECT DISTINCT tenant_id || ':' || (target->>'type') || ':' || coalesce(target->>'queue', '')
+  FROM jobs;
+
 -- name: announce_topics
 SELECT pg_notify('cw_topics', t) FROM unnest(%(topics)s::text[]) AS t;
