@@ -47,7 +47,13 @@ def status() -> dict:
     bootstrap = config.kafka_bootstrap()
     return {
         **services,
-        "database_url": config.database_url(),
+        # The services' login (the platform's role: no superuser, no table of
+        # its own) and the owner's, for migrations and operators' tools
+        # (CONTRACT.md, "Tenants' Kafka credentials"). With DATABASE_URL set,
+        # that is the services' URL, and the owner's is CRONWHEEL_ADMIN_DATABASE_URL
+        # or, without it, DATABASE_URL too.
+        "database_url": config.load(config.Common).database_url,
+        "admin_database_url": config.database_url(),
         "kafka_bootstrap": bootstrap,
         # For tools and tests: the observer principal's client settings (it reads
         # every topic of the deployment, with group ids under its prefix, and

@@ -24,7 +24,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -82,14 +82,17 @@ class DeliveryTarget:
     tenant_id: str
     state: str
     attempt: int
-    target: dict  # {type: webhook, url, method, headers, timeout_ms?}
+    # {type: webhook, url, method, headers, timeout_ms?}; headers may carry a
+    # tenant's credentials for its endpoint, so neither they nor the signing
+    # secrets show in a repr (a log line, a traceback's locals).
+    target: dict = field(repr=False)
     payload: str  # JSON text, as the job holds it
     lease_ms: int
     timeout_ms: int | None  # the run's own timeout (its timer ends the attempt)
     owner_id: str | None
     job_id: str | None
     scheduled_ms: int
-    secrets: tuple[str, ...]  # newest first; empty when the owner has none
+    secrets: tuple[str, ...] = field(repr=False)  # newest first; empty when the owner has none
 
 
 def _check_owner(conn: psycopg.Connection, tenant_id: str, owner_id: str) -> int:

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -45,9 +45,9 @@ bearer = HTTPBearer(auto_error=False, description="An operator key or a tenant A
 
 @dataclass
 class Caller:
-    token: str
+    token: str = field(repr=False)  # a key: never in a log line or a traceback's repr
     operator: bool
-    request: Request
+    request: Request = field(repr=False)
     idempotency_key: str | None
     tenant_id: str | None = None  # as KeyGuard knew it; the transaction checks again
 

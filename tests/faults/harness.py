@@ -106,7 +106,8 @@ class PrivateStack:
         if out.returncode != 0:
             raise RuntimeError(f"private stack did not start: {out.stderr.strip()[-500:]}")
         status = json.loads(out.stdout)
-        self.admin_url, self.kafka_bootstrap = status["database_url"], status["kafka_bootstrap"]
+        self.admin_url = status["admin_database_url"]
+        self.kafka_bootstrap = status["kafka_bootstrap"]
 
     # -- Kafka ----------------------------------------------------------------
     def kafka_admin(self):

@@ -49,4 +49,4 @@ def provide():
     from cronwheel import stack
 
     st = stack.up()
-    yield Servers(st["database_url"], st["kafka_bootstrap"], "local stack")
+    yield Servers(st["admin_database_url"], st["kafka_bootstrap"], "local stack")

@@ -154,3 +154,19 @@ def test_status__database_url_shown_without_its_password(url, shown):
 def test_key_repr__no_material():
     k = Key("k1", b"\x01" * 32)
     assert repr(k) == "Key('k1')"
+
+
+def test_repr__of_a_caller_and_a_delivery_target__shows_no_key_header_or_secret():
+    from cronwheel.store.webhooks import DeliveryTarget
+    from services.gateway.auth import Caller
+
+    caller = Caller("cw_live_key_value", False, object(), "idem-1", "acme")
+    target = DeliveryTarget(
+        "r-1", "acme", "RUNNING", 1,
+        {"type": "webhook", "url": "https://x.example/h", "headers": {"Authorization": "Bearer tok_v"}},
+        "null", 30_000, None, "j-1", "j-1", 0, ("whsec_value",),
+    )  # fmt: skip
+    shown = repr(caller) + repr(target)
+    assert "acme" in shown and "r-1" in shown  # what a log line may say
+    for secret in ("cw_live_key_value", "tok_v", "whsec_value"):
+        assert secret not in shown
