@@ -20,12 +20,22 @@ $(STAMP): pyproject.toml
 
 install: system-deps $(STAMP) ## create .venv and install cronwheel with its test tools
 
-system-deps: ## Debian packages the services need: bubblewrap for the managed executor
-	@if ! command -v bwrap >/dev/null; then \
+system-deps: ## Debian packages: bubblewrap for the managed executor, chromium for the console's browser tests
+	@# nft: the egress rules of managed runs with network (docs/managed-execution.md)
+	@if ! command -v bwrap >/dev/null || ! command -v nft >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -q && apt-get install -y -q bubblewrap; \
+	    apt-get update -q && apt-get install -y -q bubblewrap nftables; \
 	  else \
-	    echo "hint: the managed executor needs bwrap; run: sudo apt-get install bubblewrap"; \
+	    echo "hint: the managed executor needs bwrap and nft; run: sudo apt-get install bubblewrap nftables"; \
+	  fi; \
+	fi
+	@# Playwright drives this system browser (tests/e2e/test_console.py); it
+	@# never downloads one of its own.
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else \
+	    echo "hint: the console's browser tests need chromium; run: sudo apt-get install chromium"; \
 	  fi; \
 	fi
 .PHONY: system-deps

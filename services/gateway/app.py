@@ -19,7 +19,7 @@ from cronwheel import config
 from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
-from services.gateway import fastpath, problems
+from services.gateway import console, fastpath, problems
 from services.gateway.http_metrics import HttpMetrics
 from services.gateway.ratelimit import RateLimiter, SharedRateLimiter
 from services.gateway.routes import health, jobs, quotas, runs, schedules, tenants, workflows
@@ -82,6 +82,7 @@ def create_app(
     problems.install(app)
     for module in (tenants, quotas, jobs, runs, workflows, schedules, health):
         app.include_router(module.router)
+    app.include_router(console.router)  # /ui/: static files over the same /v1 API
     if jobs_fastpath is None:
         jobs_fastpath = worker_fastpath
     shortcuts = (fastpath.WORKER if worker_fastpath else ()) + (
