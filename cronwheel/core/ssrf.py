@@ -116,3 +116,32 @@ def check_webhook_url(
         resolve_destination(parts.hostname, port, allow, resolve)
     except Refused as e:
         raise ValidationError(field, f"refused destination: {e}", code="DESTINATION_REFUSED") from e
+
+
+# The IPv4 ranges `why_refused` refuses, as CIDRs, for rules that work on ranges
+# rather than on one address at a time (the managed executor's nftables egress
+# rules, services/executor/egress.py). `why_refused` stays the definition for a
+# single address; tests/unit/test_ssrf_ranges.py holds the two to the same set.
+# From the IANA IPv4 special-purpose and multicast registries, as Python's
+# ipaddress classifies them (not global: private, loopback, link-local, shared
+# CGNAT, documentation, benchmarking, reserved, multicast, broadcast).
+FORBIDDEN_V4: tuple[ipaddress.IPv4Network, ...] = tuple(
+    ipaddress.IPv4Network(cidr)
+    for cidr in (
+        "0.0.0.0/8",  # "this network", unspecified
+        "10.0.0.0/8",  # private
+        "100.64.0.0/10",  # shared address space (CGNAT); some clouds' metadata
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link-local, cloud metadata (169.254.169.254)
+        "172.16.0.0/12",  # private
+        "192.0.0.0/29",  # IETF protocol assignments (DS-Lite)
+        "192.0.0.170/31",  # NAT64 discovery
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "192.168.0.0/16",  # private
+        "198.18.0.0/15",  # benchmarking
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and 255.255.255.255 (broadcast)
+    )
+)
