@@ -25,7 +25,7 @@ import pytest
 from cronwheel.kafka import Topics
 from services.gateway.app import create_app
 from tests.support.gateway import served
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, launcher
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -172,6 +172,25 @@ def test_console__sign_in_see_job_watch_runs_arrive_and_pause(stack, page):
     assert "No attempt yet" in page.inner_text("main")
     shot(page, "run")
 
+    # DST marks from the preview: 02:30 on March's Sundays in New York falls
+    # into the spring-forward gap once a year.
+    sundays = acme.post(
+        "/v1/jobs",
+        json={**JOB, "name": "march-sundays",
+              "schedule": {"cron": "30 2 * 3 0", "timezone": "America/New_York"}},
+    ).json()  # fmt: skip
+    preview = acme.get(
+        "/v1/schedules/preview",
+        params={"cron": "30 2 * 3 0", "timezone": "America/New_York", "count": 10},
+    ).json()["fires"]
+    gaps = [f["local"] for f in preview if f["dst"] == "gap"]
+    assert gaps
+    page.goto(f"/ui/#/jobs/{sundays['job_id']}")
+    page.locator("#fires tbody tr").nth(9).wait_for()
+    marked = page.locator("#fires tr[data-dst='gap'] code").all_inner_texts()
+    assert marked == gaps
+    assert "on Sunday in March" in page.inner_text("main")
+
     page.set_viewport_size(PHONE)
     page.goto("/ui/#/jobs")
     page.locator("#jobs tbody tr").first.wait_for()
@@ -184,6 +203,7 @@ DIAMOND = {
         {"name": "extract", "target": {"type": "queue", "queue": "etl"}},
         {"name": "clean", "target": {"type": "queue", "queue": "etl"}, "depends_on": ["extract"]},
         {"name": "enrich", "target": {"type": "queue", "queue": "etl"}, "depends_on": ["extract"]},
+        {"name": "audit", "target": {"type": "queue", "queue": "etl"}, "depends_on": ["extract"]},
         {
             "name": "load",
             "target": {"type": "queue", "queue": "etl"},
@@ -194,24 +214,43 @@ DIAMOND = {
 }
 
 
-def test_console__workflow_run_graph_shows_every_nodes_state(stack, page):
+def finish(api: httpx.Client, wfr: str, node: str, outcome: str, **extra) -> None:
+    """A worker's part for one node's run, through the worker protocol, once
+    the workflow service has created it."""
+
+    def run_id():
+        nodes = api.get(f"/v1/workflow-runs/{wfr}").json()["nodes"]
+        return next(n["run_id"] for n in nodes if n["name"] == node)
+
+    rid = wait_for(run_id, timeout=60, interval=0.1, what=f"node {node}'s run")
+    started = api.post(f"/v1/runs/{rid}/start", json={"worker_id": "w1"}).json()
+    done = api.post(
+        f"/v1/runs/{rid}/complete",
+        json={"attempt": started["attempt"], "start_token": started["start_token"],
+              "outcome": outcome, **extra},
+    )  # fmt: skip
+    assert done.status_code == 200, done.text
+
+
+def test_console__workflow_run_graph_shows_every_nodes_state(
+    stack, page, database_url, kafka_bootstrap, topic_prefix
+):
     acme = stack["acme"]
     wf = acme.post("/v1/workflows", json=DIAMOND)
     assert wf.status_code == 201, wf.text
     wf_id = wf.json()["workflow_id"]
     wfr = acme.post(f"/v1/workflows/{wf_id}/trigger").json()["workflow_run_id"]
-    # The root's run, through the worker protocol: started, then succeeded.
-    root = next(
-        n for n in acme.get(f"/v1/workflow-runs/{wfr}").json()["nodes"] if n["name"] == "extract"
-    )
-    started = acme.post(f"/v1/runs/{root['run_id']}/start", json={"worker_id": "w1"}).json()
-    done = acme.post(
-        f"/v1/runs/{root['run_id']}/complete",
-        json={"attempt": started["attempt"], "start_token": started["start_token"],
-              "outcome": "SUCCEEDED", "result": {"rows": 3}},
-    )  # fmt: skip
-    assert done.status_code == 200, done.text
+    with launcher(database_url, kafka_bootstrap, topic_prefix) as launch:
+        # The relay carries each completion to the workflow service, which
+        # creates the nodes below it.
+        launch.start("relay")
+        launch.start("workflow")
+        finish(acme, wfr, "extract", "SUCCEEDED", result={"rows": 3})
+        _test_workflow_pages(stack, page, wf_id, wfr)
 
+
+def _test_workflow_pages(stack, page, wf_id: str, wfr: str) -> None:
+    acme = stack["acme"]
     sign_in(page, stack["acme_key"])
     page.get_by_role("link", name="Workflows").click()
     page.locator(f"#workflows tr[data-workflow-id='{wf_id}'] a").click()
@@ -219,19 +258,32 @@ def test_console__workflow_run_graph_shows_every_nodes_state(stack, page):
     page.locator(f"#workflow-runs tr[data-workflow-run-id='{wfr}'] a").click()
 
     page.locator("#wfr-state").wait_for()
+    # Live: the graph follows the run as its nodes finish, without a reload.
+    page.evaluate("window.__stay = 'same document'")
+    page.locator("g.dag-node[data-node='clean'][data-state='PENDING']").wait_for(timeout=60_000)
+    finish(acme, wfr, "clean", "SUCCEEDED")
+    finish(acme, wfr, "enrich", "FAILED", error="upstream 503", retryable=False)
+    wait_for(
+        lambda: acme.get(f"/v1/workflow-runs/{wfr}").json()["state"] == "FAILED",
+        timeout=60,
+        what="the workflow run to fail",
+    )
+    page.locator("#wfr-state [data-state='FAILED']").wait_for()
+    assert page.evaluate("window.__stay") == "same document"
     nodes = acme.get(f"/v1/workflow-runs/{wfr}").json()["nodes"]
     drawn = page.locator("svg#dag g.dag-node")
-    assert drawn.count() == len(nodes) == 5
+    assert drawn.count() == len(nodes) == 6
     for n in nodes:
-        g = page.locator(f"svg#dag g.dag-node[data-node='{n['name']}']")
-        assert g.get_attribute("data-state") == n["state"], n
+        g = page.locator(f"svg#dag g.dag-node[data-node='{n['name']}'][data-state='{n['state']}']")
+        g.wait_for()  # the page may be one poll behind the API
         assert n["state"].replace("_", " ") in g.text_content()
     states = {n["name"]: n["state"] for n in nodes}
-    assert states["extract"] == "SUCCEEDED" and states["notify"] == "WAITING"
+    assert states["extract"] == "SUCCEEDED" and states["enrich"] == "FAILED"
+    assert states["notify"] == "SKIPPED"
     # Coloured by state: a succeeded node and a waiting one are filled differently.
     fill = "el => getComputedStyle(el.querySelector('rect')).fill"
     assert page.locator("g.dag-node[data-node='extract']").evaluate(fill) != page.locator(
-        "g.dag-node[data-node='notify']"
+        "g.dag-node[data-node='enrich']"
     ).evaluate(fill)
     # Laid out in layers: every edge points rightwards.
     xs = page.evaluate(
@@ -241,7 +293,7 @@ def test_console__workflow_run_graph_shows_every_nodes_state(stack, page):
     for n in DIAMOND["nodes"]:
         for parent in n.get("depends_on", []):
             assert xs[parent] < xs[n["name"]], (parent, n["name"], xs)
-    assert page.locator("svg#dag path.dag-edge").count() == 5
+    assert page.locator("svg#dag path.dag-edge").count() == 6
     shot(page, "workflow-run")
 
     # The root node opens its run, from the keyboard.
