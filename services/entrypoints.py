@@ -84,6 +84,7 @@ def cmd_dev(args) -> None:
         topics = Topics(gateway.common.topic_prefix)
         demo = ensure_demo(gateway.common.database_url, topics)
         print(f"admin API     http://{gateway.serving.http_addr}/v1  (spec at /openapi.json)")
+        print(f"console       http://{gateway.serving.http_addr}/ui/")
         print(f"operator key  {gateway.operator_key or operator_key()}")
         print(f"demo tenant   {demo['tenant_id']}  key {demo['api_key']}")
         print(f"demo queue    {topics.queue(demo['tenant_id'], 'demo')}")
