@@ -30,6 +30,7 @@ def main() -> None:
     )
     metrics.serve("executor", settings.metrics)
     log.info("executor %s starting; limits by %s", executor.instance, executor.sandbox.mode)
+    log.info("runs asking for network: %s", executor.sandbox.network)
     executor.run(stop_on_signals())
 
 

@@ -31,6 +31,7 @@ import collections
 import contextlib
 import errno
 import fcntl
+import ipaddress
 import math
 import os
 import pwd
@@ -47,7 +48,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.executor.egress import Egress, EgressUnavailable
 from services.executor.output import Tail, secret_values
+from services.executor.seccomp_filter import FilterUnavailable, compile_filter
 
 SCRATCH = "/scratch"  # the run's working directory and HOME: a sized, private tmpfs
 PAYLOAD_FILE = "/run/cronwheel/payload.json"
@@ -57,9 +60,8 @@ DEFAULT_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 # Read-only from the host: the OS's programs and libraries, nothing else.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+# With network; /etc/resolv.conf and /etc/hosts are written for the run (egress.py).
 NETWORK_ETC = (
-    "/etc/resolv.conf",
-    "/etc/hosts",
     "/etc/nsswitch.conf",
     "/etc/gai.conf",
     "/etc/ssl",
@@ -107,6 +109,11 @@ class Policy:
     uid_range: int = 10_000
     cgroup: str | None = None  # a delegated cgroup v2 directory; None: try our own
     lock_dir: str | None = None
+    # Network runs (egress.py): CIDRs they may reach beyond public addresses,
+    # their name servers (None: the host's), the addresses of their veths.
+    egress_allow: tuple[ipaddress.IPv4Network, ...] = ()
+    egress_dns: tuple[str, ...] | None = None
+    egress_subnet: str = "10.254.0.0/16"
 
     def limits_for(self, target: Mapping) -> Limits:
         """The limits a managed target runs with; TargetRefused if it asks for
@@ -161,6 +168,7 @@ class Tools:
     prlimit: str
     setpriv: str | None
     sh: str | None
+    nsenter: str | None = None
 
     @classmethod
     def locate(cls) -> Tools:
@@ -173,7 +181,9 @@ class Tools:
         prlimit = shutil.which("prlimit")
         if prlimit is None:
             raise SandboxUnavailable("prlimit is not installed (Debian's util-linux)")
-        return cls(bwrap, prlimit, shutil.which("setpriv"), shutil.which("sh"))
+        return cls(
+            bwrap, prlimit, shutil.which("setpriv"), shutil.which("sh"), shutil.which("nsenter")
+        )
 
 
 def build_argv(
@@ -184,10 +194,16 @@ def build_argv(
     uid: int | None,
     cgroup: Path | None,
     fds: Mapping[str, int],
+    netns: str | None = None,
 ) -> list[str]:
     """The full command line. `fds` holds the descriptors bwrap copies into
-    read-only files: `passwd`, `group` and `payload`. Environment values are
-    not in it (the command line is world-readable in /proc)."""
+    read-only files: `passwd`, `group` and `payload`, and `seccomp`, the
+    filter it applies; with network also `resolv` and `hosts`, and `netns`, the
+    run's own network namespace (egress.py), which the command joins before
+    the uid switch. Environment values are not in it (the command line is
+    world-readable in /proc)."""
+    if limits.network and netns is None:
+        raise ValueError("a run with network needs its own network namespace")
     argv: list[str] = []
     if cgroup is not None:
         # Join the run's cgroup before anything else runs, then become the rest.
@@ -197,6 +213,8 @@ def build_argv(
             'echo $$ > "$0" && exec "$@"',
             str(cgroup / "cgroup.procs"),
         ]
+    if netns is not None:
+        argv += [tools.nsenter or "nsenter", f"--net={netns}", "--"]
     if uid is not None:
         argv += [
             tools.setpriv or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
@@ -211,8 +229,8 @@ def build_argv(
         argv.append(f"--nproc={limits.pids + BWRAP_PROCS}")
     argv.append("--")
     argv += [tools.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
-    if limits.network:
-        argv.append("--share-net")
+    if netns is not None:
+        argv.append("--share-net")  # the namespace nsenter joined
     argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     for d in SYSTEM_DIRS:
@@ -225,12 +243,18 @@ def build_argv(
     argv += ["--perms", "0755", "--dir", "/etc"]
     for f in ETC_FILES + (NETWORK_ETC if limits.network else ()):
         argv += ["--ro-bind-try", f, f]
+    if limits.network:
+        argv += ["--ro-bind-data", str(fds["resolv"]), "/etc/resolv.conf"]
+        argv += ["--ro-bind-data", str(fds["hosts"]), "/etc/hosts"]
     argv += ["--ro-bind-data", str(fds["passwd"]), "/etc/passwd"]
     argv += ["--ro-bind-data", str(fds["group"]), "/etc/group"]
     argv += ["--ro-bind-data", str(fds["payload"]), PAYLOAD_FILE]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "0700", "--size", str(limits.scratch_mb << 20), "--tmpfs", SCRATCH]
     argv += ["--perms", "01777", "--dir", f"{SCRATCH}/tmp", "--symlink", f"{SCRATCH}/tmp", "/tmp"]
+    # The syscall allowlist (seccomp_filter.py), applied to COMMAND only: bwrap
+    # needs namespaces and mounts to build the sandbox first.
+    argv += ["--seccomp", str(fds["seccomp"])]
     argv += ["--chdir", SCRATCH, "--", *command]
     return argv
 
@@ -395,6 +419,10 @@ class Sandbox:
         self.policy = policy
         self.root = os.geteuid() == 0
         self.tools = Tools.locate()
+        try:
+            self.seccomp = compile_filter()
+        except FilterUnavailable as e:
+            raise SandboxUnavailable(f"no seccomp filter: {e}") from e
         self.cgroups = Cgroups.find(policy.cgroup)
         if not self.root and self.cgroups is None:
             raise SandboxUnavailable(
@@ -405,15 +433,55 @@ class Sandbox:
             if needed and getattr(self.tools, tool) is None:
                 raise SandboxUnavailable(f"{tool} is not installed (Debian's util-linux, dash)")
         self.uids: UidPool | None = None
+        lock_dir = Path(policy.lock_dir) if policy.lock_dir else _default_lock_dir()
         if self.root:
-            lock_dir = Path(policy.lock_dir) if policy.lock_dir else _default_lock_dir()
             # Twice as many uids as slots, so a uid rests between two runs.
             self.uids = UidPool(policy.uid_base, policy.uid_range, 2 * slots, lock_dir)
+        self.egress: Egress | None = None
+        self.egress_refusal = "the operator does not allow network access"
         try:
+            if policy.allow_network:
+                self._start_egress(lock_dir)
             self._probe()
         except BaseException:
             self.close()
             raise
+
+    def _start_egress(self, lock_dir: Path) -> None:
+        """Network runs get their own namespace behind the egress rules, or,
+        where this executor cannot set those up, are refused (the rest run)."""
+        try:
+            self.egress = Egress.start(
+                subnet=ipaddress.IPv4Network(self.policy.egress_subnet),
+                uid_base=self.policy.uid_base,
+                uid_range=self.policy.uid_range,
+                allow=self.policy.egress_allow,
+                dns=self.policy.egress_dns,
+                lock_dir=lock_dir,
+                uids=list(self.uids.free) if self.uids is not None else [],
+            )
+        except EgressUnavailable as e:
+            self.egress_refusal = str(e)
+
+    def limits_for(self, target: Mapping) -> Limits:
+        """The policy's limits for `target` (TargetRefused as Policy.limits_for),
+        and refused too if it asks for network this executor cannot fence."""
+        limits = self.policy.limits_for(target)
+        if limits.network and self.egress is None:
+            raise TargetRefused(
+                f"limits.network: this executor cannot enforce its egress policy: "
+                f"{self.egress_refusal}"
+            )
+        return limits
+
+    @property
+    def network(self) -> str:
+        """What runs asking for network get, for the start-up log."""
+        if self.egress is None:
+            return f"refused ({self.egress_refusal})"
+        allow = ",".join(str(n) for n in self.egress.allow) or "none"
+        dns = ",".join(self.egress.dns) or "none"
+        return f"own namespace via nftables egress rules (allowed private: {allow}; DNS: {dns})"
 
     @property
     def mode(self) -> str:
@@ -423,6 +491,9 @@ class Sandbox:
         return "rlimits (RLIMIT_AS, RLIMIT_NPROC on a per-slot uid): no usable cgroup v2"
 
     def close(self) -> None:
+        if self.egress is not None:
+            self.egress.close()
+            self.egress = None
         if self.uids is not None:
             self.uids.close()
 
@@ -451,8 +522,11 @@ class Sandbox:
         """Run `command` to its end or until `deadline` (time.monotonic()).
         `tick` is called every `tick_every` seconds (heartbeats); False kills the
         command. Once `stop` is set the command gets `grace` seconds more."""
+        if limits.network and self.egress is None:
+            raise TargetRefused(f"limits.network: {self.egress_refusal}")
         uid = self.uids.take() if self.uids is not None else None
         cgroup: Path | None = None
+        netns: str | None = None
         fds: dict[str, int] = {}
         proc: subprocess.Popen | None = None
         started = time.monotonic()
@@ -461,14 +535,21 @@ class Sandbox:
             if self.cgroups is not None:
                 name = f"cw-{uid if uid is not None else os.getpid()}-{secrets.token_hex(4)}"
                 cgroup = self.cgroups.create(name, limits)
-            files = {
+            files: dict[str, str | bytes] = {
                 "passwd": f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::{SCRATCH}:/bin/sh\n",
                 "group": f"sandbox:x:{SANDBOX_UID}:\n",
                 "payload": payload,
+                "seccomp": self.seccomp,
             }
+            if limits.network and self.egress is not None and uid is not None:
+                files["resolv"] = self.egress.resolv_conf()
+                files["hosts"] = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost sandbox\n"
+                netns = self.egress.open(uid)
             for key, text in files.items():
                 fds[key] = _memfd(key, text)
-            argv = build_argv(self.tools, command, limits, uid=uid, cgroup=cgroup, fds=fds)
+            argv = build_argv(
+                self.tools, command, limits, uid=uid, cgroup=cgroup, fds=fds, netns=netns
+            )
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -494,6 +575,8 @@ class Sandbox:
                     proc.stdout.close()
             if cgroup is not None and self.cgroups is not None:
                 self.cgroups.remove(cgroup)
+            if uid is not None and self.egress is not None and limits.network:
+                self.egress.release(uid)
             if uid is not None and self.uids is not None:
                 self.uids.give(uid)
         code = proc.returncode
@@ -507,10 +590,10 @@ class Sandbox:
         )
 
 
-def _memfd(name: str, text: str) -> int:
-    """An anonymous file holding `text`, for bwrap's --ro-bind-data."""
+def _memfd(name: str, content: str | bytes) -> int:
+    """An anonymous file holding `content`, for bwrap's --ro-bind-data and --seccomp."""
     fd = os.memfd_create(name, 0)
-    data = memoryview(text.encode())
+    data = memoryview(content.encode() if isinstance(content, str) else content)
     while data:
         data = data[os.write(fd, data) :]
     os.lseek(fd, 0, os.SEEK_SET)

@@ -271,7 +271,7 @@ class Executor(ConsumerService):
     def _run_and_complete(self, db: Reconnecting, run: _Started) -> None:
         target, spec = run.spec["target"], run.spec
         try:
-            limits = self.policy.limits_for(target)
+            limits = self.sandbox.limits_for(target)
             env = command_env(
                 target.get("env") or {},
                 {

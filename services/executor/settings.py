@@ -5,9 +5,22 @@ the sandbox's in Policy (sandbox.py); `cronwheel serve executor` reads them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
 
 from cronwheel.config import Common, Metrics, group, setting
+from cronwheel.core.ssrf import allowed_networks
 from services.executor.sandbox import Policy
+
+
+def _ipv4_cidrs(text: str) -> tuple[IPv4Network, ...]:
+    nets = allowed_networks(text)
+    if any(not isinstance(net, IPv4Network) for net in nets):
+        raise ValueError("network runs have IPv4 only")
+    return tuple(n for n in nets if isinstance(n, IPv4Network))
+
+
+def _ipv4_addresses(text: str) -> tuple[str, ...]:
+    return tuple(str(IPv4Address(part.strip())) for part in text.split(",") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,24 @@ class SandboxSettings:
     uid_range: int = setting("CRONWHEEL_EXECUTOR_UID_RANGE", Policy.uid_range, minimum=1)
     cgroup: str | None = setting("CRONWHEEL_EXECUTOR_CGROUP", Policy.cgroup)
     lock_dir: str | None = setting("CRONWHEEL_EXECUTOR_LOCK_DIR", Policy.lock_dir)
+    egress_allow: tuple[IPv4Network, ...] = setting(
+        "CRONWHEEL_EXECUTOR_EGRESS_ALLOW",
+        Policy.egress_allow,
+        parse=_ipv4_cidrs,
+        accepts="comma-separated IPv4 CIDRs, e.g. 10.20.0.0/16,192.168.7.0/24",
+    )
+    egress_dns: tuple[str, ...] | None = setting(
+        "CRONWHEEL_EXECUTOR_EGRESS_DNS",
+        Policy.egress_dns,
+        parse=_ipv4_addresses,
+        accepts="comma-separated IPv4 addresses, e.g. 1.1.1.1,9.9.9.9",
+    )
+    egress_subnet: str = setting(
+        "CRONWHEEL_EXECUTOR_EGRESS_SUBNET",
+        Policy.egress_subnet,
+        parse=lambda text: str(IPv4Network(text)),
+        accepts="an IPv4 network, e.g. 10.254.0.0/16",
+    )
 
 
 @dataclass(frozen=True)

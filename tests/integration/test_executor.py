@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -77,31 +78,34 @@ class Platform:
         )
 
 
-@pytest.fixture(scope="module")
-def platform(servers, db_template, new_topic_prefix):
+@contextlib.contextmanager
+def serving(servers, db_template, new_topic_prefix, **executor) -> Iterator[Platform]:
+    """A database of its own, fresh topics, and the services a managed run
+    passes through, with an Executor of `executor`'s arguments."""
     name = dbsupport.clone(servers.database_url, db_template)
     url = dbsupport.with_dbname(servers.database_url, name)
     bootstrap = servers.kafka_bootstrap
     topics = Topics(new_topic_prefix())
-    executor = Executor(
-        url,
-        bootstrap,
-        topics,
-        policy=Policy(),
-        concurrency=4,
-        per_tenant=2,
-        shutdown_grace_ms=500,
-    )
+    service = Executor(url, bootstrap, topics, **executor)
     try:
         with contextlib.ExitStack() as stack:
             conn = stack.enter_context(psycopg.connect(url, autocommit=True))
             stack.enter_context(running(Relay(url, bootstrap, idle_ms=100)))
             stack.enter_context(running(Dispatcher(url, bootstrap, topics)))
             stack.enter_context(running(TimerService(url, topics, lease_ttl_ms=5000, ahead_ms=0)))
-            stack.enter_context(running(executor))
-            yield Platform(url, topics, conn, executor)
+            stack.enter_context(running(service))
+            yield Platform(url, topics, conn, service)
     finally:
         dbsupport.drop(servers.database_url, name)
+
+
+@pytest.fixture(scope="module")
+def platform(servers, db_template, new_topic_prefix):
+    with serving(
+        servers, db_template, new_topic_prefix,
+        policy=Policy(), concurrency=4, per_tenant=2, shutdown_grace_ms=500,
+    ) as p:  # fmt: skip
+        yield p
 
 
 def processes_with(args: list[str]) -> list[int]:

@@ -26,7 +26,7 @@ from services.executor.service import Slots
 TOOLS = Tools(
     bwrap="/usr/bin/bwrap", prlimit="/usr/bin/prlimit", setpriv="/usr/bin/setpriv", sh="/bin/sh"
 )
-FDS = {"passwd": 5, "group": 6, "payload": 7}
+FDS = {"passwd": 5, "group": 6, "payload": 7, "seccomp": 8, "resolv": 9, "hosts": 10}
 LIMITS = Limits(
     memory_mb=256, cpu_ms=1500, pids=32, network=False, fsize_mb=8, nofile=64, scratch_mb=16
 )
@@ -55,14 +55,19 @@ def test_argv__every_namespace_unshared__no_network__killed_with_its_parent():
     for flag in ("--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"):
         assert flag in opts
     assert "--share-net" not in opts
+    assert before(opts, "8", 1) == ["--seccomp", "8"]  # the syscall allowlist
     assert argv()[-3:] == ["sh", "-c", "echo hi"]
 
 
-def test_argv__network__only_when_the_limits_ask_for_it():
+def test_argv__network__only_when_the_limits_ask_for_it__in_the_runs_own_namespace():
     limits = Limits(**{**LIMITS.__dict__, "network": True})
-    opts = options(argv(limits))
-    assert "--share-net" in opts
-    assert "--ro-bind-try" in before(opts, "/etc/resolv.conf", 2)
+    args = argv(limits, netns="/run/netns/cw-200001")
+    assert args[:3] == ["nsenter", "--net=/run/netns/cw-200001", "--"]  # before the uid switch
+    opts = options(args)
+    assert "--share-net" in opts  # bwrap keeps the namespace nsenter joined
+    assert before(opts, "/etc/resolv.conf", 2) == ["--ro-bind-data", "9", "/etc/resolv.conf"]
+    with pytest.raises(ValueError, match="own network namespace"):
+        argv(limits)  # never the executor's own network
 
 
 def test_argv__host_paths__only_system_dirs_read_only__nothing_writable():
