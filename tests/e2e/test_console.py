@@ -362,3 +362,36 @@ def test_console__served_by_the_gateway_as_static_files_only(stack):
         r = c.get(bad)
         assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND", bad
     assert not any(p.startswith("/ui") for p in c.get("/openapi.json").json()["paths"])
+
+
+def test_console__keyboard_only_pause_and_an_action_refused_in_words(stack, page):
+    acme = stack["acme"]
+    job = acme.post("/v1/jobs", json=JOB).json()
+    page.goto("/ui/")
+    page.locator("#key:focus").wait_for()  # the form takes the focus
+    page.keyboard.type(stack["acme_key"])
+    page.keyboard.press("Enter")
+    page.locator(f"#jobs tr[data-job-id='{job['job_id']}']").wait_for()
+
+    toggle = f"toggle:{job['job_id']}"
+    for _ in range(40):  # Tab through the page to the job's Pause button
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.dataset.key") == toggle:
+            break
+    else:
+        raise AssertionError("Tab never reached the Pause button")
+    page.keyboard.press("Enter")
+    page.locator("#confirm-cancel:focus").wait_for()  # the safe choice first
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    wait_for(lambda: acme.get(f"/v1/jobs/{job['job_id']}").json()["paused"], what="paused")
+    # Redrawn as Resume, the focus still on that button.
+    page.locator(f"[data-key='{toggle}']:focus", has_text="Resume").wait_for()
+
+    # The job deleted behind the page's back while the confirmation is open
+    # (no polling then): Trigger is refused, in words.
+    page.locator(f"[data-key='trigger:{job['job_id']}']").click()
+    page.wait_for_selector("dialog#confirm[open]")
+    assert acme.delete(f"/v1/jobs/{job['job_id']}").status_code == 204
+    page.click("#confirm-ok")
+    page.locator(".flash-error", has_text="Not found: no such job").wait_for()

@@ -43,9 +43,9 @@ function actions(job, { compact = false } = {}) {
   }, label);
   return el("div", { class: "actions" },
     job.paused
-      ? b("Resume", "resume", "", `Resume "${name}"? Instants missed while paused go through its catch-up window.`,
+      ? b("Resume", "toggle", "", `Resume "${name}"? Instants missed while paused go through its catch-up window.`,
         () => act(`Resumed "${name}".`, () => post(`/v1/jobs/${enc(id)}/resume`)))
-      : b("Pause", "pause", "", `Pause "${name}"? It fires nothing until resumed.`,
+      : b("Pause", "toggle", "", `Pause "${name}"? It fires nothing until resumed.`,
         () => act(`Paused "${name}".`, () => post(`/v1/jobs/${enc(id)}/pause`))),
     b("Trigger", "trigger", "", `Trigger "${name}" now, outside its schedule?`,
       () => act(`Triggered "${name}": a run was created.`, () => post(`/v1/jobs/${enc(id)}/trigger`))),
