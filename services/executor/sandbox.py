@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import ipaddress
@@ -499,12 +500,27 @@ class Sandbox:
 
     def _probe(self) -> None:
         """Run `true` once, as every run will, so a host that cannot (no user
-        namespaces, say) fails at start-up rather than on each run."""
-        limits = self.policy.limits_for({})
-        got = self.run(["true"], {}, limits, payload="null", deadline=time.monotonic() + 30)
+        namespaces, say) fails at start-up rather than on each run; and once
+        with network where that is on, so a host that cannot give a run its
+        namespace refuses network runs rather than failing each."""
+        if failed := self._true(self.policy.limits_for({})):
+            raise SandboxUnavailable(f"bwrap cannot start a sandbox here: {failed}")
+        if self.egress is not None:
+            failed = self._true(dataclasses.replace(self.policy.limits_for({}), network=True))
+            if failed:
+                self.egress.close()
+                self.egress = None
+                self.egress_refusal = f"a run cannot start in its own network namespace: {failed}"
+
+    def _true(self, limits: Limits) -> str | None:
+        """None if `true` runs in the sandbox with `limits`, else why not."""
+        try:
+            got = self.run(["true"], {}, limits, payload="null", deadline=time.monotonic() + 30)
+        except OSError as e:
+            return str(e)
         if got.reason != "exited" or got.code != 0:
-            first = (got.output.strip().splitlines() or [f"exit code {got.code}"])[0]
-            raise SandboxUnavailable(f"bwrap cannot start a sandbox here: {first}")
+            return (got.output.strip().splitlines() or [f"exit code {got.code}"])[0]
+        return None
 
     def run(
         self,
