@@ -64,6 +64,11 @@ class Topics:
     def dead_letter(self) -> str:
         return f"{self.prefix}.dead-letter"
 
+    @property
+    def wake(self) -> str:
+        """The relay's wakes for dozing run-topic partitions (cronwheel.dozing)."""
+        return f"{self.prefix}.wake"
+
 
 # Partitions a tenant's topics start with. An idle tenant costs the broker and
 # every consumer per partition (bench_tenants.py --idle), so they start small:

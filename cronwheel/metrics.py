@@ -61,6 +61,14 @@ CLASS_PAUSED = Gauge(
     "cronwheel_dispatcher_class_paused_partitions",
     "Run-topic partitions the dispatcher pauses because a higher class has records waiting",
 )
+DOZING = Gauge(
+    "cronwheel_dispatcher_dozing_partitions",
+    "Idle run-topic partitions the dispatcher leaves out of its fetches until a wake",
+)
+MISSED_WAKES = Counter(
+    "cronwheel_dispatcher_missed_wakes_total",
+    "Dozing partitions found with records by the sweep rather than woken by the relay",
+)
 CLASS_PAUSES = Counter(
     "cronwheel_dispatcher_class_pauses_total",
     "Times the dispatcher paused lower-class partitions for a higher class's backlog",

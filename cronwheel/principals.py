@@ -95,11 +95,14 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "relay": (
         _topics("{P}.runs.", W, D, C, A),
         _topics("{P}.run-completed", W, D, C, pattern=LITERAL),
+        # Wakes a tenant's run topic before its records (cronwheel.dozing).
+        _topics("{P}.wake", W, D, C, pattern=LITERAL),
     ),
     # Reads run topics (creating a new tenant's before it assigns it) and
     # forwards each record to its destination topic, which it creates and grows.
     "dispatcher": (
         _topics("{P}.runs.", R, D, C),
+        _topics("{P}.wake", R, D, C, pattern=LITERAL),  # read whole, never committed
         _topics("{P}.q.", W, D, C, A),
         _topics("{P}.webhook.", W, D, C, A),
         _topics("{P}.managed.", W, D, C, A),

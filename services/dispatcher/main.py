@@ -20,6 +20,8 @@ def main() -> None:
         batch=settings.batch,
         max_wait_ms=settings.max_wait_ms,
         in_flight=settings.in_flight,
+        doze_after_ms=settings.doze_after_ms,
+        doze_sweep_ms=settings.doze_sweep_ms,
         processed_retention_ms=settings.processed.retention_ms,
     )
     log.info("dispatcher starting (group %s)", dispatcher.group_id)

@@ -50,6 +50,7 @@ from cronwheel.config import Processed as ProcessedSettings
 from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
+from cronwheel.dozing import Dozing
 from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.logs import run_fields
 from cronwheel.store.dispatch import Processed, Pruner, message_key
@@ -141,6 +142,8 @@ class Dispatcher(ConsumerService):
         processed_retention_ms: int = ProcessedSettings.retention_ms,
         topic_scan_s: float = 30.0,
         lease_ttl_ms: int = 10_000,
+        doze_after_ms: int = DispatcherSettings.doze_after_ms,
+        doze_sweep_ms: int = DispatcherSettings.doze_sweep_ms,
         **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
     ):
         super().__init__(*args, batch=batch, max_wait_ms=max_wait_ms, **skeleton)
@@ -166,6 +169,12 @@ class Dispatcher(ConsumerService):
         self._top: int | None = None  # the class the last pass paused the lower ones for
         self._by_rank: dict[int, list[tuple[str, int]]] | None = None  # assigned, by class
         self._by_rank_version = -1  # the assignment's version it was made at
+        # Idle partitions out of the fetches until a wake (cronwheel.dozing).
+        self.dozing = (
+            Dozing(self.topics.wake, after_ms=doze_after_ms, sweep_ms=doze_sweep_ms)
+            if doze_after_ms
+            else None
+        )
         # Dispatch quotas: records held per partition (paused) until `_held_until`.
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
@@ -198,6 +207,8 @@ class Dispatcher(ConsumerService):
             # Idle (nothing read, nothing held back for a class): no class can
             # be waiting behind another.
             self._prioritise(consumer)
+        if self.dozing is not None:
+            self._doze(consumer)
         if self.pruner.due(now_ms()):
             self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
         return True
@@ -215,6 +226,8 @@ class Dispatcher(ConsumerService):
         if self._held_until:
             wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
         good = self.take(consumer, wait_ms)
+        if self.dozing is not None:
+            good = self._wakes(consumer, good)
         for m in good:
             self._next[(m.topic(), m.partition())] = m.offset() + 1
             rank = self._class_of(m.topic(), m.partition())
@@ -428,7 +441,20 @@ class Dispatcher(ConsumerService):
 
     # -- what this instance reads ---------------------------------------------
 
+    def open(self) -> Consumer:
+        consumer = super().open()
+        if self.dozing is not None:
+            try:
+                kafka.ensure_topics([self.topics.wake], partitions=1, client=self._admin)
+                self.dozing.start(consumer)
+            except Exception as exc:  # no wake can come: every partition stays fetched
+                log.warning("no dozing: the wake topic is unavailable (%s)", exc)
+                self.dozing = None
+        return consumer
+
     def assigned(self, partitions: list[TopicPartition]) -> None:
+        if self.dozing is not None:
+            self.dozing.assigned((tp.topic, tp.partition) for tp in partitions)
         for topic in {tp.topic for tp in partitions}:
             # New, or grown from one lane to a partition per class: the
             # classes of its partitions are read again (_class_of).
@@ -448,6 +474,8 @@ class Dispatcher(ConsumerService):
         super().give_up(partitions)
 
     def forget(self, where: tuple[str, int]) -> None:
+        if self.dozing is not None:
+            self.dozing.forget(where)
         self._next.pop(where, None)
         self._class_paused.discard(where)
         self._held.pop(where, None)  # its new owner reads them again
@@ -522,8 +550,7 @@ class Dispatcher(ConsumerService):
             consumer.pause([TopicPartition(t, p) for t, p in pause])
             metrics.CLASS_PAUSES.inc()
         if resume:
-            still_held = {k for k in resume if k in self._held}
-            back = [TopicPartition(t, p) for t, p in resume - still_held]
+            back = [TopicPartition(t, p) for t, p in resume if not self._paused_else(t, p, "class")]
             if back:
                 consumer.resume(back)
         self._class_paused = want
@@ -552,7 +579,7 @@ class Dispatcher(ConsumerService):
         by the watermarks the last fetches brought (paused or held ones are
         not fetched: their watermarks are stale)."""
         for key in keys:
-            if key in self._class_paused or key in self._held:
+            if key in self._class_paused or key in self._held or self._dozes(key):
                 continue
             low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             if high is None or high < 0:
@@ -560,6 +587,69 @@ class Dispatcher(ConsumerService):
             if high > self._next.get(key, max(low or 0, 0)):
                 return True
         return False
+
+    # -- dozing (cronwheel.dozing) ------------------------------------------
+
+    def _dozes(self, key: tuple[str, int]) -> bool:
+        return self.dozing is not None and key in self.dozing.dozing
+
+    def _paused_else(self, topic: str, partition: int, reason: str) -> bool:
+        """Whether the partition stays paused for a reason other than `reason`
+        (a class above it waits, records held for its quota, it dozes): a
+        partition resumes only when none is left."""
+        key = (topic, partition)
+        return (
+            (reason != "class" and key in self._class_paused)
+            or (reason != "held" and key in self._held)
+            or (reason != "doze" and self._dozes(key))
+        )
+
+    def _wakes(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
+        """The records without the wakes among them; the partitions those
+        wake are resumed (unless paused for another reason too)."""
+        assert self.dozing is not None
+        records, back = [], []
+        for m in msgs:
+            if self.dozing.is_wake(m.topic()):
+                topic = (m.key() or b"").decode(errors="replace")
+                back.extend(self.dozing.woken(topic))
+            else:
+                self.dozing.read((m.topic(), m.partition()))
+                records.append(m)
+        self._resume_dozed(consumer, back)
+        return records
+
+    def _doze(self, consumer: Consumer) -> None:
+        """Pause what has been quiet long enough; resume what the sweep found
+        records in although no wake came."""
+        assert self.dozing is not None
+
+        def caught_up(key: tuple[str, int]) -> bool:
+            low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            if high is None or high < 0:
+                return False  # not fetched yet: nothing known
+            return high <= self._next.get(key, max(low or 0, 0))
+
+        def busy(key: tuple[str, int]) -> bool:
+            return key in self._class_paused or key in self._held
+
+        quiet = self.dozing.to_doze(caught_up, busy)
+        if quiet:
+            consumer.pause([TopicPartition(t, p) for t, p in quiet])
+        moved = self.dozing.sweep(self._admin, self._next.get)
+        if moved:
+            log.info("%d dozing partitions had records no wake announced", len(moved))
+            metrics.MISSED_WAKES.inc(len(moved))
+            self._resume_dozed(consumer, moved)
+        if quiet or moved:
+            metrics.DOZING.set(len(self.dozing.dozing))
+
+    def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
+        back = [TopicPartition(t, p) for t, p in keys if not self._paused_else(t, p, "doze")]
+        if back:
+            consumer.resume(back)
+        if keys:
+            metrics.DOZING.set(len(self.dozing.dozing))
 
     # -- dispatch quotas ------------------------------------------------------
 
@@ -627,7 +717,7 @@ class Dispatcher(ConsumerService):
         for key in due:
             del self._held_until[key]
             out.extend(self._held.pop(key, []))
-            if key not in self._class_paused:
+            if not self._paused_else(*key, "held"):
                 consumer.resume([TopicPartition(*key)])
         if due:
             metrics.QUOTA_HELD.labels("dispatch").set(sum(len(v) for v in self._held.values()))

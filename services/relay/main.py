@@ -17,6 +17,7 @@ def main() -> None:
         settings.common.kafka_bootstrap,
         batch=settings.batch,
         lease_ttl_ms=settings.firing.lease_ttl_ms,
+        wake_every_ms=settings.wake_every_ms,
         # Read held rows well before their time: a run fired ahead must be in
         # memory by its instant, whatever the notifications did.
         hold_ms=settings.firing.fire_ahead_ms + 1_000,

@@ -39,6 +39,7 @@ from cronwheel import kafka, metrics
 from cronwheel.config import Firing
 from cronwheel.consumer import produce
 from cronwheel.core.clock import now_ms
+from cronwheel.dozing import Waker
 from cronwheel.store import outbox
 from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.leases import Leases
@@ -59,6 +60,7 @@ class Relay:
         idle_ms: int = 500,
         hold_ms: int = 1_000,
         instance: str | None = None,
+        wake_every_ms: int = RelaySettings.wake_every_ms,
     ):
         self.dsn = dsn
         # linger 1 ms: the relay already batches by reading the outbox in bulk.
@@ -86,6 +88,8 @@ class Relay:
         self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
         # Class partitions of run topics; grows a topic a first non-normal record comes to.
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
+        # Wakes the dispatcher's dozing partitions of a run topic before its records.
+        self.waker = Waker(self.producer, every_ms=wake_every_ms, produce=self._produce_wake)
 
     def run(self, stop: threading.Event) -> None:
         """Publish until `stop`. A lost database (a restart, a terminated
@@ -217,6 +221,7 @@ class Relay:
             item = (at, row[5], next(self._seq), row_id, row[7], self._record(row))
             heapq.heappush(self._held, item)
             self._held_ids.add(row_id)
+            self.waker.read(row[1], at)
         self._release_due()
         if self._backlog:
             self._drain(conn)
@@ -247,6 +252,15 @@ class Relay:
         # A topic the broker does not have was made by the placement first.
         produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))
 
+    def _produce_wake(self, producer, **record) -> None:
+        """A wake, produced as any record (a full local queue waited out); the
+        wake topic is made on first use, as a run topic is."""
+
+        def make(name: str) -> None:
+            kafka.ensure_topics([name], partitions=1, client=self._placement.admin)
+
+        produce(producer, make_topic=make, **record)
+
     def _release_due(self) -> int:
         """Produce the held rows whose time has come (by time, then class)."""
         if not self._held:
@@ -267,6 +281,7 @@ class Relay:
             _at, last, _seq, row_id, _p, record = heapq.heappop(self._held)
             self._held_ids.discard(row_id)
             self._produce(row_id, record)
+            self.waker.published(record["topic"])
             n += 1
         if n:
             self.producer.poll(0)

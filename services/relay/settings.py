@@ -14,3 +14,7 @@ class RelaySettings:
     metrics: Metrics = group(Metrics)
     firing: Firing = group(Firing)
     batch: int = setting("CRONWHEEL_RELAY_BATCH", 5000, minimum=1)
+    # A run topic gets a wake (cronwheel.dozing) when a row for it comes after
+    # this long without one; keep it below the dispatcher's
+    # CRONWHEEL_DISPATCHER_DOZE_AFTER_MS, so a busy topic never dozes.
+    wake_every_ms: int = setting("CRONWHEEL_RELAY_WAKE_EVERY_MS", 3_000, minimum=1)

@@ -41,11 +41,27 @@ def test_platform__writers_of_each_topic_kind():
     assert writers == {
         "cw.runs.": {"relay"},
         "cw.run-completed": {"relay"},
+        "cw.wake": {"relay"},
         "cw.q.": {"dispatcher"},
         "cw.webhook.": {"dispatcher"},
         "cw.managed.": {"dispatcher"},
         "cw.dead-letter": {"dispatcher", "workflow", "webhook", "executor"},
     }
+
+
+def test_wake_topic__read_by_the_dispatcher_alone__no_tenant_grant_covers_it():
+    # It says which tenants are busy: only the relay writes it, the dispatcher
+    # (and the observer, which reads everything) reads it.
+    readers = {
+        b.principal.removeprefix("User:cronwheel-")
+        for b in principals.platform_bindings("cw")
+        if b.restype == ResourceType.TOPIC
+        and b.operation == AclOperation.READ
+        and TOPICS.wake.startswith(b.name)
+        and (b.name == TOPICS.wake or b.resource_pattern_type == ResourcePatternType.PREFIXED)
+    }
+    assert readers == {"dispatcher", "observer"}
+    assert not TOPICS.wake.startswith(principals.tenant_topic_prefix(TOPICS, "ten_a"))
 
 
 def test_platform__only_the_gateway_on_the_cluster__the_observer_never_writes():

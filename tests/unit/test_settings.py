@@ -68,7 +68,13 @@ DEFAULTS = {
         "CRONWHEEL_PENDING_DEADLINE_LOW_MS": 600_000,
         "CRONWHEEL_PENDING_SWEEP_MS": 10_000,
     },
-    "relay": {**COMMON, **METRICS, **FIRING, "CRONWHEEL_RELAY_BATCH": 5000},
+    "relay": {
+        **COMMON,
+        **METRICS,
+        **FIRING,
+        "CRONWHEEL_RELAY_BATCH": 5000,
+        "CRONWHEEL_RELAY_WAKE_EVERY_MS": 3_000,
+    },
     "dispatcher": {
         **COMMON,
         **METRICS,
@@ -76,6 +82,8 @@ DEFAULTS = {
         "CRONWHEEL_DISPATCHER_BATCH": 500,
         "CRONWHEEL_DISPATCHER_MAX_WAIT_MS": 5,
         "CRONWHEEL_DISPATCHER_IN_FLIGHT": 4,
+        "CRONWHEEL_DISPATCHER_DOZE_AFTER_MS": 10_000,
+        "CRONWHEEL_DISPATCHER_DOZE_SWEEP_MS": 15_000,
     },
     "workflow": {
         **COMMON,

@@ -1,0 +1,213 @@
+"""Idle run-topic partitions are left out of the dispatcher's fetches
+("dozing"), and the relay wakes a tenant's run topic before its records come.
+
+Why: librdkafka has no incremental fetch sessions (KIP-227), so every fetch
+request names every partition its consumer has assigned, twice a second at
+`fetch.wait.max.ms` 500, and the broker answers for each of them. At 3,000
+tenants the dispatcher's fetches named 6,000 partitions, and most of its CPU
+and much of the broker's went there while nothing was due
+(docs/dispatcher.md, "Idle tenants"). A paused partition is named in no fetch.
+
+What holds:
+
+- A partition dozes (is paused) only when it is caught up (its high
+  watermark, as the last fetch brought it, is the next offset to read) and has
+  had neither a record nor a wake for `after_ms`.
+- The relay wakes a run topic when it reads an outbox row for it after
+  `every_ms` without one: a record keyed by the topic's name on `<p>.wake`
+  (one partition), which every dispatcher instance reads whole, from its end,
+  and never pauses. A run fired ahead of its instant is read up to a second
+  before it is published, so its partition is fetched again before its record
+  exists. A row published at once gets a second wake right after its record:
+  a partition resumed while a fetch is outstanding is first fetched when that
+  fetch returns, and the second wake is what makes it return.
+- Nothing depends on a wake arriving. Every `sweep_ms` the dispatcher asks for
+  the end offsets of its dozing partitions (one ListOffsets request per
+  broker) and wakes those that moved, counted in
+  `cronwheel_dispatcher_missed_wakes_total`: a lost wake costs at most
+  `sweep_ms` of lateness, never a run.
+- The wake topic says which tenants are busy, so no tenant may read it
+  (cronwheel/principals.py): the relay writes it, the dispatcher reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from cronwheel.core.clock import now_ms
+
+log = logging.getLogger("cronwheel.dozing")
+
+Where = tuple[str, int]
+
+# A row published sooner than this after it is read gets its second wake (the
+# consumer's fetch.wait.max.ms, 500, and a margin).
+SOON_MS = 600
+
+
+def wake_topic_of(run_topic: str) -> str | None:
+    """`<p>.wake` for a run topic `<p>.runs.<tenant>`; None for another topic.
+    The relay publishes every prefix's rows, so it learns the prefix here."""
+    prefix, sep, tenant = run_topic.rpartition(".runs.")
+    if not sep or not prefix or not tenant or "." in tenant:
+        return None
+    return f"{prefix}.wake"
+
+
+class Waker:
+    """The relay's side: wake a run topic when a row for it is read."""
+
+    def __init__(self, producer: Producer, *, every_ms: int, produce: Callable[..., None]):
+        """`produce(producer, **record)`: how the relay produces (it waits out
+        a full local queue, and makes the wake topic when it is missing)."""
+        self.producer = producer
+        self.every_s = every_ms / 1000
+        self._produce = produce
+        self._woken: dict[str, float] = {}  # topic -> when its last wake was sent
+        self._again: set[str] = set()  # topics whose next record gets a second wake
+        self.sent_total = 0
+
+    def read(self, topic: str, publish_at_ms: int) -> None:
+        """A row for `topic` was read, to be published at `publish_at_ms`."""
+        if wake_topic_of(topic) is None:
+            return
+        now = time.monotonic()
+        last = self._woken.get(topic)
+        if last is not None and now - last < self.every_s:
+            return
+        self._woken[topic] = now
+        self._send(topic)
+        if publish_at_ms - now_ms() < SOON_MS:
+            self._again.add(topic)
+        if len(self._woken) > 100_000:  # forget topics quiet for a while
+            cutoff = now - self.every_s
+            self._woken = {t: at for t, at in self._woken.items() if at >= cutoff}
+
+    def published(self, topic: str) -> None:
+        """A row's record for `topic` was just produced."""
+        if topic in self._again:
+            self._again.discard(topic)
+            self._send(topic)
+
+    def _send(self, topic: str) -> None:
+        # Best effort: a wake that fails is the sweep's to make up for.
+        wake = wake_topic_of(topic)
+        try:
+            self._produce(self.producer, topic=wake, key=topic.encode(), value=b"")
+        except Exception as exc:  # KafkaException, RuntimeError: the sweep makes up for it
+            log.warning("could not wake %s: %s", topic, exc)
+            return
+        self.sent_total += 1
+
+
+class Dozing:
+    """The dispatcher's side: which assigned partitions doze, and waking them."""
+
+    def __init__(self, wake_topic: str, *, after_ms: int, sweep_ms: int, check_ms: int = 1_000):
+        self.wake_topic = wake_topic
+        self.after_s = after_ms / 1000
+        self.sweep_s = sweep_ms / 1000
+        self.check_s = check_ms / 1000
+        self.dozing: set[Where] = set()
+        self._last: dict[Where, float] = {}  # a record read or a wake, per partition
+        self._by_topic: dict[str, set[Where]] = {}
+        self._next_check = 0.0
+        self._next_sweep = time.monotonic() + self.sweep_s
+        self.missed_total = 0  # wakes the sweep made up for
+
+    def start(self, consumer: Consumer) -> None:
+        """Read the wake topic from its end: what came before this instance's
+        start is covered by its partitions starting awake."""
+        consumer.incremental_assign([TopicPartition(self.wake_topic, 0, -1)])  # OFFSET_END
+
+    def is_wake(self, topic: str) -> bool:
+        return topic == self.wake_topic
+
+    # -- the assignment ---------------------------------------------------------
+
+    def assigned(self, keys: Iterable[Where]) -> None:
+        now = time.monotonic()
+        for key in keys:
+            self._last[key] = now
+            self._by_topic.setdefault(key[0], set()).add(key)
+
+    def forget(self, key: Where) -> None:
+        self._last.pop(key, None)
+        self.dozing.discard(key)
+        same = self._by_topic.get(key[0])
+        if same is not None:
+            same.discard(key)
+            if not same:
+                del self._by_topic[key[0]]
+
+    # -- activity ---------------------------------------------------------------
+
+    def read(self, key: Where) -> None:
+        self._last[key] = time.monotonic()
+
+    def woken(self, topic: str) -> list[Where]:
+        """A wake for `topic`: its partitions are awake for `after_ms` again;
+        returns those that dozed (to be resumed)."""
+        now = time.monotonic()
+        back = []
+        for key in self._by_topic.get(topic, ()):
+            self._last[key] = now
+            if key in self.dozing:
+                self.dozing.discard(key)
+                back.append(key)
+        return back
+
+    def to_doze(
+        self, caught_up: Callable[[Where], bool], busy: Callable[[Where], bool]
+    ) -> list[Where]:
+        """At most once per `check_ms`: the partitions to pause now (quiet for
+        `after_ms`, caught up, and not paused or held for another reason)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return []
+        self._next_check = now + self.check_s
+        quiet = now - self.after_s
+        out = [
+            key
+            for key, last in self._last.items()
+            if last <= quiet and key not in self.dozing and not busy(key) and caught_up(key)
+        ]
+        self.dozing.update(out)
+        return out
+
+    def sweep(self, admin: AdminClient, position: Callable[[Where], int | None]) -> list[Where]:
+        """Every `sweep_ms`: the dozing partitions whose end offset is past
+        what was read (a wake lost, or never sent); they wake."""
+        now = time.monotonic()
+        if now < self._next_sweep or not self.dozing:
+            return []
+        self._next_sweep = now + self.sweep_s
+        asked = {TopicPartition(t, p): (t, p) for t, p in self.dozing}
+        try:
+            futures = admin.list_offsets(
+                {tp: OffsetSpec.latest() for tp in asked}, request_timeout=5
+            )
+        except KafkaException as exc:
+            log.warning("sweep of %d dozing partitions failed: %s", len(asked), exc)
+            return []
+        moved = []
+        for tp, fut in futures.items():
+            key = asked[tp]
+            try:
+                end = fut.result().offset
+            except KafkaException:
+                moved.append(key)  # unknown: fetch it again rather than guess
+                continue
+            at = position(key)  # None: nothing read or committed, so from the start
+            if end > (at or 0):
+                moved.append(key)
+        for key in moved:
+            self.dozing.discard(key)
+            self._last[key] = now
+        self.missed_total += len(moved)
+        return moved

@@ -1,0 +1,94 @@
+"""Dozing (cronwheel.dozing) against the real broker: a quiet run-topic
+partition leaves the dispatcher's fetches, a wake brings it back before its
+record is read, and a record no wake announced is still forwarded (the sweep)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from cronwheel import kafka
+from cronwheel.consumer import produce as produce_waiting
+from cronwheel.dozing import Waker, wake_topic_of
+from cronwheel.kafka import Topics
+from services.dispatcher.service import Dispatcher
+from tests.integration.test_dispatcher import produce, ready
+from tests.support.kafka import drain
+from tests.support.running import running
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def topics(topic_prefix) -> Topics:
+    return Topics(topic_prefix)
+
+
+def _tenant(database_url: str) -> str:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO tenants (tenant_id, name) VALUES (%s, %s)", [tenant, tenant])
+    return tenant
+
+
+def _dozing_dispatcher(database_url, kafka_bootstrap, topics, *, sweep_ms: int) -> Dispatcher:
+    return Dispatcher(
+        database_url, kafka_bootstrap, topics, topic_scan_s=3600,
+        doze_after_ms=1_000, doze_sweep_ms=sweep_ms,
+    )  # fmt: skip
+
+
+def _forward_then_doze(d: Dispatcher, kafka_bootstrap, topics, tenant: str) -> None:
+    """The tenant's partition has read a record, then dozes."""
+    run_topic = topics.runs(tenant)
+    wait_for(lambda: (run_topic, 0) in d.assignment.assigned, timeout=30, what="assigned")
+    produce(kafka_bootstrap, run_topic, [(b"r-0", ready(tenant, "r-0"))])
+    drain(kafka_bootstrap, topics.queue(tenant, "billing"), want=1, timeout=30)
+    wait_for(lambda: (run_topic, 0) in d.dozing.dozing, timeout=30, what="the partition dozes")
+
+
+def _expect_both_forwarded(kafka_bootstrap, topics, tenant: str) -> None:
+    got = drain(kafka_bootstrap, topics.queue(tenant, "billing"), want=2, timeout=30)
+    assert sorted(d["run_id"] for _t, _k, _n, d, _m in got) == ["r-0", "r-1"]
+
+
+def test_dozing_partition__woken_like_the_relay_does__record_forwarded_no_sweep_needed(
+    database_url, kafka_bootstrap, topics
+):
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    # The sweep far off: only the wake can bring the partition back in time.
+    with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=600_000)) as d:
+        _forward_then_doze(d, kafka_bootstrap, topics, tenant)
+        producer = kafka.producer(kafka_bootstrap, principal="relay")
+        waker = Waker(producer, every_ms=3_000, produce=produce_waiting)
+        waker.read(run_topic, int(time.time() * 1000))  # a row due now: two wakes
+        produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
+        waker.published(run_topic)
+        assert producer.flush(30) == 0
+        _expect_both_forwarded(kafka_bootstrap, topics, tenant)
+        assert waker.sent_total == 2 and d.dozing.missed_total == 0
+
+
+def test_dozing_partition__record_without_a_wake__found_by_the_sweep(
+    database_url, kafka_bootstrap, topics
+):
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=1_000)) as d:
+        _forward_then_doze(d, kafka_bootstrap, topics, tenant)
+        assert (run_topic, 0) in d.dozing.dozing  # the record below lands on a dozing partition
+        produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
+        _expect_both_forwarded(kafka_bootstrap, topics, tenant)
+        assert d.dozing.missed_total >= 1
+
+
+def test_wake_topic_of__run_topics_only():
+    assert wake_topic_of("cw.runs.ten_a") == "cw.wake"
+    assert wake_topic_of("t1a2.runs.ten_a") == "t1a2.wake"
+    for other in ("cw.q.ten_a.q", "cw.run-completed", "cw.runs.", "runs.ten_a", "cw.runs.a.b"):
+        assert wake_topic_of(other) is None
