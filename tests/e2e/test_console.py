@@ -130,6 +130,11 @@ def test_console__sign_in_see_job_watch_runs_arrive_and_pause(stack, page):
         "/v1/jobs",
         json={**JOB, "name": "every-five", "schedule": {"cron": "*/5 * * * *", "timezone": "UTC"}},
     )
+    spring = acme.post(
+        "/v1/jobs",
+        json={**JOB, "name": "spring-forward",
+              "schedule": {"cron": "30 2 14 3 *", "timezone": "America/New_York"}},
+    ).json()  # fmt: skip
 
     sign_in(page, stack["acme_key"])
     row = page.locator(f"#jobs tr[data-job-id='{job['job_id']}']")
@@ -137,7 +142,18 @@ def test_console__sign_in_see_job_watch_runs_arrive_and_pause(stack, page):
     text = row.inner_text()
     assert "nightly-report" in text and "30 2 * * *" in text and "at 02:30 every day" in text
     assert "America/New_York" in text and "queue reports" in text and "active" in text
-    assert page.locator("#jobs tbody tr").count() == 2
+    assert page.locator("#jobs tbody tr").count() == 3
+    # The next fire's DST mark in the table is the preview's: 02:30 on March
+    # 14th in New York falls in the spring-forward gap in years such as 2027.
+    first = acme.get(
+        "/v1/schedules/preview",
+        params={"cron": "30 2 14 3 *", "timezone": "America/New_York", "count": 1},
+    ).json()["fires"][0]
+    mark = page.locator(f"#jobs tr[data-job-id='{spring['job_id']}'] .dst")
+    if first["dst"] == "gap":
+        assert mark.inner_text() == "DST gap"
+    else:
+        assert mark.count() == 0
     # Next fire in the viewer's zone, UTC on hover.
     assert page.locator("#jobs time").first.get_attribute("title").endswith("Z (UTC)")
     shot(page, "jobs")
