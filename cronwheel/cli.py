@@ -34,8 +34,9 @@ def _print_json(obj) -> None:
 
 def cmd_up(args) -> None:
     from cronwheel import stack
+    from cronwheel.stack import cells
 
-    st = stack.up()
+    st = stack.up(cells.parse_names(args.cells) if args.cells is not None else None)
     _print_json(st) if args.json else _print_status(st)
 
 
@@ -76,6 +77,11 @@ def masked_url(url: str) -> str:
 def _print_status(st: dict) -> None:
     print(f"postgres  {st['postgres']:<24} {masked_url(st['database_url'])}")
     print(f"kafka     {st['kafka']:<24} {st['kafka_bootstrap']}")
+    for name, cell in (st.get("cells") or {}).items():
+        print(f"cell {name:<4} postgres {cell['postgres']:<24} kafka {cell['kafka']:<24}"
+              f" {cell['api_url']}")  # fmt: skip
+    if "directory_url" in st:
+        print(f"directory {masked_url(st['directory_url'])}")
     for name, svc in sorted((st.get("services") or {}).items()):
         state = f"{svc['state']} (pid {svc['pid']})" if svc.get("pid") else svc["state"]
         line = f"{name:<9} {state:<24} restarts {svc['restarts']}"
@@ -111,8 +117,21 @@ def cmd_migrate(args) -> None:
     waiting = pending(url)
     for m in waiting:
         print(f"pending {m.version:04d}_{m.name} (contract step: `cronwheel migrate --contract`)")
-    if not applied and not waiting:
+    # With cells: every cell's database and the directory's (stack/cells.py).
+    cell_lines = _migrate_cells(args.contract)
+    for line in cell_lines:
+        print(line)
+    if not applied and not waiting and not cell_lines:
         print("schema up to date")
+
+
+def _migrate_cells(contract: bool) -> list[str]:
+    if config.external_database():
+        return []
+    from cronwheel.stack import cells
+
+    configured = cells.configured()
+    return cells.migrate(configured, contract) if configured else []
 
 
 def cmd_secrets_new_key(args) -> None:
@@ -176,12 +195,20 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, fn, help_ in [
         ("up", cmd_up, "start the local PostgreSQL and Kafka (idempotent)"),
-        ("down", cmd_down, "stop the local stack, leaving no process behind"),
+        ("down", cmd_down, "stop the local stack and its cells, leaving no process behind"),
         ("status", cmd_status, "show the local stack and its addresses"),
     ]:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=fn)
+        if name == "up":
+            sp.add_argument(
+                "--cells",
+                default=None,
+                metavar="NAMES",
+                help="comma-separated cells (e.g. us,eu), each with its own PostgreSQL and "
+                "Kafka, and the directory's database; remembered until `down` (docs/cells.md)",
+            )
     sp = sub.add_parser("migrate", help="apply pending migrations")
     sp.add_argument(
         "--dump-schema",

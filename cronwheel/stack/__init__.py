@@ -1,6 +1,8 @@
 """The local stack behind `cronwheel up | down | status`: PostgreSQL and Kafka on
 loopback with no Docker. Servers named by DATABASE_URL / KAFKA_BOOTSTRAP are used
-as they are and never started or stopped here."""
+as they are and never started or stopped here. With cells (`up --cells us,eu`),
+each cell is this same stack on ports of its own (stack/cells.py), and the
+default stack's cluster holds the directory."""
 
 from __future__ import annotations
 
@@ -18,7 +20,24 @@ def _parts():
     return LocalPostgres(home), LocalKafka(home)
 
 
-def up() -> dict:
+def up(cells: list[str] | None = None) -> dict:
+    """The stack; with `cells` (names), those cells too, remembered for the
+    commands after. Without, the cells a former `up --cells` remembered."""
+    from cronwheel.stack import cells as cellstack
+
+    chosen = cellstack.configured() if cells is None else cellstack.cells_of(cells)
+    if not chosen:
+        return up_single()
+    cellstack.refuse_external()
+    pg, _kafka = _parts()
+    pg.up()  # the directory's cluster; the cells have brokers of their own
+    if cells is not None:
+        cellstack.remember(cells)
+    cellstack.up(chosen)
+    return status()
+
+
+def up_single() -> dict:
     pg, kafka = _parts()
     if not config.external_database():
         pg.up()
@@ -28,6 +47,16 @@ def up() -> dict:
 
 
 def down() -> dict:
+    """The stack and every configured cell, which are forgotten (their state
+    stays under <home>/cells/)."""
+    from cronwheel.stack import cells as cellstack
+
+    cellstack.down(cellstack.configured())
+    cellstack.forget()
+    return down_single()
+
+
+def down_single() -> dict:
     pg, kafka = _parts()
     if not config.external_kafka():
         kafka.down()
@@ -39,9 +68,11 @@ def down() -> dict:
 def status() -> dict:
     """The stack's servers and addresses; with `services` (each one's pid,
     state, restarts and last exit) while `cronwheel dev` runs them."""
+    from cronwheel.stack import cells as cellstack
     from cronwheel.supervisor import read_state
 
     pg, kafka = _parts()
+    cells = cellstack.configured()
     supervised = read_state(config.project_home())
     services = {"services": supervised["services"]} if supervised else {}
     bootstrap = config.kafka_bootstrap()
@@ -62,6 +93,9 @@ def status() -> dict:
         "postgres": "external" if config.external_database() else _state(pg.pid),
         "kafka": "external" if config.external_kafka() else _state(kafka.pid),
         "home": str(config.project_home()),
+        # With cells: each one's servers and addresses, and the directory's
+        # database (CONTRACT.md, "Cells").
+        **(cellstack.status(cells) if cells else {}),
     }
 
 
