@@ -381,6 +381,18 @@ class Serving:
 
 
 @dataclass(frozen=True)
+class Cells:
+    """The directory of cells (docs/cells.md), for the gateways and the router.
+    Unset `directory_url`: one cell, no directory (a gateway serves every
+    tenant its database has, as before cells)."""
+
+    directory_url: str | None = setting("CRONWHEEL_DIRECTORY_URL", None)
+    # How long a directory answer is used before it is read again; while the
+    # directory is away, the last answer is used on (cronwheel/directory.py).
+    directory_ttl_ms: int = setting("CRONWHEEL_DIRECTORY_TTL_MS", 5_000, minimum=0)
+
+
+@dataclass(frozen=True)
 class Secrets:
     """The keys that seal secrets at rest (webhook signing secrets): the first
     seals, all of them open (cronwheel/core/sealing.py). Unset: one key generated

@@ -78,7 +78,7 @@ def ensure_demo(dsn: str, topics: Topics) -> dict:
                 now_ms(),
             )
             return tenant
-        key_id, secret = new_api_key()
+        key_id, secret = new_api_key(row[0])
         conn.execute(
             queries("jobs")["insert_api_key"],
             {"key_id": key_id, "tenant_id": row[0], "hash": hash_key(secret)},

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 
 SERVICES = ("gateway", "timer", "relay", "dispatcher", "workflow", "webhook", "executor")
+# Every cell runs SERVICES; the router runs once, in front of the cells (docs/cells.md).
+SERVABLE = (*SERVICES, "router")
 
 
 def service_main(name: str) -> Callable[[], None]:
@@ -35,6 +37,8 @@ def service_main(name: str) -> Callable[[], None]:
             from services.webhook import main
         case "executor":
             from services.executor import main
+        case "router":
+            from services.router import main
         case _:
             raise ValueError(f"unknown service {name!r}")
     return main.main
@@ -51,16 +55,48 @@ def cmd_serve(args) -> None:
     from cronwheel.cli import CliError
     from cronwheel.store.db import refuse_unsafe_role
 
-    unknown = [s for s in args.services if s not in SERVICES]
+    unknown = [s for s in args.services if s not in SERVABLE]
     if unknown:
-        raise CliError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVICES)}")
+        raise CliError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVABLE)}")
+    if args.cell is not None:
+        _become_cell(args.cell)
+    if "router" in args.services:
+        _local_directory()
     for name in args.services:  # a bad value is its one line before the database is asked
         config.load(service_settings(name))
-    refuse_unsafe_role()  # a login that bypasses row-level security starts nothing
+    if args.services != ["router"]:  # the router reads the directory alone
+        refuse_unsafe_role()  # a login that bypasses row-level security starts nothing
     if len(args.services) == 1:
         service_main(args.services[0])()
         return
     _supervise(args.services)
+
+
+def _become_cell(name: str) -> None:
+    """This process's environment made cell `name`'s (a cell of `cronwheel up
+    --cells`): its stack, its gateway's address, the directory."""
+    import os
+
+    from cronwheel.cli import CliError
+    from cronwheel.stack import cells
+
+    cell = next((c for c in cells.configured() if c.name == name), None)
+    if cell is None:
+        raise CliError(f"--cell {name}: not a cell of this stack (`cronwheel up --cells ...`)")
+    env = cell.service_env(dict(os.environ))
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def _local_directory() -> None:
+    """The router's directory: CRONWHEEL_DIRECTORY_URL, else the local
+    stack's when it has cells."""
+    import os
+
+    from cronwheel.stack import cells
+
+    if not os.environ.get("CRONWHEEL_DIRECTORY_URL", "").strip() and cells.configured():
+        os.environ["CRONWHEEL_DIRECTORY_URL"] = cells.directory_url()
 
 
 def _dev_services() -> list[str]:
@@ -75,6 +111,9 @@ def _dev_services() -> list[str]:
 
 
 def cmd_dev(args) -> None:
+    if args.cells is not None:
+        _dev_cells(args)
+        return
     if args.demo:
         from cronwheel import config
         from cronwheel.demo import demo_kafka, ensure_demo, operator_key
@@ -93,6 +132,35 @@ def cmd_dev(args) -> None:
             print(f"demo kafka    CRONWHEEL_KAFKA_USERNAME={creds.username}"
                   f" CRONWHEEL_KAFKA_PASSWORD={creds.password}")  # fmt: skip
     _supervise(_dev_services())
+
+
+def _dev_cells(args) -> None:
+    """Every service of every cell (`cronwheel serve --cell NAME SERVICE`, each
+    gateway on its cell's port) and the router on the public address."""
+    from cronwheel import config
+    from cronwheel.cli import CliError
+    from cronwheel.runtime import stop_on_signals
+    from cronwheel.stack import cells
+    from cronwheel.supervisor import Supervisor
+
+    names = cells.parse_names(args.cells)
+    have = [c.name for c in cells.configured()]
+    if names != have:
+        raise CliError(f"the stack's cells are {have or 'none'}: run `cronwheel up --cells "
+                       f"{','.join(names)}` and `cronwheel migrate` first")  # fmt: skip
+    if args.demo:
+        raise CliError("--demo makes its tenant in one cell's stack: run it without --cells")
+    _local_directory()
+    config.load(service_settings("router"))
+    me = [sys.executable, "-m", __spec__.name, "serve"]
+    commands = {
+        f"{cell}/{svc}": [*me, "--cell", cell, svc] for cell in names for svc in _dev_services()
+    }
+    commands["router"] = [*me, "router"]
+    for cell in cells.configured():
+        print(f"cell {cell.name:<9} {cell.api_url}/v1  kafka {cell.kafka_bootstrap}")
+    print(f"router        http://{config.http_addr()}/v1  (every tenant, every cell)")
+    Supervisor(commands, config.project_home()).run(stop_on_signals())
 
 
 def _supervise(names: list[str]) -> None:
@@ -119,9 +187,13 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
 
     sp = sub.add_parser("serve", help="run services")
     sp.add_argument("services", nargs="+", metavar="SERVICE")
+    sp.add_argument("--cell", default=None, metavar="NAME",
+                    help="as cell NAME of `cronwheel up --cells` (docs/cells.md)")  # fmt: skip
     sp.set_defaults(func=cmd_serve)
     sp = sub.add_parser("dev", help="run every service in one command")
     sp.add_argument("--demo", action="store_true", help="create the demo tenant and job first")
+    sp.add_argument("--cells", default=None, metavar="NAMES",
+                    help="every service per cell, and the router on the public address")  # fmt: skip
     sp.set_defaults(func=cmd_dev)
     admin_cli.add_parsers(sub)
 

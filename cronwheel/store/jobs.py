@@ -45,9 +45,13 @@ def hash_key(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
-def new_api_key() -> tuple[str, str]:
-    """(key_id, secret): 32 random bytes; only the hash is stored."""
-    return new_id("key"), "cw_" + secrets.token_urlsafe(32)
+def new_api_key(tenant_id: str | None = None) -> tuple[str, str]:
+    """(key_id, secret): 32 random bytes; only the hash is stored. The secret
+    names its tenant (`cw_<tenant_id>.<random>`), so a router finds the
+    tenant's cell from the key alone (docs/cells.md, "Routing"); the random
+    part is what makes it a secret."""
+    prefix = f"cw_{tenant_id}." if tenant_id else "cw_"
+    return new_id("key"), prefix + secrets.token_urlsafe(32)
 
 
 def create_tenant(
@@ -65,7 +69,7 @@ def create_tenant(
     if not isinstance(name, str) or not 1 <= len(name) <= 200:
         raise ValidationError("name", "must be a string of 1-200 characters")
     tenant_id = new_id("ten")
-    key_id, secret = new_api_key()
+    key_id, secret = new_api_key(tenant_id)
     with conn.transaction():
         try:
             row = conn.execute(
@@ -115,8 +119,11 @@ def _spec_columns(spec: JobSpec) -> dict:
 
 
 class Jobs:
-    def __init__(self, topics: Topics):
+    def __init__(self, topics: Topics, kafka_bootstrap: str | None = None):
         self.topics = topics
+        # The broker a queue job's workers consume its `topic` from (this
+        # cell's), shown beside it; None: not shown.
+        self.kafka_bootstrap = kafka_bootstrap
         self.lifecycle = Lifecycle(topics)
 
     # -- views -------------------------------------------------------------
@@ -146,6 +153,8 @@ class Jobs:
         }
         if row["target"]["type"] == "queue":
             out["topic"] = self.topics.queue(row["tenant_id"], row["target"]["queue"])
+            if self.kafka_bootstrap is not None:
+                out["kafka_bootstrap"] = self.kafka_bootstrap
         return out
 
     def _load(self, conn, tenant_id: str, job_id: str, lock: bool = False) -> dict:

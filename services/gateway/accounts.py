@@ -118,7 +118,7 @@ def issue_key(
     label = _label(body.get("label"))
     get_tenant(conn, tenant_id)
     quotas.reserve(conn, tenant_id, "keys", 1, limits or ObjectLimits())
-    key_id, secret = new_api_key()
+    key_id, secret = new_api_key(tenant_id)
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             _q()["insert_key"],

@@ -17,6 +17,11 @@ client address in the same shared table of buckets (ratelimit.py):
 `failures_per_minute` of them, then `429 RATE_LIMITED` with Retry-After, and an
 address over its budget gets no lookup for a key the guard does not know (a
 key it knows to be good still works from there). docs/api.md, "Rate limits".
+
+With cells, a request for a tenant homed in another cell is refused with 421
+before any of that tenant's work (cells.py): a tenant key's tenant, an
+operator path's `/v1/tenants/{id}`, and an unknown key that names a tenant
+homed elsewhere (a key of that cell, sent here).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from cronwheel.store.jobs import hash_key
 from cronwheel.store.sql_loader import queries
 from services.gateway import idempotency
+from services.gateway.cells import homing_of, tenant_of_key, tenant_of_path
 from services.gateway.problems import Problem
 from services.gateway.ratelimit import bucket_key, retry_after
 
@@ -181,10 +187,14 @@ async def caller(
     limiter = gateway.limiter
     operator = hmac.compare_digest(token.encode(), gateway.operator_key.encode())
     tenant_id = None
+    homing = homing_of(request.app)
     if operator:
+        if (about := tenant_of_path(request.url.path)) is not None:
+            await homing.refuse_elsewhere(about)
         bucket, who = bucket_key("operator", hash_key(token)), "the operator key"
     else:
-        tenant_id = await _tenant_of(request, gateway, hash_key(token))
+        tenant_id = await _tenant_of(request, gateway, token)
+        await homing.refuse_elsewhere(tenant_id)
         bucket, who = bucket_key("tenant", tenant_id), "this tenant"
     wait = limiter.take(bucket)
     if wait > 0:
@@ -200,14 +210,16 @@ async def caller(
     return Caller(token, operator, request, key, tenant_id)
 
 
-async def _tenant_of(request: Request, gateway, key_hash: bytes) -> str:
+async def _tenant_of(request: Request, gateway, token: str) -> str:
     """The tenant of a key that is not the operator's, or the failure raised."""
     guard = guard_of(request.app)
+    key_hash = hash_key(token)
     known = guard.known(key_hash)
     if known:
         return known
     address = _address(request)
     if known == _REFUSED:
+        await _elsewhere(request, token)
         raise _failed(guard, gateway.limiter, address)
     wait = guard.failure_wait(gateway.limiter, address, 0)
     if wait > 0:  # no lookup for an address that spent its failures
@@ -215,8 +227,16 @@ async def _tenant_of(request: Request, gateway, key_hash: bytes) -> str:
     tenant_id = await run_in_threadpool(guard.lookup, gateway.pool, key_hash)
     guard.learn(key_hash, tenant_id or _REFUSED)
     if tenant_id is None:
+        await _elsewhere(request, token)
         raise _failed(guard, gateway.limiter, address)
     return tenant_id
+
+
+async def _elsewhere(request: Request, token: str) -> None:
+    """421 for a key this cell does not know whose tenant is homed in another
+    cell (cells.py); nothing for any other unknown key."""
+    if (named := tenant_of_key(token)) is not None:
+        await homing_of(request.app).refuse_elsewhere(named)
 
 
 async def tenant_caller(who: Annotated[Caller, Depends(caller)]) -> Caller:

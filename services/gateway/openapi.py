@@ -37,6 +37,8 @@ PROBLEM = {
         "detail": {"type": "string"},
         "code": {"type": "string", "example": "INVALID_FIELD"},
         "field": {"type": "string", "example": "schedule.cron"},
+        "cell": {"type": "string", "description": "421: the cell the tenant is homed in"},
+        "api_url": {"type": "string", "description": "421: that cell's gateway"},
     },
 }
 
@@ -182,6 +184,10 @@ JOB = {
         "version": {"type": "integer"},
         "next_fire_at": NULLABLE_INSTANT,
         "topic": {"type": "string", "description": "queue targets: the Kafka topic of its runs"},
+        "kafka_bootstrap": {
+            "type": "string",
+            "description": "queue targets: the broker of the tenant's cell, where `topic` is",
+        },
         "created_at": INSTANT,
         "updated_at": INSTANT,
     },

@@ -40,6 +40,7 @@ class Problem(Exception):
         detail: str,
         field: str | None = None,
         headers: dict[str, str] | None = None,
+        extensions: dict[str, Any] | None = None,
     ):
         super().__init__(detail)
         self.status = status
@@ -47,6 +48,8 @@ class Problem(Exception):
         self.detail = detail
         self.field = field
         self.headers = headers or {}
+        # RFC 9457 extension members beside `code` (a 421's home `cell`).
+        self.extensions = extensions or {}
 
 
 def document(status: int, code: str, detail: str, field: str | None = None) -> dict[str, Any]:
@@ -85,7 +88,9 @@ def status_of(e: ValidationError | NotFound | Conflict) -> int:
 def from_exception(e: Exception) -> tuple[int, dict, dict[str, str]]:
     """(status, problem document, headers) for the errors requests may raise."""
     if isinstance(e, Problem):
-        return e.status, document(e.status, e.code, e.detail, e.field), e.headers
+        doc = document(e.status, e.code, e.detail, e.field)
+        doc.update({k: v for k, v in e.extensions.items() if k not in doc})
+        return e.status, doc, e.headers
     if isinstance(e, ValidationError):
         status = status_of(e)
         return status, document(status, e.code, e.message, e.field), {}

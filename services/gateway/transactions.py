@@ -101,7 +101,7 @@ class Gateway:
         self.clock = clock
         self.cell = cell
         self.webhook_allow = list(webhook_allow)
-        self.jobs = Jobs(topics)
+        self.jobs = Jobs(topics, bootstrap)
         self.lifecycle = Lifecycle(topics)
         self.workflows = Workflows(topics)
         self.pool = ConnectionPool(

@@ -2,6 +2,10 @@
 
 Keys: more than one per tenant (rotate: issue a new key, move clients, revoke
 the old one); the secret is shown once, when issued.
+
+Placement (docs/cells.md): a tenant is created in the cell its `cell` names
+(omitted: the default cell), by that cell's gateway, which records it in the
+directory in the same request; another cell's gateway answers 421 naming it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from services.gateway import accounts, kafka_credentials
 from services.gateway import openapi as oa
 from services.gateway.auth import AnyCaller, TenantCaller
 from services.gateway.bodies import JsonObject, OptionalObject
+from services.gateway.cells import homing_of
 from services.gateway.problems import Problem
 from services.gateway.routes import _ID, Gw, ident
 
@@ -38,9 +43,25 @@ TENANT = {
         "tenant_id": {"type": "string"},
         "name": {"type": "string"},
         "cell": {"type": "string"},
+        "state": {
+            "type": "string",
+            "enum": ["active", "moving", "frozen"],
+            "description": "as the directory of cells has it; `active` with one cell",
+        },
         "priority_classes": {"type": "array", "items": oa.PRIORITY},
         "api_key": {"type": "string", "description": "at creation only"},
         "kafka": kafka_credentials.KAFKA,
+    },
+}
+OWN_TENANT = {
+    "type": "object",
+    "properties": {
+        "tenant_id": {"type": "string"},
+        "cell": {"type": "string"},
+        "kafka_bootstrap": {
+            "type": "string",
+            "description": "the broker of the tenant's cell: its workers consume there",
+        },
     },
 }
 
@@ -49,17 +70,40 @@ TENANT = {
     "/v1/tenants",
     status_code=201,
     openapi_extra=oa.body(oa.TENANT_CREATE),
-    responses=oa.ok(TENANT, 201, 403, 409),
-    summary="Create a tenant and its first API key (operator)",
+    responses=oa.ok(TENANT, 201, 403, 409, 421, 503),
+    summary="Create a tenant and its first API key in a cell (operator)",
 )
 def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
+    homing = homing_of(who.request.app)
+    # A tenant key gets its 403 from as_operator, not a word about the cells.
+    cell = _cell_asked(homing, body) if who.operator else homing.cell
+
     def create(tx):
-        tenant = accounts.new_tenant(tx.conn, body, gw.cell)
+        tenant = accounts.new_tenant(tx.conn, {**body, "cell": cell}, gw.cell)
         # Made before the transaction commits: no tenant without its principal.
         tenant["kafka"] = kafka_credentials.provision(gw, tenant["tenant_id"])
+        # Last: a directory that does not answer rolls the tenant back (503).
+        homing.place(tenant["tenant_id"], cell)
         return tenant
 
     return gw.as_operator(who, create, 201)
+
+
+def _cell_asked(homing, body: dict) -> str:
+    """The cell a new tenant is for: `cell`, else the default cell. 422 naming
+    `cell` for one that is not a cell; 421 for another cell (its gateway
+    creates it, in its own database and broker)."""
+    cell = body.get("cell")
+    if cell is None:
+        cell = homing.default_cell()
+    elif not isinstance(cell, str) or not accounts.CELL.match(cell):
+        raise ValidationError("cell", "must be 1-50 of a-z 0-9 -")
+    known = homing.known_cells()
+    if cell not in known:
+        raise ValidationError("cell", f"unknown cell {cell!r}; the cells: {', '.join(known)}")
+    if cell != homing.cell:
+        raise homing.misdirected(cell, "a tenant for cell")
+    return cell
 
 
 @router.post(
@@ -107,7 +151,24 @@ def list_tenants(
 )
 def get_tenant(gw: Gw, who: AnyCaller, tenant_id: str):
     tid = ident(tenant_id, "tenant")
-    return gw.as_operator(who, lambda tx: accounts.get_tenant(tx.conn, tid))
+    state = homing_of(who.request.app).state_of(tid)
+    return gw.as_operator(who, lambda tx: {**accounts.get_tenant(tx.conn, tid), "state": state})
+
+
+@router.get(
+    "/v1/tenant",
+    responses=oa.ok(OWN_TENANT, 200, 403),
+    summary="The caller's tenant: its cell, and the broker its workers consume from",
+)
+def get_own_tenant(gw: Gw, who: TenantCaller):
+    def own(tx):
+        return {
+            "tenant_id": tx.tenant["tenant_id"],
+            "cell": gw.cell,
+            "kafka_bootstrap": gw.bootstrap,
+        }
+
+    return gw.as_tenant(who, own)
 
 
 MAX_QUEUE_PARTITIONS = 64

@@ -1,0 +1,1 @@
+"""The router: one public address for every tenant, whatever its cell (docs/cells.md)."""

@@ -1,0 +1,270 @@
+"""The router's ASGI app: find the request's cell, forward it to that cell's
+gateway, stream the answer back (docs/cells.md, "Routing").
+
+Which cell, by the caller's key and nothing else of the cell's:
+- a tenant key names its tenant (`cw_<tenant_id>.<random>`,
+  cronwheel/store/jobs.py), and the directory (through its cache) names the
+  tenant's cell. The key itself is checked by the cell's gateway, which holds
+  the tenant's keys: the router keeps no key material, and a revoked key stops
+  at once. A key of before keys named their tenant, or a tenant the directory
+  does not know (made before cells), goes to the default cell, where such
+  tenants are;
+- the operator key: `POST /v1/tenants` goes to the cell its body names (the
+  default cell when it names none; an unknown one is a 422 naming `cell`
+  here), `/v1/tenants/{id}...` to that tenant's cell, `GET /v1/tenants` to
+  every cell (one page merged by tenant id), anything else to the default cell;
+- no key: the default cell (its gateway answers 401, or serves what needs no
+  key: /openapi.json, /ui/).
+
+Forwarding keeps the method, path, query, headers (but the hop-by-hop ones),
+status and body, each body streamed, and adds X-Forwarded-For and
+X-Forwarded-Proto (the gateway's uvicorn trusts them from loopback, so its
+per-address limits see the client, not the router). A cell whose gateway
+does not answer is a 502 for its tenants alone. A 421 from a cell (a move
+flipped the tenant since the cache read it) drops the cache's entry, so the
+next request reads the directory again. With the directory away, routing
+goes on from the cache (cronwheel/directory.py); a tenant it never saw gets
+503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from http import HTTPStatus
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from cronwheel.directory import Directory, DirectoryUnavailable, tenant_of_key, tenant_of_path
+
+MEDIA_TYPE = "application/problem+json"
+MAX_CREATE_BODY = 1 << 20  # POST /v1/tenants is read whole to find its `cell`
+MAX_PAGE = 200  # GET /v1/tenants: as the gateway's limit
+# RFC 9110 7.6.1: a proxy's own connection's, never passed on.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+
+
+def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
+    doc = {
+        "type": "urn:cronwheel:problem:" + code.lower().replace("_", "-"),
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **extra,
+    }
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return Response(json.dumps(doc), status, media_type=MEDIA_TYPE, headers=headers)
+
+
+class Routing(Exception):
+    """A request the router answers itself (the problem in `response`)."""
+
+    def __init__(self, response: Response):
+        self.response = response
+
+
+class Router:
+    def __init__(self, directory: Directory, operator_key: str, timeout_s: float = 60.0):
+        self.directory = directory
+        self.operator_key = operator_key
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+            follow_redirects=False,
+        )
+
+    # -- which cell ----------------------------------------------------------
+    async def _cells(self) -> dict:
+        try:
+            return await run_in_threadpool(self.directory.cells)
+        except DirectoryUnavailable as e:
+            raise Routing(problem(503, "UNAVAILABLE", f"{e}; retry")) from e
+
+    async def _default(self) -> str:
+        cells = await self._cells()
+        if not cells:
+            raise Routing(problem(503, "UNAVAILABLE", "no cell is registered in the directory"))
+        return next(iter(cells))
+
+    async def _cell_of_tenant(self, tenant_id: str) -> str:
+        placed = self.directory.cached(tenant_id)
+        if placed is False:
+            try:
+                placed = await run_in_threadpool(self.directory.placement, tenant_id)
+            except DirectoryUnavailable as e:
+                raise Routing(problem(503, "UNAVAILABLE", f"{e}; retry")) from e
+        return placed.cell if placed is not None else await self._default()
+
+    # -- the request ---------------------------------------------------------
+    async def handle(self, request: Request) -> Response:
+        if request.url.path in ("/healthz", "/readyz"):
+            return await self._health(request.url.path)
+        try:
+            token = _bearer(request)
+            tenant_id = None
+            body = None
+            if token is not None and hmac.compare_digest(
+                token.encode(), self.operator_key.encode()
+            ):
+                path = request.url.path
+                if path == "/v1/tenants" and request.method == "GET":
+                    return await self._list_tenants(request)
+                if path == "/v1/tenants" and request.method == "POST":
+                    body = await _read_whole(request)
+                    cell = await self._cell_asked(body)
+                elif (tenant_id := tenant_of_path(path)) is not None:
+                    cell = await self._cell_of_tenant(tenant_id)
+                else:
+                    cell = await self._default()
+            elif token is not None and (tenant_id := tenant_of_key(token)) is not None:
+                cell = await self._cell_of_tenant(tenant_id)
+            else:
+                cell = await self._default()
+            base = (await self._cells())[cell].api_url
+        except Routing as r:
+            return r.response
+        response = await self._forward(request, base, cell, body)
+        if response.status_code == 421 and tenant_id is not None:
+            self.directory.forget(tenant_id)
+        return response
+
+    async def _cell_asked(self, body: bytes) -> str:
+        """The cell a new tenant is for, as the gateway reads it (422 naming `cell`)."""
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return await self._default()  # the gateway answers the bad body
+        cell = doc.get("cell") if isinstance(doc, dict) else None
+        if cell is None:
+            return await self._default()
+        cells = await self._cells()
+        if cell not in cells:
+            raise Routing(
+                problem(
+                    422,
+                    "INVALID_FIELD",
+                    f"unknown cell {cell!r}; the cells: {', '.join(cells)}",
+                    field="cell",
+                )
+            )
+        return cell
+
+    async def _forward(
+        self, request: Request, base: str, cell: str, body: bytes | None
+    ) -> Response:
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        client = request.client.host if request.client else None
+        if client:
+            before = request.headers.get("x-forwarded-for")
+            headers.append(("x-forwarded-for", f"{before}, {client}" if before else client))
+        headers.append(("x-forwarded-proto", request.url.scheme))
+        upstream = self.client.build_request(
+            request.method,
+            base + request.url.path,
+            params=request.url.query or None,
+            headers=headers,
+            content=body if body is not None else request.stream(),
+        )
+        try:
+            answer = await self.client.send(upstream, stream=True)
+        except httpx.TimeoutException:
+            return problem(504, "CELL_TIMEOUT", f"cell {cell!r} did not answer in time", cell=cell)
+        except httpx.TransportError as e:
+            return problem(502, "CELL_UNREACHABLE", f"cell {cell!r} is unreachable: {e}", cell=cell)
+        out = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in HOP_BY_HOP]
+        response = StreamingResponse(
+            answer.aiter_raw(),
+            status_code=answer.status_code,
+            background=BackgroundTask(answer.aclose),
+        )
+        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out]
+        return response
+
+    async def _list_tenants(self, request: Request) -> Response:
+        """GET /v1/tenants across every cell: each cell's page after the same
+        cursor, merged by tenant id (the order each cell pages in), cut to the
+        limit; the next cursor is the last id shown when any cell had more."""
+        try:
+            cells = await self._cells()
+        except Routing as r:
+            return r.response
+        pages = []
+        for cell, info in cells.items():
+            answer = await self._forward(request, info.api_url, cell, b"")
+            text = b"".join([chunk async for chunk in answer.body_iterator])  # type: ignore[attr-defined]
+            if answer.status_code != 200:
+                return Response(text, answer.status_code, media_type=MEDIA_TYPE)
+            pages.append(json.loads(text))
+        try:
+            limit = min(MAX_PAGE, max(1, int(request.query_params.get("limit", "50"))))
+        except ValueError:
+            limit = 50  # the cells answered 200, so they read it so too
+        items = sorted((i for p in pages for i in p["items"]), key=lambda i: i["tenant_id"])
+        more = len(items) > limit or any(p.get("next_cursor") for p in pages)
+        items = items[:limit]
+        doc = {"items": items, "next_cursor": items[-1]["tenant_id"] if more and items else None}
+        return Response(json.dumps(doc), 200, media_type="application/json")
+
+    async def _health(self, path: str) -> Response:
+        if path == "/healthz":
+            return Response(json.dumps({"status": "ok"}), media_type="application/json")
+        try:
+            cells = await self._cells()
+        except Routing as r:
+            return r.response
+        return Response(
+            json.dumps({"status": "ready", "cells": list(cells)}), media_type="application/json"
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+async def _read_whole(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_CREATE_BODY:
+            raise Routing(problem(413, "PAYLOAD_TOO_LARGE", "the body is over 1 MiB"))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def create_app(directory: Directory, operator_key: str) -> Starlette:
+    router = Router(directory, operator_key)
+    app = Starlette(
+        routes=[
+            Route("/{path:path}", router.handle, methods=METHODS),
+        ]
+    )
+    app.state.router = router
+    return app

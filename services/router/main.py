@@ -1,0 +1,72 @@
+"""`cronwheel serve router`: the public address (CRONWHEEL_HTTP_ADDR, default
+127.0.0.1:8080) in front of the cells' gateways; `cronwheel dev --cells` runs
+it there and each cell's gateway on a port of its own. Settings:
+RouterSettings (docs/settings.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cronwheel import config
+from cronwheel.config import Cells, Common, Serving, group, setting
+from cronwheel.runtime import setup_logging, stop_on_signals
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    common: Common = group(Common)  # its log level
+    serving: Serving = group(Serving)  # its address
+    cells: Cells = group(Cells)  # the directory: required here
+    # The operator's key, as every cell's gateway has it (unset: the local
+    # stack's, cronwheel/demo.py); the router only compares it.
+    operator_key: str | None = setting("CRONWHEEL_OPERATOR_KEY", None)
+
+
+def main() -> None:
+    import asyncio
+    import threading
+
+    import uvicorn
+
+    from cronwheel.demo import operator_key
+    from cronwheel.directory import Directory
+    from services.router.app import create_app
+
+    settings = config.load(RouterSettings)
+    if not settings.cells.directory_url:
+        raise config.SettingsError(
+            "CRONWHEEL_DIRECTORY_URL", "", "the directory's database URL: the router routes by it"
+        )
+    log = setup_logging("router", settings.common.log_level)
+    directory = Directory(
+        settings.cells.directory_url, ttl_s=settings.cells.directory_ttl_ms / 1000
+    )
+    app = create_app(directory, settings.operator_key or operator_key())
+    host, _, port = settings.serving.http_addr.rpartition(":")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host.strip("[]") or "127.0.0.1",
+            port=int(port),
+            log_level=settings.common.log_level.lower(),
+            access_log=False,
+            lifespan="off",
+            log_config=None,
+        )
+    )
+    stop = stop_on_signals()
+
+    def watch() -> None:
+        stop.wait()
+        server.should_exit = True
+
+    threading.Thread(target=watch, daemon=True, name="router-stop").start()
+    log.info("router listening on http://%s/v1", settings.serving.http_addr)
+    try:
+        asyncio.run(server.serve())
+    finally:
+        directory.close()
+
+
+if __name__ == "__main__":
+    main()
