@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
+from cronwheel.store.db import RECONNECT_FIRST_S, RECONNECT_MAX_S
 from cronwheel.store.sql_loader import queries
 
 log = logging.getLogger("cronwheel.topic_watch")
@@ -79,6 +80,8 @@ class TopicWatch:
         self.check_every_s = check_every_s
         self.names: set[str] = set()
         self._listen: psycopg.Connection | None = None
+        self._listen_at = 0.0  # not before then: the listener's last try failed
+        self._listen_delay = RECONNECT_FIRST_S
         self._announcer: psycopg.Connection | None = None  # the worker thread's
         self._next_scan = 0.0
         self._next_check = 0.0
@@ -152,15 +155,18 @@ class TopicWatch:
         tenants: list[str] = []
         topics: list[str] = []
         destinations: list[str] = []
+        if (self._listen is None or self._listen.closed) and time.monotonic() < self._listen_at:
+            return  # the database was away: the listener is tried again after its backoff
         try:
             if self._listen is None or self._listen.closed:
-                self._listen = psycopg.connect(self.dsn, autocommit=True)
+                self._listen = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
                 self._listen.execute(Q["listen"])
                 # What was missed while not listening.
                 if self.tenant_topic is not None:
                     tenants = [r[0] for r in self._listen.execute(Q["tenant_ids"])]
                 if self.on_destinations is not None:
                     destinations = [r[0] for r in self._listen.execute(Q["destinations"])]
+                self._listen_delay = RECONNECT_FIRST_S
             for note in self._listen.notifies(timeout=0):
                 if note.channel == "cw_tenants":
                     tenants.append(note.payload)
@@ -169,11 +175,19 @@ class TopicWatch:
                 elif note.payload.startswith(self.prefix):
                     topics.append(note.payload)
         except psycopg.Error as exc:
-            log.warning("topic notifications unavailable (%s); scanning the broker", exc)
+            # The services' reconnect policy (cronwheel.store.db), without
+            # blocking: poll() runs in a consumer's loop, which must go on.
+            log.warning(
+                "topic notifications unavailable (%s); scanning the broker, listening again in %.1fs",
+                exc,
+                self._listen_delay,
+            )
             if self._listen is not None:
                 self._listen.close()
             self._listen = None
-            self._next_scan = 0.0  # scan now; the listener reconnects on the next check
+            self._listen_at = time.monotonic() + self._listen_delay
+            self._listen_delay = min(self._listen_delay * 2, RECONNECT_MAX_S)
+            self._next_scan = 0.0  # scan the broker now for what the notifications would say
         if tenants and self.tenant_topic is not None:
             self._add_tenants(tenants)
         with self._lock:
