@@ -1,10 +1,12 @@
-"""Per-endpoint admission: at most `per_endpoint` deliveries at once to one
-(scheme, host, port), and none while its circuit breaker is open.
+"""Admission: at most `per_endpoint` deliveries at once to one (scheme, host,
+port), none while its circuit breaker is open, and at most `tenant_slots` of
+one tenant's deliveries at once (`admit`).
 
 A delivery asks here before StartRun, so a run that waits (for a slot, or for
 an open breaker to recover) is still PENDING: it holds no lease and burns no
 attempt. A slow or failing endpoint only ever holds its own slots, so
-deliveries to every other endpoint go on.
+deliveries to every other endpoint go on; a tenant whose endpoints all hang
+holds at most its own tenant slots, so other tenants' deliveries go on.
 """
 
 from __future__ import annotations
@@ -46,9 +48,15 @@ class Slots:
         self._waiters: list[tuple[int, int, asyncio.Future]] = []  # heap
         self._seq = itertools.count()
 
-    async def acquire(self, rank: int = NORMAL) -> None:
+    def try_acquire(self) -> bool:
+        """A slot now, if one is free and nobody waits for it; no waiting."""
         if self.free > 0 and not self._waiters:
             self.free -= 1
+            return True
+        return False
+
+    async def acquire(self, rank: int = NORMAL) -> None:
+        if self.try_acquire():
             return
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (rank, next(self._seq), fut))
@@ -105,6 +113,11 @@ class Permit:
         self._ep = ep
         self.admission = admission
         self._released = False
+        self._tenant: tuple[TenantSlots, str] | None = None  # the tenant slot it also holds
+
+    def hold_tenant(self, tenants: TenantSlots, tenant_id: str) -> None:
+        """The permit also holds one of the tenant's slots, freed with it."""
+        self._tenant = (tenants, tenant_id)
 
     @property
     def probe(self) -> bool:
@@ -117,6 +130,9 @@ class Permit:
             return
         self._released = True
         self._endpoints._release(self, self._ep, result, hold_s)
+        if self._tenant is not None:
+            tenants, tenant_id = self._tenant
+            tenants.release(tenant_id)
 
 
 class Endpoints:
@@ -178,6 +194,23 @@ class Endpoints:
             ep.waiting -= 1
             self._forget_if_idle(key, ep)
 
+    def try_acquire(self, key: str, rank: int = NORMAL) -> Permit | None:
+        """A permit now, if the breaker admits and a slot is free with nobody
+        waiting for it; else None, at once."""
+        ep = self._get(key)
+        permit = None
+        if ep.breaker.would_admit(self.clock()) and ep.slots.try_acquire():
+            before = ep.breaker.state
+            admission = ep.breaker.admit(self.clock())
+            if admission is None:
+                ep.slots.release()
+            else:
+                ep.busy += 1
+                self._changed(key, ep, before)
+                permit = Permit(self, key, ep, admission)
+        self._forget_if_idle(key, ep)
+        return permit
+
     def _release(self, permit: Permit, ep: _Endpoint, result: str | None, hold_s: float) -> None:
         before = ep.breaker.state
         if result in ("success", "neutral"):
@@ -200,3 +233,94 @@ class Endpoints:
     def _forget_if_idle(self, key: str, ep: _Endpoint) -> None:
         if ep.idle and self._eps.get(key) is ep:
             del self._eps[key]
+
+
+class TenantSlots:
+    """At most `limit` deliveries of one tenant admitted at once (Slots per
+    tenant, made on first use and forgotten once idle, so memory follows the
+    tenants with deliveries under way, not every tenant ever seen)."""
+
+    def __init__(self, limit: int = 64, on_full: Callable[[str], None] | None = None):
+        self.limit = limit
+        self.on_full = on_full  # called when a tenant's first delivery starts waiting
+        self._slots: dict[str, Slots] = {}
+        self._waiting: dict[str, int] = {}
+
+    def _get(self, tenant_id: str) -> Slots:
+        slots = self._slots.get(tenant_id)
+        if slots is None:
+            slots = self._slots[tenant_id] = Slots(self.limit)
+        return slots
+
+    def try_acquire(self, tenant_id: str) -> bool:
+        got = self._get(tenant_id).try_acquire()
+        self._forget_if_idle(tenant_id)
+        return got
+
+    async def acquire(self, tenant_id: str, rank: int = NORMAL) -> None:
+        """Wait for one of the tenant's slots; they go by class, then arrival."""
+        slots = self._get(tenant_id)
+        if slots.try_acquire():
+            return
+        before = self._waiting.get(tenant_id, 0)
+        self._waiting[tenant_id] = before + 1
+        if not before and self.on_full is not None:
+            self.on_full(tenant_id)
+        try:
+            await slots.acquire(rank)
+        finally:
+            left = self._waiting[tenant_id] - 1
+            if left:
+                self._waiting[tenant_id] = left
+            else:
+                del self._waiting[tenant_id]
+            self._forget_if_idle(tenant_id)
+
+    def release(self, tenant_id: str) -> None:
+        self._slots[tenant_id].release()
+        self._forget_if_idle(tenant_id)
+
+    def in_use(self, tenant_id: str) -> int:
+        slots = self._slots.get(tenant_id)
+        return 0 if slots is None else self.limit - slots.free
+
+    def waiting(self) -> int:
+        """Deliveries waiting for their tenant's slot, all tenants together."""
+        return sum(self._waiting.values())
+
+    def full(self) -> int:
+        """Tenants with every slot in use."""
+        return sum(1 for slots in self._slots.values() if slots.free == 0)
+
+    def _forget_if_idle(self, tenant_id: str) -> None:
+        slots = self._slots.get(tenant_id)
+        if slots is not None and slots.free == self.limit and tenant_id not in self._waiting:
+            del self._slots[tenant_id]
+
+
+async def admit(
+    endpoints: Endpoints, tenants: TenantSlots, key: str, tenant_id: str, rank: int = NORMAL
+) -> Permit:
+    """A permit for endpoint `key` that also holds one of the tenant's slots
+    (both go back with `Permit.release`).
+
+    It never holds one while waiting for the other. An endpoint slot held while
+    waiting for a full tenant would hold back other tenants' deliveries to the
+    same endpoint (a shared receiver); a tenant slot held while waiting for an
+    endpoint (its breaker open for 30 s) would hold back the tenant's
+    deliveries to its healthy endpoints. So it waits for one (the tenant's
+    slot first: when both are free that costs no wait at all), takes the other
+    only if it is free at once, else gives the first back and waits for the
+    other. Each turn waits for a slot someone frees: no spin."""
+    while True:
+        await tenants.acquire(tenant_id, rank)  # holding no endpoint slot
+        permit = endpoints.try_acquire(key, rank)
+        if permit is not None:
+            break
+        tenants.release(tenant_id)
+        permit = await endpoints.acquire(key, rank)  # holding no tenant slot
+        if tenants.try_acquire(tenant_id):
+            break
+        permit.release(None)  # no request made: the breaker is not told anything
+    permit.hold_tenant(tenants, tenant_id)
+    return permit

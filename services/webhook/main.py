@@ -22,6 +22,7 @@ class TuningSettings:
     max_in_flight: int = setting(
         "CRONWHEEL_WEBHOOK_MAX_IN_FLIGHT", Tunables.max_in_flight, minimum=1
     )
+    tenant_slots: int = setting("CRONWHEEL_WEBHOOK_TENANT_SLOTS", Tunables.tenant_slots, minimum=1)
     breaker_failures: int = setting(
         "CRONWHEEL_WEBHOOK_BREAKER_FAILURES", Tunables.breaker_failures, minimum=1
     )

@@ -15,8 +15,11 @@ StartRun to commit before its request goes out and its offset may be committed.
 Per record, in order:
 1. Look the run up (batched per poll): skip it unless it is PENDING at the
    record's attempt, so duplicates and stale attempts cost no request.
-2. Wait for the endpoint's admission (limits.py): a free slot and a breaker
-   that is not open. The run stays PENDING meanwhile: no lease, no attempt.
+2. Wait for admission (limits.py): a free slot of the endpoint, a breaker
+   that is not open, and a free slot of the tenant (`tenant_slots`, so one
+   tenant's hanging endpoints cannot take the service's `max_in_flight`).
+   The run stays PENDING meanwhile: no lease, no attempt. Each record is a
+   task of its own, so a record that waits holds back no other.
 3. StartRun. From here the platform tracks the run, so the record's offset may
    be committed (in order per partition): a crash from now on ends in the
    lease expiring and the run coming back as its next attempt.
@@ -71,7 +74,7 @@ from services.webhook.breaker import State
 from services.webhook.database import Database, Stopping
 from services.webhook.guard import Guard
 from services.webhook.http import Client, Response
-from services.webhook.limits import Endpoints, Slots, endpoint_of
+from services.webhook.limits import Endpoints, Slots, TenantSlots, admit, endpoint_of
 
 log = logging.getLogger("cronwheel.webhook")
 
@@ -103,6 +106,15 @@ BREAKER_CHANGES = PromCounter(
     "cronwheel_webhook_breaker_transitions_total", "Circuit breaker state changes", ["to"]
 )
 WAITING = Gauge("cronwheel_webhook_waiting_runs", "Runs held back by an endpoint limit or breaker")
+# No tenant label (docs/observability.md: the metrics carry none); the log line
+# of a tenant reaching its cap names it (_tenant_full).
+TENANT_WAITING = Gauge(
+    "cronwheel_webhook_tenant_waiting_runs",
+    "Runs held back because their tenant's slots are in use",
+)
+TENANTS_AT_CAP = Gauge(
+    "cronwheel_webhook_tenants_at_cap", "Tenants with every delivery slot of theirs in use"
+)
 OPEN_BREAKERS = Gauge("cronwheel_webhook_open_breakers", "Endpoints whose breaker is not closed")
 
 
@@ -113,6 +125,7 @@ class Settings:
 
     per_endpoint: int = 16  # concurrent deliveries to one scheme://host:port
     max_in_flight: int = 512  # concurrent deliveries in all
+    tenant_slots: int = 64  # concurrent deliveries of one tenant (admission to response)
     breaker_failures: int = 5  # consecutive failures that open a breaker
     breaker_cooldown_ms: int = 30_000  # open this long before a half-open probe
     connect_timeout_ms: int = 5_000
@@ -150,6 +163,7 @@ class WebhookService:
         self.lifecycle = Lifecycle(topics)
         self.counts: Counter[str] = Counter()  # outcomes, for tests and the bench
         self.endpoints: Endpoints | None = None
+        self.tenants: TenantSlots | None = None
 
     # -- the loop -------------------------------------------------------------
 
@@ -171,6 +185,8 @@ class WebhookService:
             on_change=_breaker_moved,
         )
         self._slots = Slots(s.max_in_flight)
+        self.tenants = TenantSlots(s.tenant_slots, self._tenant_full)
+        self._full_logged: dict[str, float] = {}
         # Deliveries finish out of order: an offset moves past finished ones only.
         self._offsets = TrackedOffsets(CONSUMER)
         self._unfinished: Counter[tuple[str, int]] = Counter()
@@ -219,6 +235,8 @@ class WebhookService:
                     self._client.sweep()
                     next_sweep = now + 5
                 WAITING.set(self.endpoints.waiting())
+                TENANT_WAITING.set(self.tenants.waiting())
+                TENANTS_AT_CAP.set(self.tenants.full())
                 OPEN_BREAKERS.set(self.endpoints.open_count())
         finally:
             await self._shutdown(consumer)
@@ -312,7 +330,9 @@ class WebhookService:
         task = asyncio.current_task()
         self._waiting.add(task)
         try:
-            permit = await self.endpoints.acquire(endpoint_of(t.target["url"]), rank)
+            permit = await admit(
+                self.endpoints, self.tenants, endpoint_of(t.target["url"]), t.tenant_id, rank
+            )
         finally:
             self._waiting.discard(task)
         result: str | None = None
@@ -358,6 +378,23 @@ class WebhookService:
             )
         finally:
             permit.release(result, hold_s)
+
+    def _tenant_full(self, tenant_id: str) -> None:
+        """A tenant's deliveries wait for its slots: one line per tenant a minute
+        at most (the gauges carry no tenant id)."""
+        now = time.monotonic()
+        last = self._full_logged.get(tenant_id)
+        if last is not None and now - last < 60:
+            return
+        if len(self._full_logged) >= 10_000:
+            self._full_logged.clear()
+        self._full_logged[tenant_id] = now
+        log.info(
+            "tenant %s has all %d of its delivery slots in use; its runs wait",
+            tenant_id,
+            self.settings.tenant_slots,
+            extra=run_fields(tenant_id=tenant_id),
+        )
 
     def _start(self, conn, t: DeliveryTarget) -> dict | str:
         """StartRun's answer, or the code it refused with (lower case)."""
