@@ -97,14 +97,9 @@ def resolve_destination(
     return addrs
 
 
-def check_webhook_url(
-    url: object,
-    *,
-    field: str = "target.url",
-    allow: Sequence[Network] = (),
-    resolve: Resolver = socket.getaddrinfo,
-) -> None:
-    """ValidationError naming `field` unless `url` is http(s) to a callable host."""
+def webhook_host_port(url: object, field: str = "target.url") -> tuple[str, int]:
+    """The host and port a webhook URL calls; ValidationError naming `field`
+    unless `url` is http(s) with a host (no lookup here)."""
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValidationError(field, "must be an http(s) URL with a host")
@@ -112,8 +107,22 @@ def check_webhook_url(
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as e:
         raise ValidationError(field, "has an invalid port") from e
+    return parts.hostname, port
+
+
+def check_webhook_url(
+    url: object,
+    *,
+    field: str = "target.url",
+    allow: Sequence[Network] = (),
+    resolve: Resolver = socket.getaddrinfo,
+) -> None:
+    """ValidationError naming `field` unless `url` is http(s) to a callable host.
+    `resolve` may be an answer already had (the gateway looks names up before
+    the request's transaction, services/gateway/destinations.py)."""
+    host, port = webhook_host_port(url, field)
     try:
-        resolve_destination(parts.hostname, port, allow, resolve)
+        resolve_destination(host, port, allow, resolve)
     except Refused as e:
         raise ValidationError(field, f"refused destination: {e}", code="DESTINATION_REFUSED") from e
 

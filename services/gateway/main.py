@@ -61,6 +61,8 @@ class GatewaySettings:
     quota_workflows: int = setting("CRONWHEEL_QUOTA_WORKFLOWS", 1_000, minimum=0)
     quota_keys: int = setting("CRONWHEEL_QUOTA_KEYS", 100, minimum=0)
     pool: int = setting("CRONWHEEL_GATEWAY_POOL", 10, minimum=1)  # connections per process
+    # How long a webhook URL's lookup may take, before the transaction (destinations.py).
+    webhook_dns_timeout_ms: int = setting("CRONWHEEL_WEBHOOK_DNS_TIMEOUT_MS", 2000, minimum=1)
     # Off: the worker protocol and job creation go through FastAPI's routing
     # too (for comparisons); the answers are the same.
     fastpath: bool = setting("CRONWHEEL_GATEWAY_FASTPATH", True)
@@ -142,6 +144,7 @@ def serve(settings: GatewaySettings, log) -> None:
     from services.gateway import metrics_dir
     from services.gateway.app import create_app
     from services.gateway.auth import AuthLimits, KeyGuard
+    from services.gateway.destinations import DestinationCheck
     from services.gateway.idempotency import Pruner
     from services.gateway.service import GatewayService
 
@@ -161,6 +164,9 @@ def serve(settings: GatewaySettings, log) -> None:
         rate_limit_table=settings.rate_limit_table if fd is not None else None,
     )
     app.state.key_guard = KeyGuard(AuthLimits(settings.auth_failures, settings.auth_cache_s))
+    app.state.gateway.destinations = DestinationCheck(
+        settings.destinations.allow, settings.webhook_dns_timeout_ms / 1000
+    )
     app.state.object_limits = ObjectLimits(
         settings.quota_jobs, settings.quota_workflows, settings.quota_keys
     )

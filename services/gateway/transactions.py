@@ -36,6 +36,7 @@ from cronwheel.store.sql_loader import queries
 from cronwheel.store.workflows import Workflows
 from services.gateway import idempotency, problems
 from services.gateway.auth import Caller, unauthenticated
+from services.gateway.destinations import DestinationCheck
 from services.gateway.problems import Problem
 from services.gateway.ratelimit import RateLimiter
 
@@ -101,6 +102,9 @@ class Gateway:
         self.clock = clock
         self.cell = cell
         self.webhook_allow = list(webhook_allow)
+        # Webhook URLs looked up before the transaction; main.py sets the
+        # timeout from CRONWHEEL_WEBHOOK_DNS_TIMEOUT_MS.
+        self.destinations = DestinationCheck(self.webhook_allow)
         self.jobs = Jobs(topics, bootstrap)
         self.lifecycle = Lifecycle(topics)
         self.workflows = Workflows(topics)
@@ -123,6 +127,7 @@ class Gateway:
 
     def close(self) -> None:
         self.pool.close()
+        self.destinations.close()
         with self._admin_lock:
             self._admin = None  # librdkafka handles close when collected
 

@@ -2,7 +2,9 @@
 
 Each handler is one call into cronwheel.store.jobs.Jobs. The gateway adds the
 webhook destination check (cronwheel.core.ssrf) before a webhook target is
-stored, since it needs the network and the operator's allow list.
+stored, since it needs the network and the operator's allow list: the lookup
+runs before the request's transaction, with a timeout (destinations.py), and
+its verdict is applied inside it.
 
 A managed target's `env` is write-only: every answer shows its names with the
 values masked (`shown`); the executor reads the values from the database. A
@@ -20,11 +22,11 @@ from fastapi import APIRouter, Query
 from cronwheel.core.clock import to_ms
 from cronwheel.core.errors import ValidationError
 from cronwheel.core.jobs import ENV_MASK, parse_job, shown_target
-from cronwheel.core.ssrf import check_webhook_url
 from services.gateway import bodies, problems
 from services.gateway import openapi as oa
 from services.gateway.auth import TenantCaller
 from services.gateway.bodies import BatchObject, JsonObject, OptionalObject
+from services.gateway.destinations import LookupTimedOut, Verdicts, webhook_url
 from services.gateway.routes import Gw, ident
 from services.gateway.routes.quotas import admit
 from services.gateway.transactions import Gateway, Reply
@@ -82,10 +84,19 @@ def _unmask_env(gw: Gateway, tx, job_id: str, body: dict) -> dict:
     return {**body, "target": {**target, "env": unmasked}}
 
 
-def _check_destination(gw: Gateway, body: dict) -> None:
-    target = body.get("target") if isinstance(body, dict) else None
-    if isinstance(target, dict) and target.get("type") == "webhook":
-        check_webhook_url(target.get("url"), allow=gw.webhook_allow)
+def _target_url(body: object) -> object | None:
+    return webhook_url(body.get("target")) if isinstance(body, dict) else None
+
+
+def looked_up(gw: Gateway, bodies_: list) -> Verdicts:
+    """The webhook destinations of `bodies_` (each a job or a workflow node),
+    looked up now, before any transaction (destinations.py)."""
+    return gw.destinations.verdicts(_target_url(body) for body in bodies_)
+
+
+def check_destination(verdicts: Verdicts, body: object) -> None:
+    """Inside the transaction: refuse the body's webhook URL as its lookup found."""
+    verdicts.check(_target_url(body))
 
 
 @router.post(
@@ -96,8 +107,11 @@ def _check_destination(gw: Gateway, body: dict) -> None:
     summary="Create a job",
 )
 def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
+    verdicts = looked_up(gw, [body])
+    verdicts.raise_timeout()  # 503, before the transaction, never recorded
+
     def create(tx):
-        _check_destination(gw, body)
+        check_destination(verdicts, body)
         admit(tx, who, "jobs", 1, _parses(tx))(body)  # 409 QUOTA_EXCEEDED
         return shown(gw.jobs.create(tx.conn, tx.tenant, body, tx.now))
 
@@ -118,11 +132,13 @@ def create_jobs(gw: Gw, who: TenantCaller, body: BatchObject):
     if not isinstance(items, list) or not 1 <= len(items) <= oa.MAX_JOB_BATCH:
         raise ValidationError("jobs", f"must be a list of 1 to {oa.MAX_JOB_BATCH} jobs")
 
+    verdicts = looked_up(gw, items)  # a lookup that timed out: a 503 in its job's slot
+
     def check(item) -> None:
         """What the single call checks before the store: an object, a destination."""
         if not isinstance(item, dict):
             raise ValidationError("body", bodies.NOT_AN_OBJECT)
-        _check_destination(gw, item)
+        check_destination(verdicts, item)
 
     def create(tx):
         quota = admit(tx, who, "jobs", len(items), _parses(tx))  # a job past it: 409 in its slot
@@ -144,6 +160,8 @@ def _parses(tx):
 
 
 def _batch_result(result: dict | Exception) -> dict:
+    if isinstance(result, LookupTimedOut):
+        result = result.problem  # 503, as the single call answers it
     if isinstance(result, Exception):
         status, doc, _headers = problems.from_exception(result)
         return {"status": status, "problem": doc}
@@ -181,9 +199,11 @@ def get_job(gw: Gw, who: TenantCaller, job_id: str):
 )
 def update_job(gw: Gw, who: TenantCaller, job_id: str, body: JsonObject):
     jid = ident(job_id, "job")
+    verdicts = looked_up(gw, [body])
+    verdicts.raise_timeout()
 
     def update(tx):
-        _check_destination(gw, body)
+        check_destination(verdicts, body)
         patch = _unmask_env(gw, tx, jid, body)
         return shown(gw.jobs.update(tx.conn, tx.tenant, jid, patch, tx.now))
 

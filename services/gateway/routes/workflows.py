@@ -15,7 +15,7 @@ from services.gateway import openapi as oa
 from services.gateway.auth import TenantCaller
 from services.gateway.bodies import JsonObject, OptionalObject
 from services.gateway.routes import Gw, ident
-from services.gateway.routes.jobs import _check_destination
+from services.gateway.routes.jobs import check_destination, looked_up
 from services.gateway.routes.quotas import admit
 from services.gateway.transactions import Reply
 
@@ -67,10 +67,9 @@ def _cursor(cursor: str | None) -> str | None:
     return cursor
 
 
-def _check_nodes(gw, body: dict) -> None:
-    for node in body.get("nodes") or []:
-        if isinstance(node, dict):
-            _check_destination(gw, node)
+def _nodes(body: dict) -> list:
+    nodes = body.get("nodes")
+    return nodes if isinstance(nodes, list) else []
 
 
 @router.post(
@@ -81,8 +80,12 @@ def _check_nodes(gw, body: dict) -> None:
     summary="Create a workflow (a static DAG of node templates)",
 )
 def create_workflow(gw: Gw, who: TenantCaller, body: JsonObject):
+    verdicts = looked_up(gw, _nodes(body))  # before the transaction (destinations.py)
+    verdicts.raise_timeout()
+
     def create(tx):
-        _check_nodes(gw, body)
+        for node in _nodes(body):
+            check_destination(verdicts, node)
         classes = tuple(tx.tenant["priority_classes"])
         admit(  # 409 QUOTA_EXCEEDED; at the limit a bad body still gets its own 4xx
             tx, who, "workflows", 1,
