@@ -15,6 +15,11 @@ What holds:
   status` shows it while the supervisor that wrote it is alive.
 - SIGTERM or SIGINT stops every child: SIGTERM, then SIGKILL after
   `stop_grace_s`.
+
+The gateway's worker processes (`CRONWHEEL_GATEWAY_WORKERS`) are supervised
+the same way: the same backoff and the same line on a death, with the
+listening socket passed down (`popen`), no state file, and `on_death` to
+retire a dead worker's metrics.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,14 +90,23 @@ class Supervisor:
     def __init__(
         self,
         commands: dict[str, list[str]],
-        state_dir: Path,
+        state_dir: Path | None,
         settings: SupervisorSettings | None = None,
         *,
         err=None,
+        label: str = "cronwheel dev",
+        popen: dict | None = None,
+        on_death: Callable[[int], None] | None = None,
     ):
+        """`state_dir` None: no state file. `popen`: more of subprocess.Popen's
+        arguments for every child (env, pass_fds, preexec_fn). `on_death(pid)`:
+        called for each child that died, before it is started again."""
         self.settings = settings or SupervisorSettings()
         self.children = {name: Child(name, argv) for name, argv in commands.items()}
-        self.state_path = state_dir / STATE_FILE
+        self.state_path = state_dir / STATE_FILE if state_dir is not None else None
+        self.label = label
+        self.popen = popen or {}
+        self.on_death = on_death
         self._err = err or sys.stderr
         self._lock = threading.Lock()  # the children's stderr pumps write through it
 
@@ -101,7 +116,7 @@ class Supervisor:
         try:
             for child in self.children.values():
                 self._start(child)
-            self._say(f"cronwheel dev: running {', '.join(self.children)}")
+            self._say(f"{self.label}: running {', '.join(self.children)}")
             self._write_state()
             while not stop.wait(self.settings.poll_s):
                 changed = False
@@ -126,6 +141,7 @@ class Supervisor:
             child.argv,
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            **self.popen,
         )
         child.started_at = time.monotonic()
         child.state = "starting"
@@ -161,8 +177,10 @@ class Supervisor:
         child.state = "restarting"
         child.start_after = now + child.backoff_s
         child.proc = None
+        if self.on_death is not None:
+            self.on_death(proc.pid)
         self._say(
-            f"cronwheel dev: service {child.name} died after {ran:.1f}s ({child.last_exit}); "
+            f"{self.label}: service {child.name} died after {ran:.1f}s ({child.last_exit}); "
             f"restart {child.restarts} in {child.backoff_s:.1f}s"
         )
 
@@ -188,6 +206,8 @@ class Supervisor:
             print(line, file=self._err, flush=True)
 
     def _write_state(self) -> None:
+        if self.state_path is None:
+            return
         doc = {
             "supervisor_pid": os.getpid(),
             "updated_at": time.time(),

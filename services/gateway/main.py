@@ -19,15 +19,14 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 
 from cronwheel import config
 from cronwheel.config import Common, Destinations, Serving, group, setting
 from cronwheel.runtime import setup_logging, stop_on_signals
+from cronwheel.supervisor import Supervisor
 
 LISTEN_FD = "CRONWHEEL_GATEWAY_LISTEN_FD"  # set for a worker: the inherited socket
 WORKERS = "CRONWHEEL_GATEWAY_WORKERS"
@@ -191,8 +190,10 @@ def serve(settings: GatewaySettings, log) -> None:
 
 
 def supervise(settings: GatewaySettings, n: int, log) -> None:
-    """Bind, start `n` workers on the socket, restart any that dies, and pass
-    SIGTERM / SIGINT on to them."""
+    """Bind, start `n` workers on the socket, and supervise them as `cronwheel
+    dev` supervises services (cronwheel.supervisor: a worker that dies is
+    started again after a backoff, with a line saying why; SIGTERM / SIGINT
+    stop them all)."""
     from services.gateway.metrics_dir import MULTIPROC_ENV, mark_dead
     from services.gateway.ratelimit import create_table
     from services.gateway.service import listen, url_of
@@ -208,43 +209,17 @@ def supervise(settings: GatewaySettings, n: int, log) -> None:
         MULTIPROC_ENV: metrics,
         RATE_LIMIT_TABLE: limits,
     }
-    stop = stop_on_signals()
-    procs: list[subprocess.Popen | None] = [None] * n
-    lock = threading.Lock()
-
-    def start(i: int) -> None:
-        procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "services.gateway.main"],
-            env=env,
-            pass_fds=(sock.fileno(),),
-            preexec_fn=_die_with_parent,
-        )
-
+    workers = Supervisor(
+        {f"gateway-{i}": [sys.executable, "-m", "services.gateway.main"] for i in range(n)},
+        None,
+        label="gateway",
+        popen={"env": env, "pass_fds": (sock.fileno(),), "preexec_fn": _die_with_parent},
+        on_death=lambda pid: mark_dead(metrics, pid),
+    )
+    log.info("gateway listening on %s/v1 with %d worker processes", url_of(sock), n)
     try:
-        for i in range(n):
-            start(i)
-        log.info("gateway listening on %s/v1 with %d worker processes", url_of(sock), n)
-        while not stop.wait(0.5):
-            with lock:
-                for i, p in enumerate(procs):
-                    if p is not None and p.poll() is not None:
-                        log.error(
-                            "gateway worker %d exited with %s; starting it again",
-                            p.pid,
-                            p.returncode,
-                        )
-                        mark_dead(metrics, p.pid)
-                        start(i)
+        workers.run(stop_on_signals())
     finally:
-        live = [p for p in procs if p is not None and p.poll() is None]
-        for p in live:
-            p.send_signal(signal.SIGTERM)
-        for p in live:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
         sock.close()
         shutil.rmtree(metrics, ignore_errors=True)
 
