@@ -1,0 +1,107 @@
+"""Idle tenants and dozing (cronwheel.dozing): what a dispatcher and the broker
+spend on N tenants with nothing due, with dozing on and off.
+
+N tenants (a run topic of one partition each) in a fresh database and topic
+prefix; a dispatcher runs in this process, first with dozing on
+(`--doze-after-ms`), then off, each for `--window` seconds after every
+partition is assigned and, with dozing on, after every partition dozes.
+Printed per case: partitions assigned and dozing, this process's CPU (the
+dispatcher's Python and librdkafka's threads) and the broker's, as a share of
+one core, with the machine's load. It asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+import uuid
+
+import psycopg
+from common import (
+    cpu_seconds,
+    delete_topics,
+    fresh_database,
+    grant,
+    header,
+    kafka_broker_pid,
+    prefix_topics,
+    say,
+)
+
+from cronwheel import config, kafka
+from cronwheel.kafka import Topics
+from services.dispatcher.service import Dispatcher
+
+
+def _tenants(url: str, topics: Topics, n: int) -> list[str]:
+    ids = [f"idle{i:05d}" for i in range(n)]
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO tenants (tenant_id, name) VALUES (%s, %s)", [(t, t) for t in ids]
+        )
+    names = [topics.runs(t) for t in ids]
+    for i in range(0, n, 500):
+        kafka.ensure_topics(names[i : i + 500], partitions=1, principal="dispatcher")
+    return names
+
+
+def _measure(url: str, topics: Topics, n: int, doze_after_ms: int, window: float) -> None:
+    d = Dispatcher(url, config.kafka_bootstrap(), topics, doze_after_ms=doze_after_ms)
+    stop = threading.Event()
+    thread = threading.Thread(target=d.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        while d.assignment is None or len(d.assignment.assigned) < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(d.assignment.assigned)} of {n} assigned in 300 s")
+            time.sleep(0.5)  # a setup poll, not a measurement
+        if doze_after_ms:
+            while len(d.dozing.dozing) < n and time.monotonic() < deadline:
+                time.sleep(0.5)
+        broker = kafka_broker_pid()
+        me, them = cpu_seconds(os.getpid()), cpu_seconds(broker) if broker else 0.0
+        started = time.monotonic()
+        time.sleep(window)  # the measured window itself
+        spent = time.monotonic() - started
+        mine = (cpu_seconds(os.getpid()) - me) / spent * 100
+        broker_cpu = ((cpu_seconds(broker) - them) / spent * 100) if broker else float("nan")
+        dozing = len(d.dozing.dozing) if d.dozing is not None else 0
+        say(
+            f"doze {'on' if doze_after_ms else 'off'}: {len(d.assignment.assigned)} partitions"
+            f" assigned, {dozing} dozing; dispatcher process CPU {mine:.1f}%,"
+            f" broker CPU {broker_cpu:.1f}% over {spent:.0f} s"
+        )
+    finally:
+        stop.set()
+        thread.join(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tenants", type=int, default=1000)
+    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--doze-after-ms", type=int, default=2000)
+    args = ap.parse_args()
+    header(f"dozing: {args.tenants} idle tenants, nothing due")
+    prefix = f"bd{uuid.uuid4().hex[:8]}"
+    grant(prefix)
+    topics = Topics(prefix)
+    with fresh_database() as admin_url:
+        url = config.role_url(admin_url, config.PG_PLATFORM_USER)
+        try:
+            started = time.monotonic()
+            _tenants(admin_url, topics, args.tenants)
+            say(
+                f"{args.tenants} tenants and their run topics in {time.monotonic() - started:.0f} s"
+            )
+            for doze in (args.doze_after_ms, 0, args.doze_after_ms, 0):
+                _measure(url, topics, args.tenants, doze, args.window)
+        finally:
+            delete_topics(prefix_topics(prefix))
+
+
+if __name__ == "__main__":
+    main()
