@@ -219,17 +219,28 @@ class LocalPostgres:
             # The owner makes the services' roles (migration 0018) and gives
             # them their logins (`cronwheel migrate`); a cluster made before
             # them gets the right here.
-            conn.execute(f"ALTER ROLE {config.PG_USER} CREATEROLE")
+            # Each statement below only where it changes something: every
+            # `cronwheel up` (each xdist worker's, at once) comes here, and two
+            # writers of one shared-catalog row fail ("tuple concurrently updated").
+            if not conn.execute(
+                "SELECT rolcreaterole FROM pg_roles WHERE rolname = %s", [config.PG_USER]
+            ).fetchone()[0]:
+                conn.execute(f"ALTER ROLE {config.PG_USER} CREATEROLE")
             if not conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", [config.PG_DATABASE]
             ).fetchone():
                 conn.execute(f"CREATE DATABASE {config.PG_DATABASE} OWNER {config.PG_USER}")
             # Lets tests drop their databases while autovacuum works in them.
-            conn.execute(f"GRANT pg_signal_backend TO {config.PG_USER}")
-            # The owner sees the services' sessions in pg_stat_activity, which
-            # log in as other roles now (the benchmarks find each process's
-            # backends by client_port, a column hidden from other roles).
-            conn.execute(f"GRANT pg_read_all_stats TO {config.PG_USER}")
+            # pg_signal_backend lets tests drop their databases while autovacuum
+            # works in them. With pg_read_all_stats the owner sees the services'
+            # sessions in pg_stat_activity, which log in as other roles now (the
+            # benchmarks find each process's backends by client_port, a column
+            # hidden from other roles).
+            for granted in ("pg_signal_backend", "pg_read_all_stats"):
+                if not conn.execute(
+                    "SELECT pg_has_role(%s, %s, 'MEMBER')", [config.PG_USER, granted]
+                ).fetchone()[0]:
+                    conn.execute(f"GRANT {granted} TO {config.PG_USER}")
 
     def down(self) -> None:
         if not self.running():
