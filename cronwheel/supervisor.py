@@ -25,6 +25,7 @@ retire a dead worker's metrics.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -97,16 +98,20 @@ class Supervisor:
         label: str = "cronwheel dev",
         popen: dict | None = None,
         on_death: Callable[[int], None] | None = None,
+        log: logging.Logger | None = None,
     ):
         """`state_dir` None: no state file. `popen`: more of subprocess.Popen's
         arguments for every child (env, pass_fds, preexec_fn). `on_death(pid)`:
-        called for each child that died, before it is started again."""
+        called for each child that died, before it is started again. `log`:
+        the supervisor's own lines go there (in the service's log format)
+        rather than to `err` as they are; the children's lines pass through."""
         self.settings = settings or SupervisorSettings()
         self.children = {name: Child(name, argv) for name, argv in commands.items()}
         self.state_path = state_dir / STATE_FILE if state_dir is not None else None
         self.label = label
         self.popen = popen or {}
         self.on_death = on_death
+        self.log = log
         self._err = err or sys.stderr
         self._lock = threading.Lock()  # the children's stderr pumps write through it
 
@@ -116,7 +121,7 @@ class Supervisor:
         try:
             for child in self.children.values():
                 self._start(child)
-            self._say(f"{self.label}: running {', '.join(self.children)}")
+            self._say(logging.INFO, f"{self.label}: running {', '.join(self.children)}")
             self._write_state()
             while not stop.wait(self.settings.poll_s):
                 changed = False
@@ -180,8 +185,9 @@ class Supervisor:
         if self.on_death is not None:
             self.on_death(proc.pid)
         self._say(
+            logging.WARNING,
             f"{self.label}: service {child.name} died after {ran:.1f}s ({child.last_exit}); "
-            f"restart {child.restarts} in {child.backoff_s:.1f}s"
+            f"restart {child.restarts} in {child.backoff_s:.1f}s",
         )
 
     def _stop_all(self) -> None:
@@ -201,7 +207,10 @@ class Supervisor:
 
     # -- what others see ------------------------------------------------------
 
-    def _say(self, line: str) -> None:
+    def _say(self, level: int, line: str) -> None:
+        if self.log is not None:
+            self.log.log(level, line)
+            return
         with self._lock:
             print(line, file=self._err, flush=True)
 

@@ -54,6 +54,10 @@ def why_refused(addr: Address, allow: Sequence[Network] = ()) -> str | None:
         embedded = addr.ipv4_mapped or addr.sixtofour or (addr.teredo or (None, None))[1]
         if embedded is not None:
             return f"{addr} embeds the IPv4 address {embedded}"
+    elif any(addr in net for net in FORBIDDEN_V4):
+        # The ranges below, whatever this Python's ipaddress says of them
+        # (its special-purpose tables changed in 3.11.4, 3.12.4 and 3.13).
+        return f"{addr} is not a public address (special-purpose range)"
     for attr, what in (
         ("is_loopback", "loopback"),
         ("is_unspecified", "unspecified"),
@@ -143,8 +147,9 @@ FORBIDDEN_V4: tuple[ipaddress.IPv4Network, ...] = tuple(
         "127.0.0.0/8",  # loopback
         "169.254.0.0/16",  # link-local, cloud metadata (169.254.169.254)
         "172.16.0.0/12",  # private
-        "192.0.0.0/29",  # IETF protocol assignments (DS-Lite)
-        "192.0.0.170/31",  # NAT64 discovery
+        # IETF protocol assignments, the whole block: Python before 3.11.4
+        # calls all of it private, later ones only 192.0.0.0/29 and .170/31.
+        "192.0.0.0/24",
         "192.0.2.0/24",  # documentation (TEST-NET-1)
         "192.168.0.0/16",  # private
         "198.18.0.0/15",  # benchmarking

@@ -215,6 +215,7 @@ def supervise(settings: GatewaySettings, n: int, log) -> None:
         label="gateway",
         popen={"env": env, "pass_fds": (sock.fileno(),), "preexec_fn": _die_with_parent},
         on_death=lambda pid: mark_dead(metrics, pid),
+        log=log,
     )
     log.info("gateway listening on %s/v1 with %d worker processes", url_of(sock), n)
     try:
