@@ -58,6 +58,16 @@ DNS_PORT = 53
 IPv4Network = ipaddress.IPv4Network
 
 
+# Where Debian puts nft and ip: a service started with a PATH that lacks the
+# sbin directories (a non-login shell, a CI job) still finds them.
+SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
+
+
+def find_tool(name: str) -> str | None:
+    """`name`'s path on PATH, else in the system's sbin and bin directories."""
+    return shutil.which(name) or shutil.which(name, path=SBIN_PATH)
+
+
 class EgressUnavailable(RuntimeError):
     """This executor cannot enforce the egress policy: runs asking for network
     are refused with this reason."""
@@ -170,7 +180,7 @@ class Egress:
                 "the executor is not root, so it cannot give a run its own network "
                 "namespace and egress rules"
             )
-        tools = {name: shutil.which(name) for name in ("ip", "nft", "nsenter")}
+        tools = {name: find_tool(name) for name in ("ip", "nft", "nsenter")}
         missing = [name for name, path in tools.items() if path is None]
         if missing:
             raise EgressUnavailable(
