@@ -83,6 +83,10 @@ TEST_WORKERS ?= 3
 test: install lint check-schemas check-migrations check-api migrate ## install, bring the stack up, run the whole suite
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# In make test too: the suite's pytest collects tests/upgrade with the rest.
+test-upgrade: migrate ## the previous release (RELEASES) on this release's expand schema; its timer beside this release's services
+	$(BIN)/pytest -q tests/upgrade
+
 bench: migrate ## benchmarks under bench/, printing their figures
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 	@# The dispatch path again, with the worker protocol's CPU off these cores.
@@ -94,4 +98,4 @@ chaos: install ## the fault scenarios' long versions on a private stack (ports 2
 clean: down ## stop the stack and remove local state (keeps the Kafka jar cache)
 	rm -rf .cronwheel
 
-.PHONY: help install up down migrate schema run lint check-schemas check-migrations check-api api-baseline unit test bench chaos clean
+.PHONY: help install up down migrate schema run lint check-schemas check-migrations check-api api-baseline unit test test-upgrade bench chaos clean

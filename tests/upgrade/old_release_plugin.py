@@ -16,4 +16,12 @@ def pytest_configure(config) -> None:
     from tests.support import db
 
     name = os.environ["CRONWHEEL_UPGRADE_TEMPLATE"]
-    db.template = lambda admin_url: name
+    used = os.environ["CRONWHEEL_UPGRADE_TEMPLATE_USED"]
+
+    def template(admin_url: str) -> str:
+        # The caller checks this file: the previous release's tests did ask.
+        with open(used, "a") as f:
+            f.write(name + "\n")
+        return name
+
+    db.template = template
