@@ -25,9 +25,9 @@ from prometheus_client import Counter
 
 from cronwheel import metrics
 from cronwheel.config import Firing as FiringSettings
-from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.db import connect, keep_connected
+from cronwheel.store.dbclock import DbClock
 from cronwheel.store.firing import FireReport, Firing, Handler, wake_lead
 from cronwheel.store.leases import Leases
 from cronwheel.store.pending import DEADLINES_MS, PendingRuns, next_sweep
@@ -112,7 +112,7 @@ class TimerService:
         idle_ms: int = 1_000,
         wheel_limit: int = 2048,
         handlers: dict[str, Handler] | None = None,
-        clock: Callable[[], int] = now_ms,
+        clock: Callable[[], int] | None = None,
         instance: str | None = None,
         ahead_ms: int = FiringSettings.fire_ahead_ms,  # 0: each run at its instant
         pending_deadlines_ms: tuple[int, ...] = DEADLINES_MS,  # by class rank
@@ -141,7 +141,11 @@ class TimerService:
         self.lookahead_ms = lookahead_ms
         self.idle_ms = idle_ms
         self.wheel_limit = wheel_limit  # due times per class one wheel load reads
-        self.clock = clock
+        # Leases and due times are judged by the database's clock (a DbClock,
+        # synced at every lease tick), not this host's: a host running ahead
+        # would take live partition leases and fire expiries early. A test
+        # passes a clock of its own to control time.
+        self.clock: Callable[[], int] = clock if clock is not None else DbClock()
         self.wheel = TimingWheel(wake_lead(ahead_ms))
         self.fired_total = 0
         self._swept: set[int] = set()  # owned partitions whose sweep timer is armed
@@ -160,6 +164,9 @@ class TimerService:
                 while not stop.is_set():
                     now = self.clock()
                     if now >= next_lease:
+                        if isinstance(self.clock, DbClock):
+                            self.clock.sync(conn)
+                            now = self.clock()
                         self.leases.tick(conn, now)
                         metrics.OWNED_PARTITIONS.labels("timer").set(len(self.leases.owned))
                         self.arm_pending_sweeps(conn, now)
