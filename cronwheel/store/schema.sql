@@ -315,7 +315,8 @@ CREATE TABLE public.tenants (
     name text NOT NULL,
     cell text DEFAULT 'local'::text NOT NULL,
     priority_classes text[] DEFAULT '{high,normal,low}'::text[] NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    state text DEFAULT 'active'::text NOT NULL
 );
 
 --
@@ -336,6 +337,21 @@ CREATE TABLE public.timers (
     CONSTRAINT timers_priority_check CHECK (((priority >= 0) AND (priority <= 3)))
 )
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='2000', autovacuum_vacuum_insert_scale_factor='0', autovacuum_vacuum_insert_threshold='2000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_threshold='50000');
+
+--
+-- Name: timers_parked; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.timers_parked (
+    partition_id smallint NOT NULL,
+    timer_id text NOT NULL,
+    kind text NOT NULL,
+    owner_id text NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    priority smallint NOT NULL,
+    attempt integer,
+    tenant_id text NOT NULL
+);
 
 --
 -- Name: webhook_secrets; Type: TABLE; Schema: public
@@ -555,6 +571,20 @@ ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id);
 
 --
+-- Name: tenants tenants_state_check; Type: CHECK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE public.tenants
+    ADD CONSTRAINT tenants_state_check CHECK ((state = ANY (ARRAY['active'::text, 'standby'::text, 'frozen'::text, 'moved'::text]))) NOT VALID;
+
+--
+-- Name: timers_parked timers_parked_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.timers_parked
+    ADD CONSTRAINT timers_parked_pkey PRIMARY KEY (partition_id, timer_id);
+
+--
 -- Name: timers timers_pkey; Type: CONSTRAINT; Schema: public
 --
 
@@ -657,6 +687,12 @@ CREATE INDEX runs_tenant_created ON public.runs USING btree (tenant_id, created_
 CREATE INDEX runs_unfinished ON public.runs USING btree (partition_id, scheduled_at) WHERE (finished_at IS NULL);
 
 --
+-- Name: tenants_not_active; Type: INDEX; Schema: public
+--
+
+CREATE INDEX tenants_not_active ON public.tenants USING btree (tenant_id) WHERE (state <> 'active'::text);
+
+--
 -- Name: timers_due; Type: INDEX; Schema: public
 --
 
@@ -667,6 +703,12 @@ CREATE INDEX timers_due ON public.timers USING btree (priority, due_at);
 --
 
 CREATE INDEX timers_lane ON public.timers USING btree (priority, tenant_id, due_at);
+
+--
+-- Name: timers_parked_tenant; Type: INDEX; Schema: public
+--
+
+CREATE INDEX timers_parked_tenant ON public.timers_parked USING btree (tenant_id);
 
 --
 -- Name: webhook_secrets_current; Type: INDEX; Schema: public
@@ -853,6 +895,12 @@ CREATE POLICY operator ON public.tenants TO cronwheel_operator USING (true);
 CREATE POLICY operator ON public.timers TO cronwheel_operator USING (true);
 
 --
+-- Name: timers_parked operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.timers_parked TO cronwheel_operator USING (true);
+
+--
 -- Name: webhook_secrets operator; Type: POLICY; Schema: public
 --
 
@@ -935,6 +983,12 @@ CREATE POLICY platform ON public.tenants TO cronwheel_platform USING (true);
 --
 
 CREATE POLICY platform ON public.timers TO cronwheel_platform USING (true);
+
+--
+-- Name: timers_parked platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.timers_parked TO cronwheel_platform USING (true);
 
 --
 -- Name: webhook_secrets platform; Type: POLICY; Schema: public
@@ -1047,6 +1101,12 @@ CREATE POLICY tenant_scope ON public.tenants TO cronwheel_gateway USING ((tenant
 CREATE POLICY tenant_scope ON public.timers TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
+-- Name: timers_parked tenant_scope; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_scope ON public.timers_parked TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
+
+--
 -- Name: webhook_secrets tenant_scope; Type: POLICY; Schema: public
 --
 
@@ -1091,6 +1151,12 @@ ALTER TABLE public.tenants ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.timers ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: timers_parked; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.timers_parked ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: webhook_secrets; Type: ROW SECURITY; Schema: public
@@ -1239,6 +1305,12 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.tenants TO cronwheel_operator;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers TO cronwheel_platform;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers TO cronwheel_gateway;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers TO cronwheel_operator;
+
+--
+-- Name: TABLE timers_parked; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.timers_parked TO cronwheel_platform;
 
 --
 -- Name: TABLE webhook_secrets; Type: ACL; Schema: public

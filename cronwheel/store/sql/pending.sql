@@ -25,6 +25,10 @@ WITH overdue AS (
        AND r.finished_at IS NULL
        AND r.scheduled_at <= %(oldest)s
        AND r.state = 'PENDING'
+       -- Not a tenant being moved in or out of this cell (migration 0022):
+       -- its copied runs are another cell's to announce.
+       AND NOT EXISTS (SELECT 1 FROM tenants h
+                        WHERE h.tenant_id = r.tenant_id AND h.state <> 'active')
        AND greatest(r.scheduled_at, r.updated_at, r.last_reannounced_at)
            + make_interval(secs => (%(deadline_ms)b::int8[])[
                  coalesce(array_position(%(classes)b::text[], r.priority), %(normal_rank)s + 1)]

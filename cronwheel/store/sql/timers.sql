@@ -18,6 +18,12 @@
 -- other kind by `now` (a lease or retry acted on early would change a run's
 -- state early).
 
+-- Neither claim takes a timer of a tenant that is not `active` in this cell
+-- (migration 0022): one being moved in (`standby`: its copied timers wait
+-- for the move to activate it) or out (`frozen`, `moved`: the freeze parked
+-- its timers, and this holds whatever a stale writer re-armed). A probe of
+-- the partial index tenants_not_active, which is almost always empty.
+
 -- name: claim_due
 -- Due timers of the caller's partitions, by priority class then due time. The
 -- lateral scan per class stops as soon as LIMIT rows are found, so lower classes
@@ -33,6 +39,8 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
         WHERE priority = c.prio AND due_at <= %(ahead)s
           AND (due_at <= %(now)s OR kind = 'job')
           AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
+          AND NOT EXISTS (SELECT 1 FROM tenants h
+                           WHERE h.tenant_id = timers.tenant_id AND h.state <> 'active')
         ORDER BY due_at
         LIMIT %(limit)s
           FOR UPDATE SKIP LOCKED) t
@@ -78,6 +86,8 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
           AND (due_at <= %(now)s OR kind = 'job')
           AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
           AND timer_id <> ALL(%(taken)b::text[])
+          AND NOT EXISTS (SELECT 1 FROM tenants h
+                           WHERE h.tenant_id = timers.tenant_id AND h.state <> 'active')
         ORDER BY due_at
         LIMIT l.quota
           FOR UPDATE SKIP LOCKED) t;
