@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -99,6 +100,7 @@ def _body(args) -> Any:
 
 
 JOB_COLS = ["job_id", "name", "priority", "paused", "next_fire_at", "fired_count", "missed_count"]
+MOVE_FINAL = ("done", "failed", "rolled_back")
 RUN_COLS = ["run_id", "state", "attempt", "scheduled_at", "finished_at"]
 
 
@@ -125,6 +127,15 @@ def run_verb(args) -> None:
                 api.call("GET", "/v1/tenants", params=q),
                 ["tenant_id", "name", "cell", "priority_classes"],
             )
+        elif verb == "move":
+            path = f"/v1/tenants/{args.id}/move"
+            move = api.call("POST", path, {"cell": args.to})
+            while args.wait and move["state"] not in MOVE_FINAL:
+                time.sleep(0.5)  # polling the router, which runs the move
+                move = api.call("GET", path)
+            _show(args, move, ["move_id", "state", "frozen_ms"])
+            if args.wait and move["state"] != "done":
+                raise ApiError(f"the move ended {move['state']}: {move.get('error')}")
     elif noun == "keys":
         if verb == "create":
             _show(args, api.call("POST", "/v1/keys", {}), ["key_id", "api_key"])
@@ -210,6 +221,9 @@ def add_parsers(sub) -> None:
     sp.add_argument("--cell")
     sp.add_argument("--classes", help="priority classes it may use, comma-separated")
     verb(t, "list", "list tenants", page=True)
+    sp = verb(t, "move", "move a tenant to another cell (through the router)", ident=True)
+    sp.add_argument("--to", required=True, help="the target cell")
+    sp.add_argument("--wait", action="store_true", help="until the move ends; fails unless done")
 
     k = sub.add_parser("keys", help="your tenant's API keys").add_subparsers(
         dest="verb", required=True

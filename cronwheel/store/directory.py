@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -20,6 +21,10 @@ from cronwheel.store.sql_loader import queries
 
 MIGRATIONS_DIR = Path(__file__).with_name("directory_migrations")
 STATES = ("active", "moving", "frozen")
+# A move's states (directory migration 0002, cronwheel/moves.py): the first
+# three are open (at most one per tenant), the last three final.
+MOVE_STATES = ("copying", "freezing", "switching", "done", "failed", "rolled_back")
+OPEN_MOVE_STATES = MOVE_STATES[:3]
 
 
 @functools.cache
@@ -46,6 +51,33 @@ class CellInfo:
     position: int
     api_url: str
     kafka_bootstrap: str
+
+
+@dataclass(frozen=True)
+class Move:
+    """A move of a tenant from `source` to `target`, recorded at the
+    placement's `epoch`; `frozen_at` .. `unfrozen_at` is the freeze window."""
+
+    move_id: str
+    tenant_id: str
+    source: str
+    target: str
+    epoch: int
+    state: str
+    error: str | None
+    started_at: datetime
+    frozen_at: datetime | None
+    unfrozen_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def frozen_ms(self) -> int | None:
+        if self.frozen_at is None:
+            return None
+        end = self.unfrozen_at or self.finished_at
+        if end is None:
+            return None
+        return int((end - self.frozen_at).total_seconds() * 1000)
 
 
 def migrate(admin_url: str) -> list[migrations.Migration]:
@@ -99,3 +131,71 @@ def compare_and_set(
     with conn.transaction(), conn.cursor(row_factory=class_row(Placement)) as cur:
         cur.execute(_q()["operator_role"])
         return cur.execute(_q()["compare_and_set"], params).fetchone()
+
+
+# -- moves (cronwheel/moves.py is the caller) ---------------------------------
+def record_move(
+    conn: psycopg.Connection, move_id: str, placed: Placement, target: str
+) -> Move | None:
+    """Record a move of `placed`'s tenant to `target`, as the operator; None
+    when the tenant already has an open move (one at a time)."""
+    params = {
+        "move_id": move_id,
+        "tenant_id": placed.tenant_id,
+        "source": placed.cell,
+        "target": target,
+        "epoch": placed.epoch,
+    }
+    try:
+        with conn.transaction(), conn.cursor(row_factory=class_row(Move)) as cur:
+            cur.execute(_q()["operator_role"])
+            return cur.execute(_q()["record_move"], params).fetchone()
+    except psycopg.errors.UniqueViolation:
+        return None
+
+
+def move(conn: psycopg.Connection, move_id: str) -> Move | None:
+    with conn.cursor(row_factory=class_row(Move)) as cur:
+        return cur.execute(_q()["move"], {"move_id": move_id}).fetchone()
+
+
+def latest_move(conn: psycopg.Connection, tenant_id: str) -> Move | None:
+    with conn.cursor(row_factory=class_row(Move)) as cur:
+        return cur.execute(_q()["latest_move"], {"tenant_id": tenant_id}).fetchone()
+
+
+def open_moves(conn: psycopg.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(_q()["open_moves"]).fetchall()]
+
+
+def step_move(
+    conn: psycopg.Connection,
+    move_id: str,
+    frm: str,
+    to: str,
+    *,
+    error: str | None = None,
+    frozen: bool = False,
+    unfrozen: bool = False,
+) -> Move | None:
+    """Move `move_id` from state `frm` to `to`; None when it was not in `frm`
+    (another mover took the step)."""
+    if to not in MOVE_STATES:
+        raise ValueError(f"a move's state is one of {', '.join(MOVE_STATES)}")
+    params = {
+        "move_id": move_id,
+        "from": frm,
+        "to": to,
+        "error": error,
+        "frozen": frozen,
+        "unfrozen": unfrozen,
+    }
+    with conn.transaction(), conn.cursor(row_factory=class_row(Move)) as cur:
+        cur.execute(_q()["operator_role"])
+        return cur.execute(_q()["step_move"], params).fetchone()
+
+
+def mark_frozen(conn: psycopg.Connection, move_id: str) -> None:
+    with conn.transaction():
+        conn.execute(_q()["operator_role"])
+        conn.execute(_q()["mark_frozen"], {"move_id": move_id})

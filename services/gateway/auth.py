@@ -81,6 +81,7 @@ class AuthLimits:
 
 
 _REFUSED = ""  # the cached answer for an unknown or revoked key
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})  # a frozen tenant's requests that go on (cells.py)
 
 
 @functools.cache
@@ -194,7 +195,7 @@ async def caller(
         bucket, who = bucket_key("operator", hash_key(token)), "the operator key"
     else:
         tenant_id = await _tenant_of(request, gateway, token)
-        await homing.refuse_elsewhere(tenant_id)
+        await homing.refuse_elsewhere(tenant_id, write=request.method not in _READS)
         bucket, who = bucket_key("tenant", tenant_id), "this tenant"
     wait = limiter.take(bucket)
     if wait > 0:

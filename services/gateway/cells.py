@@ -82,8 +82,10 @@ class Homing:
         return placed.state if placed is not None else "active"
 
     # -- the 421 -------------------------------------------------------------
-    async def refuse_elsewhere(self, tenant_id: str) -> None:
-        """Problem 421 when the directory homes `tenant_id` in another cell."""
+    async def refuse_elsewhere(self, tenant_id: str, *, write: bool = False) -> None:
+        """Problem 421 when the directory homes `tenant_id` in another cell;
+        503 with Retry-After for a `write` while a move has it frozen (reads
+        go on)."""
         if self.directory is None:
             return
         placed = self.directory.cached(tenant_id)
@@ -94,6 +96,13 @@ class Homing:
                 return  # the cell's own rows decide (module docstring)
         if placed is not None and placed.cell != self.cell:
             raise self.misdirected(placed.cell, f"tenant {tenant_id} is homed in cell")
+        if write and placed is not None and placed.state == "frozen":
+            raise Problem(
+                503,
+                "TENANT_MOVING",
+                f"tenant {tenant_id} is being moved to another cell; retry",
+                headers={"Retry-After": "1"},
+            )
 
     def misdirected(self, home: str, what: str) -> Problem:
         extensions = {"cell": home}

@@ -43,6 +43,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from cronwheel.directory import Directory, DirectoryUnavailable, tenant_of_key, tenant_of_path
+from cronwheel.moves import Mover
+from services.router.moves import MOVE_PATH as _MOVE_PATH
+from services.router.moves import Moves
 
 MEDIA_TYPE = "application/problem+json"
 MAX_CREATE_BODY = 1 << 20  # POST /v1/tenants is read whole to find its `cell`
@@ -85,9 +88,16 @@ class Routing(Exception):
 
 
 class Router:
-    def __init__(self, directory: Directory, operator_key: str, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        directory: Directory,
+        operator_key: str,
+        timeout_s: float = 60.0,
+        moves: Moves | None = None,
+    ):
         self.directory = directory
         self.operator_key = operator_key
+        self.moves = moves
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
@@ -130,6 +140,8 @@ class Router:
                 path = request.url.path
                 if path == "/v1/tenants" and request.method == "GET":
                     return await self._list_tenants(request)
+                if self.moves is not None and (moving := _MOVE_PATH.match(path)):
+                    return await self.moves.handle(request, moving.group(1))
                 if path == "/v1/tenants" and request.method == "POST":
                     body = await _read_whole(request)
                     cell = await self._cell_asked(body)
@@ -137,6 +149,8 @@ class Router:
                     cell = await self._cell_of_tenant(tenant_id)
                 else:
                     cell = await self._default()
+            elif self.moves is not None and _MOVE_PATH.match(request.url.path):
+                return problem(403, "FORBIDDEN", "moving a tenant needs the operator key")
             elif token is not None and (tenant_id := tenant_of_key(token)) is not None:
                 cell = await self._cell_of_tenant(tenant_id)
             else:
@@ -259,8 +273,11 @@ async def _read_whole(request: Request) -> bytes:
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-def create_app(directory: Directory, operator_key: str) -> Starlette:
-    router = Router(directory, operator_key)
+def create_app(directory: Directory, operator_key: str, mover: Mover | None = None) -> Starlette:
+    """`mover`: the move protocol (POST / GET /v1/tenants/{id}/move are the
+    router's own); without it those requests go to the tenant's cell."""
+    moves = Moves(mover, directory) if mover is not None else None
+    router = Router(directory, operator_key, moves=moves)
     app = Starlette(
         routes=[
             Route("/{path:path}", router.handle, methods=METHODS),

@@ -20,6 +20,20 @@ class RouterSettings:
     # The operator's key, as every cell's gateway has it (unset: the local
     # stack's, cronwheel/demo.py); the router only compares it.
     operator_key: str | None = setting("CRONWHEEL_OPERATOR_KEY", None)
+    # Each cell's database as its owner, for the move protocol
+    # (services/router/moves.py): `us=postgresql://...,eu=postgresql://...`.
+    # Unset: the local stack's cells (cells.json), or no moves without them.
+    cell_databases: str | None = setting("CRONWHEEL_CELL_DATABASES", None, secret=True)
+
+
+def cell_databases(text: str | None) -> dict[str, str]:
+    """`name=url,...` as a dict; unset: the local cells' owner URLs."""
+    if text:
+        pairs = (item.partition("=") for item in text.split(",") if item.strip())
+        return {name.strip(): url.strip() for name, _, url in pairs}
+    from cronwheel.stack import cells
+
+    return {c.name: c.admin_database_url for c in cells.configured()}
 
 
 def main() -> None:
@@ -30,6 +44,7 @@ def main() -> None:
 
     from cronwheel.demo import operator_key
     from cronwheel.directory import Directory
+    from cronwheel.moves import Mover
     from services.router.app import create_app
 
     settings = config.load(RouterSettings)
@@ -41,7 +56,11 @@ def main() -> None:
     directory = Directory(
         settings.cells.directory_url, ttl_s=settings.cells.directory_ttl_ms / 1000
     )
-    app = create_app(directory, settings.operator_key or operator_key())
+    dsns = cell_databases(settings.cell_databases)
+    mover = Mover(settings.cells.directory_url, dsns) if dsns else None
+    app = create_app(directory, settings.operator_key or operator_key(), mover)
+    if app.state.router.moves is not None:
+        app.state.router.moves.resume()
     host, _, port = settings.serving.http_addr.rpartition(":")
     server = uvicorn.Server(
         uvicorn.Config(

@@ -36,3 +36,51 @@ VALUES (%(name)s, %(position)s, %(api_url)s, %(kafka_bootstrap)s)
 ON CONFLICT (name) DO UPDATE
    SET position = EXCLUDED.position, api_url = EXCLUDED.api_url,
        kafka_bootstrap = EXCLUDED.kafka_bootstrap;
+
+-- Moves (directory migration 0002, cronwheel/moves.py). Every write to a move
+-- is conditional on the state the mover read, and returns the row it changed:
+-- no row back, another mover took the step first.
+
+-- name: record_move
+INSERT INTO directory_moves (move_id, tenant_id, source, target, epoch)
+VALUES (%(move_id)s, %(tenant_id)s, %(source)s, %(target)s, %(epoch)s)
+RETURNING move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
+          unfrozen_at, finished_at;
+
+-- name: move
+SELECT move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
+       unfrozen_at, finished_at
+  FROM directory_moves WHERE move_id = %(move_id)s;
+
+-- name: latest_move
+SELECT move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
+       unfrozen_at, finished_at
+  FROM directory_moves WHERE tenant_id = %(tenant_id)s
+ ORDER BY started_at DESC, move_id DESC
+ LIMIT 1;
+
+-- name: open_moves
+SELECT move_id FROM directory_moves
+ WHERE state IN ('copying', 'freezing', 'switching')
+ ORDER BY started_at;
+
+-- name: step_move
+-- The move's next state, from the one the mover read. frozen_at and
+-- unfrozen_at are set once (the first mover to get there), finished_at with
+-- a final state.
+UPDATE directory_moves
+   SET state = %(to)s,
+       error = coalesce(%(error)s, error),
+       frozen_at = CASE WHEN %(frozen)s THEN coalesce(frozen_at, now()) ELSE frozen_at END,
+       unfrozen_at = CASE WHEN %(unfrozen)s THEN coalesce(unfrozen_at, now()) ELSE unfrozen_at END,
+       finished_at = CASE WHEN %(to)s IN ('done', 'failed', 'rolled_back') THEN now() END,
+       updated_at = now()
+ WHERE move_id = %(move_id)s AND state = %(from)s
+RETURNING move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
+          unfrozen_at, finished_at;
+
+-- name: mark_frozen
+-- When the source froze (the first time only): the start of the freeze window.
+UPDATE directory_moves SET frozen_at = coalesce(frozen_at, now()), updated_at = now()
+ WHERE move_id = %(move_id)s
+RETURNING frozen_at;

@@ -1,0 +1,278 @@
+"""Moving a tenant from one cell to another (issue 24; docs/cells.md,
+"Moving a tenant"). A move is a row in the directory (directory_moves) that
+steps through `copying` -> `freezing` -> `switching` -> `done` (or `failed` /
+`rolled_back`); `advance(move_id)` performs the step the row names and
+records the next, each step safe to run again, so a mover that died is
+replaced by any other that calls `advance` (or `run`) on the same move.
+
+What holds:
+- The source stops firing the tenant before the target starts: the freeze
+  commits (timers parked, in the transaction that locks them away from every
+  firing transaction) before the directory's epoch flips, and the target is
+  activated only after the flip. A job's next instant is its parked timer,
+  copied with it; instants due during the freeze fire in the target through
+  the job's catch-up; a run both cells could create has the same id and the
+  target holds the source's runs, so an instant fires once across both.
+- The directory changes only by compare-and-set on the epoch the move
+  recorded: two movers of one tenant cannot both flip it, and a placement
+  changed under the move fails the move instead of being overwritten.
+- Until the flip, the source is whole: a rollback unparks its timers and
+  deletes the target's copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import psycopg
+
+from cronwheel.store import directory as dirstore
+from cronwheel.store import moves as cells
+from cronwheel.store.directory import Move, Placement
+
+log = logging.getLogger("cronwheel.moves")
+
+FINAL = ("done", "failed", "rolled_back")
+
+
+class MoveRefused(Exception):
+    """A move that cannot start: `status` (404, 409, 422) and the `field`."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.field = field
+
+
+class MoveStalled(RuntimeError):
+    """A step that could not finish now (the outbox not drained in time, the
+    copy not settling): the move stays in its state; advance again later, or
+    roll back."""
+
+
+@dataclass(frozen=True)
+class MoveSettings:
+    drain_timeout_s: float = 30.0  # the source's relay publishing the tenant's last records
+    verify_rounds: int = 5  # copies after the freeze until the checksums agree
+
+
+class Mover:
+    """The move protocol over the directory's database (`directory_dsn`, a
+    login that may become cronwheel_operator) and each cell's database as its
+    owner (`cell_dsns`: cell name -> URL)."""
+
+    def __init__(
+        self,
+        directory_dsn: str,
+        cell_dsns: Mapping[str, str],
+        settings: MoveSettings = MoveSettings(),
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.directory_dsn = directory_dsn
+        self.cell_dsns = dict(cell_dsns)
+        self.settings = settings
+        self.sleep = sleep
+
+    # -- the operator's requests ---------------------------------------------
+    def start(self, tenant_id: str, target: str) -> Move:
+        """Record a move of `tenant_id` to cell `target` (state `copying`);
+        MoveRefused when it cannot be."""
+        with self._directory() as d:
+            placed = dirstore.placement(d, tenant_id)
+            if placed is None:
+                raise MoveRefused(404, f"no tenant {tenant_id!r} in the directory")
+            known = [c.name for c in dirstore.cells(d)]
+            if target not in known:
+                raise MoveRefused(
+                    422, f"unknown cell {target!r}; the cells: {', '.join(known)}", "cell"
+                )
+            if target == placed.cell:
+                raise MoveRefused(422, f"tenant {tenant_id} is already in cell {target!r}", "cell")
+            for cell in (placed.cell, target):
+                if cell not in self.cell_dsns:
+                    raise MoveRefused(422, f"this mover cannot reach cell {cell!r}", "cell")
+            move = dirstore.record_move(d, "mv_" + secrets.token_hex(10), placed, target)
+            if move is None:
+                raise MoveRefused(409, f"tenant {tenant_id} is being moved already")
+        log.info("move %s: tenant %s %s -> %s", move.move_id, tenant_id, placed.cell, target)
+        return move
+
+    def latest(self, tenant_id: str) -> Move | None:
+        with self._directory() as d:
+            return dirstore.latest_move(d, tenant_id)
+
+    def get(self, move_id: str) -> Move | None:
+        with self._directory() as d:
+            return dirstore.move(d, move_id)
+
+    def open_moves(self) -> list[str]:
+        with self._directory() as d:
+            return dirstore.open_moves(d)
+
+    # -- the protocol --------------------------------------------------------
+    def run(self, move_id: str, *, attempts: int = 3) -> Move:
+        """Advance until the move is final; a step that stalls is tried again
+        (`attempts` times), then the move is rolled back."""
+        stalls = 0
+        while True:
+            try:
+                move = self.advance(move_id)
+            except MoveStalled as e:
+                stalls += 1
+                log.warning("move %s stalled (%d/%d): %s", move_id, stalls, attempts, e)
+                if stalls >= attempts:
+                    return self.rollback(move_id, str(e))
+                continue
+            if move.state in FINAL:
+                return move
+
+    def advance(self, move_id: str) -> Move:
+        """Perform the step the move's state names and record the next state.
+        Idempotent: a step interrupted at any point and run again ends the
+        same (docs/cells.md, the failure table)."""
+        move = self.get(move_id)
+        if move is None:
+            raise KeyError(move_id)
+        step = {
+            "copying": self._copy,
+            "freezing": self._freeze,
+            "switching": self._switch,
+        }.get(move.state)
+        if step is None:
+            return move
+        return step(move)
+
+    def rollback(self, move_id: str, why: str) -> Move:
+        """Undo a move that has not flipped: the source active with its timers
+        back, the target's copy removed, the directory's placement active in
+        the source. A move that flipped is finished instead (`advance`)."""
+        move = self.get(move_id)
+        if move is None:
+            raise KeyError(move_id)
+        if move.state not in ("copying", "freezing"):
+            return self.advance(move_id) if move.state == "switching" else move
+        with self._cell(move.source) as src, self._cell(move.target) as dst:
+            cells.unfreeze(src, move.tenant_id)
+            if cells.tenant_state(dst, move.tenant_id) == "standby":
+                cells.remove(dst, move.tenant_id)
+        with self._directory() as d:
+            placed = dirstore.placement(d, move.tenant_id)
+            if placed is not None and placed.epoch == move.epoch and placed.cell == move.source:
+                dirstore.compare_and_set(d, move.tenant_id, move.epoch, move.source, "active")
+            done = dirstore.step_move(
+                d, move.move_id, move.state, "rolled_back", error=why, unfrozen=True
+            )
+        log.warning("move %s rolled back: %s", move_id, why)
+        return done or self.get(move_id)  # type: ignore[return-value]
+
+    # -- the steps -----------------------------------------------------------
+    def _copy(self, move: Move) -> Move:
+        """Record the move in the placement (`moving`), check both cells run
+        the same migrations, copy the tenant's rows into the target (standby
+        there) while the source keeps firing."""
+        placed = self._placement(move)
+        if placed.state == "active":
+            self._cas(move, move.source, "moving")
+        with self._cell(move.source) as src, self._cell(move.target) as dst:
+            mine, theirs = cells.migrations(src), cells.migrations(dst)
+            if mine != theirs:
+                return self._fail(
+                    move, f"the cells' migrations differ: {move.source} {mine[-1:]}, "
+                    f"{move.target} {theirs[-1:]}"
+                )  # fmt: skip
+            if cells.tenant_state(dst, move.tenant_id) not in (None, "standby"):
+                return self._fail(move, f"cell {move.target} already serves the tenant")
+            try:
+                cells.copy(src, dst, move.tenant_id, move.target)
+            except psycopg.errors.UniqueViolation as e:  # a name or key the target has
+                return self._fail(move, f"cell {move.target} holds a conflicting row: {e}")
+        return self._step(move, "freezing")
+
+    def _freeze(self, move: Move) -> Move:
+        """Freeze the source (the placement `frozen`: writes get 503; in the
+        source's database the tenant's timers parked, so nothing of it fires
+        there from the freeze's commit on), wait for its relay to publish the
+        tenant's records appended before, copy again and compare checksums."""
+        placed = self._placement(move)
+        if placed.state == "moving":
+            self._cas(move, move.source, "frozen")
+        with self._cell(move.source) as src, self._cell(move.target) as dst:
+            if not cells.freeze(src, move.tenant_id):
+                return self._fail(move, f"the tenant is not active in cell {move.source}")
+            with self._directory() as d:
+                dirstore.mark_frozen(d, move.move_id)
+            upto = cells.outbox_high(src)
+            deadline = time.monotonic() + self.settings.drain_timeout_s
+            while (left := cells.outbox_left(src, move.tenant_id, upto)) > 0:
+                if time.monotonic() > deadline:
+                    raise MoveStalled(f"{left} outbox records of the tenant not published")
+                self.sleep(0.05)
+            for _ in range(self.settings.verify_rounds):
+                cells.copy(src, dst, move.tenant_id, move.target)
+                here, there = (
+                    cells.checksums(src, move.tenant_id),
+                    cells.checksums(dst, move.tenant_id),
+                )
+                if here == there:
+                    break
+                differ = sorted(t for t in here if here[t] != there[t])
+                log.info("move %s: copy again, tables differ: %s", move.move_id, differ)
+            else:
+                raise MoveStalled(f"the copy does not settle: {', '.join(differ)} differ")
+        return self._step(move, "switching")
+
+    def _switch(self, move: Move) -> Move:
+        """Flip the placement to the target (epoch + 1, compare-and-set),
+        activate the tenant there, remove it from the source."""
+        with self._directory() as d:
+            placed = dirstore.placement(d, move.tenant_id)
+        flipped = placed is not None and placed.cell == move.target
+        if not flipped:
+            self._cas(move, move.target, "active")
+        with self._cell(move.target) as dst:
+            cells.activate(dst, move.tenant_id, move.target)
+        with self._directory() as d:
+            dirstore.step_move(d, move.move_id, "switching", "switching", unfrozen=True)
+        with self._cell(move.source) as src:
+            cells.remove(src, move.tenant_id)  # retention: none on the local stack
+        return self._step(move, "done")
+
+    # -- helpers -------------------------------------------------------------
+    def _placement(self, move: Move) -> Placement:
+        with self._directory() as d:
+            placed = dirstore.placement(d, move.tenant_id)
+        if placed is None or placed.epoch != move.epoch or placed.cell != move.source:
+            raise MoveStalled(f"the tenant's placement changed under the move: {placed}")
+        return placed
+
+    def _cas(self, move: Move, cell: str, state: str) -> Placement:
+        with self._directory() as d:
+            placed = dirstore.compare_and_set(d, move.tenant_id, move.epoch, cell, state)
+        if placed is None:
+            raise MoveStalled("the tenant's placement changed under the move (epoch)")
+        return placed
+
+    def _step(self, move: Move, to: str, error: str | None = None) -> Move:
+        with self._directory() as d:
+            stepped = dirstore.step_move(d, move.move_id, move.state, to, error=error)
+        if stepped is None:  # another mover took this step: carry on from where it is
+            return self.get(move.move_id)  # type: ignore[return-value]
+        log.info("move %s: %s -> %s", move.move_id, move.state, to)
+        return stepped
+
+    def _fail(self, move: Move, why: str) -> Move:
+        self.rollback(move.move_id, why)
+        with self._directory() as d:
+            dirstore.step_move(d, move.move_id, "rolled_back", "failed", error=why)
+        return self.get(move.move_id)  # type: ignore[return-value]
+
+    def _directory(self) -> psycopg.Connection:
+        return psycopg.connect(self.directory_dsn, autocommit=True, connect_timeout=10)
+
+    def _cell(self, name: str) -> psycopg.Connection:
+        return cells.connect(self.cell_dsns[name])

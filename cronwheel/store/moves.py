@@ -1,0 +1,155 @@
+"""A tenant's rows in one cell's database, as the move protocol handles them
+(cronwheel/moves.py; docs/cells.md "Moving a tenant"). Its SQL is
+sql/moves.sql. The connections are each cell's owner's: the mover reads and
+writes one tenant's rows across every table, outside row-level security.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import psycopg
+
+from cronwheel.store.sql_loader import queries
+
+# Every table that holds a tenant's rows, parents before children (the copy
+# inserts in this order; the delete goes children first). Not here: the
+# outbox (drained before the last copy), and what is no tenant's (leases,
+# processed, schema_migrations).
+TABLES = (
+    "tenants",
+    "api_keys",
+    "tenant_limits",
+    "tenant_quotas",
+    "idempotency_keys",
+    "jobs",
+    "runs",
+    "run_attempts",
+    "timers",
+    "webhook_secrets",
+    "workflows",
+    "workflow_nodes",
+    "workflow_runs",
+    "workflow_run_nodes",
+)
+
+
+@functools.cache
+def _q() -> dict[str, str]:
+    return queries("moves")
+
+
+def connect(dsn: str) -> psycopg.Connection:
+    """An owner's connection with the settings the checksums depend on (a
+    timestamp's text is the session's time zone's)."""
+    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    conn.execute("SET TimeZone = 'UTC'")
+    conn.execute("SET extra_float_digits = 3")
+    return conn
+
+
+def migrations(conn: psycopg.Connection) -> list[int]:
+    return list(conn.execute(_q()["migrations"]).fetchone()[0])
+
+
+def tenant_state(conn: psycopg.Connection, tenant_id: str) -> str | None:
+    row = conn.execute(_q()["tenant_state"], {"t": tenant_id}).fetchone()
+    return row[0] if row else None
+
+
+def copy(source: psycopg.Connection, target: psycopg.Connection, tenant_id: str, cell: str) -> None:
+    """The tenant's rows in `source` become its rows in `target`, which holds
+    it `standby` in `cell`: read in one snapshot of the source, written in one
+    transaction on the target that deletes what an earlier copy left and
+    inserts every row as the source has it (so a copy repeated after a crash,
+    or to catch up, ends the same)."""
+    params = {"t": tenant_id}
+    with _snapshot(source), target.transaction():
+        target.execute(_q()["delete_children"], params)
+        target.execute(_q()["delete_parents"], params)
+        for table in TABLES:
+            with (
+                source.cursor().copy(
+                    f"COPY ({_q()['rows_' + table]}) TO STDOUT (FORMAT binary)", params
+                ) as out,
+                target.cursor().copy(f"COPY {table} FROM STDIN (FORMAT binary)") as into,
+            ):
+                for block in out:
+                    into.write(block)
+        target.execute(_q()["standby"], {"t": tenant_id, "cell": cell})
+
+
+@contextlib.contextmanager
+def _snapshot(conn: psycopg.Connection):
+    """A read-only transaction whose statements all see one snapshot (a run
+    and its attempts as of one instant, while the source keeps firing)."""
+    before = conn.isolation_level
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    try:
+        with conn.transaction():
+            conn.execute("SET TRANSACTION READ ONLY")
+            yield
+    finally:
+        conn.isolation_level = before
+
+
+def checksums(conn: psycopg.Connection, tenant_id: str) -> dict[str, tuple[int, str]]:
+    """Per table: how many of the tenant's rows and an md5 over their text,
+    in a stable order. Equal in two cells: the same rows."""
+    out = {}
+    with _snapshot(conn):
+        for table in TABLES:
+            rows = _q().get("compare_" + table) or _q()["rows_" + table]
+            sql = _q()["checksum_of"].replace("(ROWS)", f"({rows})")
+            row = conn.execute(sql, {"t": tenant_id}).fetchone()
+            out[table] = (row[0], row[1])
+    return out
+
+
+def freeze(conn: psycopg.Connection, tenant_id: str) -> bool:
+    """Freeze the tenant in this (the source) cell: nothing of it fires here
+    once this commits (sql/moves.sql, freeze and park_timers). False when the
+    tenant is not active or frozen here."""
+    params = {"t": tenant_id}
+    with conn.transaction():
+        if conn.execute(_q()["freeze"], params).fetchone() is None:
+            return False
+        conn.execute(_q()["park_timers"], params)
+    return True
+
+
+def unfreeze(conn: psycopg.Connection, tenant_id: str) -> None:
+    """A rollback's: the tenant active here again with its timers back."""
+    params = {"t": tenant_id}
+    with conn.transaction():
+        conn.execute(_q()["unpark_timers"], params)
+        conn.execute(_q()["reactivate"], params)
+        conn.execute(_q()["wake_timers"])
+
+
+def activate(conn: psycopg.Connection, tenant_id: str, cell: str) -> None:
+    """The tenant active in this (the target) cell: its timers fire here."""
+    with conn.transaction():
+        conn.execute(_q()["activate"], {"t": tenant_id, "cell": cell})
+        conn.execute(_q()["wake_timers"])
+
+
+def remove(conn: psycopg.Connection, tenant_id: str) -> None:
+    """Every row of the tenant in this cell, gone (the source after the move,
+    or the target after a rollback)."""
+    params = {"t": tenant_id}
+    with conn.transaction():
+        conn.execute(_q()["delete_children"], params)
+        conn.execute(_q()["delete_parents"], params)
+
+
+def outbox_high(conn: psycopg.Connection) -> int:
+    return conn.execute(_q()["outbox_high"]).fetchone()[0]
+
+
+def outbox_left(conn: psycopg.Connection, tenant_id: str, upto: int) -> int:
+    """The tenant's records appended up to outbox id `upto` that the relay
+    has not published yet (its topics name it: cronwheel/kafka.py Topics)."""
+    row = conn.execute(_q()["outbox_left"], {"upto": upto, "needle": "." + tenant_id}).fetchone()
+    return row[0]

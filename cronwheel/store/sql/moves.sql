@@ -1,0 +1,161 @@
+-- Moving a tenant between cells, the cells' side (cronwheel/store/moves.py,
+-- docs/cells.md "Moving a tenant"). Run by the mover as each cell's database
+-- owner: it reads and writes one tenant's rows across every table, outside
+-- row-level security. The directory's side is in directory.sql.
+--
+-- rows_<table>: the tenant's rows of that table, every column in the table's
+-- order (both cells run the same migrations, checked first), so the rows
+-- copy as they are (COPY ... binary). %(t)s is the tenant.
+
+-- name: rows_tenants
+SELECT * FROM tenants WHERE tenant_id = %(t)s;
+
+-- name: rows_api_keys
+SELECT * FROM api_keys WHERE tenant_id = %(t)s;
+
+-- name: rows_tenant_limits
+SELECT * FROM tenant_limits WHERE tenant_id = %(t)s;
+
+-- name: rows_tenant_quotas
+SELECT * FROM tenant_quotas WHERE tenant_id = %(t)s;
+
+-- name: rows_idempotency_keys
+-- A tenant's requests are remembered under its id (the operator's under
+-- 'operator', which stays).
+SELECT * FROM idempotency_keys WHERE scope = %(t)s;
+
+-- name: rows_jobs
+SELECT * FROM jobs WHERE tenant_id = %(t)s;
+
+-- name: rows_runs
+SELECT * FROM runs WHERE tenant_id = %(t)s;
+
+-- name: rows_run_attempts
+SELECT a.* FROM run_attempts a
+  JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
+ WHERE r.tenant_id = %(t)s;
+
+-- name: rows_timers
+-- Its armed timers and those a freeze parked (the source's, after the
+-- freeze: all of them are parked).
+SELECT * FROM timers WHERE tenant_id = %(t)s
+UNION ALL
+SELECT * FROM timers_parked WHERE tenant_id = %(t)s;
+
+-- name: rows_webhook_secrets
+SELECT * FROM webhook_secrets WHERE tenant_id = %(t)s;
+
+-- name: rows_workflows
+SELECT * FROM workflows WHERE tenant_id = %(t)s;
+
+-- name: rows_workflow_nodes
+SELECT n.* FROM workflow_nodes n
+  JOIN workflows w ON w.partition_id = n.partition_id AND w.workflow_id = n.workflow_id
+ WHERE w.tenant_id = %(t)s;
+
+-- name: rows_workflow_runs
+SELECT * FROM workflow_runs WHERE tenant_id = %(t)s;
+
+-- name: rows_workflow_run_nodes
+SELECT n.* FROM workflow_run_nodes n
+  JOIN workflow_runs w ON w.partition_id = n.partition_id
+                      AND w.workflow_run_id = n.workflow_run_id
+ WHERE w.tenant_id = %(t)s;
+
+-- name: compare_tenants
+-- What must match across the cells: all but `cell` and `state`, which differ
+-- by design while the tenant is frozen in one and standby in the other.
+SELECT tenant_id, name, priority_classes, created_at FROM tenants WHERE tenant_id = %(t)s;
+
+-- name: delete_children
+-- The rows that name their tenant only through a parent, before the parents.
+WITH a AS (
+    DELETE FROM run_attempts a USING runs r
+     WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id AND r.tenant_id = %(t)s),
+wn AS (
+    DELETE FROM workflow_nodes n USING workflows w
+     WHERE w.partition_id = n.partition_id AND w.workflow_id = n.workflow_id
+       AND w.tenant_id = %(t)s),
+wrn AS (
+    DELETE FROM workflow_run_nodes n USING workflow_runs w
+     WHERE w.partition_id = n.partition_id AND w.workflow_run_id = n.workflow_run_id
+       AND w.tenant_id = %(t)s)
+SELECT 1;
+
+-- name: delete_parents
+WITH k AS (DELETE FROM api_keys WHERE tenant_id = %(t)s),
+     l AS (DELETE FROM tenant_limits WHERE tenant_id = %(t)s),
+     q AS (DELETE FROM tenant_quotas WHERE tenant_id = %(t)s),
+     i AS (DELETE FROM idempotency_keys WHERE scope = %(t)s),
+     j AS (DELETE FROM jobs WHERE tenant_id = %(t)s),
+     r AS (DELETE FROM runs WHERE tenant_id = %(t)s),
+     tm AS (DELETE FROM timers WHERE tenant_id = %(t)s),
+     tp AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s),
+     s AS (DELETE FROM webhook_secrets WHERE tenant_id = %(t)s),
+     w AS (DELETE FROM workflows WHERE tenant_id = %(t)s),
+     wr AS (DELETE FROM workflow_runs WHERE tenant_id = %(t)s)
+DELETE FROM tenants WHERE tenant_id = %(t)s;
+
+-- name: tenant_state
+SELECT state FROM tenants WHERE tenant_id = %(t)s;
+
+-- name: standby
+-- The target after a copy: the tenant's rows are here, it is not served or
+-- fired here yet (the claims skip a tenant that is not active).
+UPDATE tenants SET state = 'standby', cell = %(cell)s WHERE tenant_id = %(t)s;
+
+-- name: freeze
+-- The source's freeze, one transaction with park_timers: from its commit no
+-- firing transaction can claim a timer of the tenant (they are not in
+-- `timers` any more, and the claims skip a tenant that is not active). The
+-- row lock on the tenant waits for a transaction that holds it.
+UPDATE tenants SET state = 'frozen' WHERE tenant_id = %(t)s AND state IN ('active', 'frozen')
+RETURNING state;
+
+-- name: park_timers
+-- DELETE waits for a firing transaction holding one of these timers (its
+-- claim is FOR UPDATE) and then deletes the timer as that transaction left
+-- it (re-armed for the job's next instant, or gone); a claim that starts
+-- after this commits finds none.
+WITH d AS (DELETE FROM timers WHERE tenant_id = %(t)s RETURNING *)
+INSERT INTO timers_parked SELECT * FROM d
+ON CONFLICT (partition_id, timer_id) DO UPDATE
+   SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = EXCLUDED.attempt;
+
+-- name: unpark_timers
+-- A rollback: the parked timers back where the firing loop claims them.
+WITH d AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s RETURNING *)
+INSERT INTO timers SELECT * FROM d
+ON CONFLICT (partition_id, timer_id) DO NOTHING;
+
+-- name: reactivate
+UPDATE tenants SET state = 'active' WHERE tenant_id = %(t)s AND state = 'frozen';
+
+-- name: activate
+-- The target after the flip: served and fired here from now on.
+UPDATE tenants SET state = 'active', cell = %(cell)s WHERE tenant_id = %(t)s
+RETURNING state;
+
+-- name: wake_timers
+-- The cell's firing loops look now (services/timer: a notify's payload is the
+-- due millisecond): the tenant's timers just became claimable.
+SELECT pg_notify('cw_timers', (extract(epoch FROM clock_timestamp()) * 1000)::bigint::text);
+
+-- name: outbox_high
+SELECT coalesce(max(id), 0) FROM outbox;
+
+-- name: outbox_left
+-- Records of the tenant (its topics name it) appended up to the freeze and
+-- not yet published by the relay.
+SELECT count(*) FROM outbox WHERE id <= %(upto)s AND strpos(topic, %(needle)s) > 0;
+
+-- name: migrations
+SELECT coalesce(array_agg(version ORDER BY version), '{}') FROM schema_migrations;
+
+-- name: checksum_of
+-- A table's checksum over one of the rows_ / compare_ blocks above, put in
+-- place of ROWS by the caller: how many rows and an md5 over their text in
+-- a stable order (the text of a timestamp is the session's time zone's:
+-- store/moves.py connects in UTC).
+SELECT count(*), coalesce(md5(string_agg(x, '' ORDER BY x)), '')
+  FROM (SELECT md5(r::text) AS x FROM (ROWS) r) s;

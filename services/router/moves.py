@@ -1,0 +1,120 @@
+"""The move API, the router's own (docs/cells.md "Moving a tenant";
+CONTRACT.md "Cells"): a move spans two cells, so no cell's gateway can run
+it. Operator key only (the router checked it before calling here).
+
+- `POST /v1/tenants/{id}/move {"cell": NAME}` -> 202 `{move_id, state}`; the
+  move then runs in a thread of this process (cronwheel/moves.py). Unknown
+  tenant 404; unknown cell, or the tenant's own, 422 naming `cell`; a move
+  already open for the tenant 409.
+- `GET /v1/tenants/{id}/move` -> the tenant's latest move: `{move_id,
+  tenant_id, source, target, state, started_at, finished_at, frozen_ms,
+  error}`; 404 when it has none.
+
+At start-up the router resumes every open move (a mover that died is
+replaced by the next router to start): each step is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cronwheel.directory import Directory
+from cronwheel.moves import Mover, MoveRefused
+from cronwheel.store.directory import Move
+
+log = logging.getLogger("cronwheel.router.moves")
+
+MOVE_PATH = re.compile(r"^/v1/tenants/([A-Za-z0-9_-]{1,100})/move$")
+MAX_BODY = 4096
+
+
+class Moves:
+    def __init__(self, mover: Mover, directory: Directory):
+        self.mover = mover
+        self.directory = directory
+        self._running: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def resume(self) -> None:
+        """Run every open move to its end (a router started after a mover died)."""
+        for move_id in self.mover.open_moves():
+            self._run(move_id)
+
+    def _run(self, move_id: str) -> None:
+        with self._lock:
+            if move_id in self._running and self._running[move_id].is_alive():
+                return
+            thread = threading.Thread(
+                target=self._body, args=(move_id,), daemon=True, name=f"move-{move_id}"
+            )
+            self._running[move_id] = thread
+        thread.start()
+
+    def _body(self, move_id: str) -> None:
+        try:
+            move = self.mover.run(move_id)
+            log.info("move %s ended %s", move_id, move.state)
+        except Exception:
+            log.exception("move %s: the mover failed; it resumes at the next start", move_id)
+        finally:
+            moved = self.mover.get(move_id)
+            if moved is not None:
+                self.directory.forget(moved.tenant_id)
+
+    async def handle(self, request: Request, tenant_id: str) -> Response:
+        if request.method == "GET":
+            move = await run_in_threadpool(self.mover.latest, tenant_id)
+            if move is None:
+                return _problem(404, "NOT_FOUND", f"tenant {tenant_id} has no move")
+            return _json(200, describe(move))
+        if request.method != "POST":
+            return _problem(405, "METHOD_NOT_ALLOWED", "GET or POST")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return _problem(413, "PAYLOAD_TOO_LARGE", f"the body is over {MAX_BODY} bytes")
+        try:
+            doc = json.loads(body or b"null")
+        except ValueError:
+            return _problem(400, "INVALID_JSON", "the body is not JSON")
+        cell = doc.get("cell") if isinstance(doc, dict) else None
+        if not isinstance(cell, str) or not cell:
+            return _problem(422, "INVALID_FIELD", "cell: the target cell's name", field="cell")
+        try:
+            move = await run_in_threadpool(self.mover.start, tenant_id, cell)
+        except MoveRefused as e:
+            code = {404: "NOT_FOUND", 409: "CONFLICT"}.get(e.status, "INVALID_FIELD")
+            extra = {"field": e.field} if e.field else {}
+            return _problem(e.status, code, str(e), **extra)
+        self._run(move.move_id)
+        return _json(202, {"move_id": move.move_id, "state": move.state})
+
+
+def describe(move: Move) -> dict:
+    return {
+        "move_id": move.move_id,
+        "tenant_id": move.tenant_id,
+        "source": move.source,
+        "target": move.target,
+        "state": move.state,
+        "started_at": move.started_at.isoformat(),
+        "finished_at": move.finished_at.isoformat() if move.finished_at else None,
+        "frozen_ms": move.frozen_ms,
+        "error": move.error,
+    }
+
+
+def _json(status: int, doc: dict) -> Response:
+    return Response(json.dumps(doc), status, media_type="application/json")
+
+
+def _problem(status: int, code: str, detail: str, **extra) -> Response:
+    from services.router.app import problem  # the router's problem documents
+
+    return problem(status, code, detail, **extra)

@@ -1,0 +1,234 @@
+"""Moving a tenant between two real cells (issue 24; docs/cells.md "Moving a
+tenant"): each cell its own PostgreSQL and Kafka with its gateway, timer and
+relay, the router on the public address running the moves (the stack of
+tests/support/cells.py, on private ports).
+
+The protocol's steps one by one (a mover that dies after the copy, a
+rollback) are proved in-process by tests/integration/test_tenant_move.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import httpx
+import psycopg
+import pytest
+
+from cronwheel.core.clock import to_ms
+from cronwheel.moves import Mover
+from cronwheel.store import directory as dirstore
+from tests.support.cells import OPERATOR_KEY, ROUTER, two_cells
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+OPERATOR = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("cells-move-logs")
+    with two_cells(logs, ("gateway", "timer", "relay")) as st:
+        yield st
+
+
+def _as(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _tenant(cell: str) -> dict:
+    body = {"name": f"mover-{uuid.uuid4().hex[:6]}", "cell": cell}
+    answer = httpx.post(f"{ROUTER}/v1/tenants", json=body, headers=OPERATOR, timeout=30)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def _runs(url: str, job_id: str) -> dict[str, tuple[int, int]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT run_id, scheduled_at, created_at FROM runs WHERE job_id = %s", [job_id]
+        ).fetchall()
+    return {r[0]: (to_ms(r[1]), to_ms(r[2])) for r in rows}
+
+
+def _rows(url: str, tenant_id: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {
+            t: conn.execute(
+                f"SELECT count(*) FROM {t} WHERE tenant_id = %s", [tenant_id]
+            ).fetchone()[0]
+            for t in ("tenants", "api_keys", "jobs", "runs", "timers")
+        }
+
+
+def test_move__refused__same_cell_422__unknown_tenant_404(cells):
+    tenant = _tenant("us")
+    same = httpx.post(
+        f"{ROUTER}/v1/tenants/{tenant['tenant_id']}/move", json={"cell": "us"}, headers=OPERATOR
+    )
+    assert same.status_code == 422, same.text
+    assert same.json()["field"] == "cell"
+    unknown = httpx.post(
+        f"{ROUTER}/v1/tenants/t_nobody/move", json={"cell": "eu"}, headers=OPERATOR
+    )
+    assert unknown.status_code == 404, unknown.text
+    none_yet = httpx.get(f"{ROUTER}/v1/tenants/{tenant['tenant_id']}/move", headers=OPERATOR)
+    assert none_yet.status_code == 404
+    as_tenant = httpx.post(
+        f"{ROUTER}/v1/tenants/{tenant['tenant_id']}/move",
+        json={"cell": "eu"},
+        headers=_as(tenant["api_key"]),
+    )
+    assert as_tenant.status_code in (401, 403)
+
+
+def test_move__us_to_eu_while_a_500ms_job_fires__each_instant_once__rows_in_eu_only(cells):
+    us, eu = cells.cell("us")["admin_database_url"], cells.cell("eu")["admin_database_url"]
+    tenant = _tenant("us")
+    tid, key = tenant["tenant_id"], _as(tenant["api_key"])
+    body = {
+        "name": "tick",
+        "schedule": {"every_ms": 500},
+        "target": {"type": "queue", "queue": "billing"},
+    }
+    made = httpx.post(f"{ROUTER}/v1/jobs", json=body, headers=key, timeout=30)
+    assert made.status_code == 201, made.text
+    job_id = made.json()["job_id"]
+
+    seen: dict[str, dict] = {"us": {}, "eu": {}}
+    stop = threading.Event()
+
+    def watch() -> None:  # what each cell held at any time (the source's go at cleanup)
+        while not stop.is_set():
+            seen["us"].update(_runs(us, job_id))
+            seen["eu"].update(_runs(eu, job_id))
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        wait_for(lambda: len(seen["us"]) >= 4, 30, what="the job to fire in us")
+        started = httpx.post(
+            f"{ROUTER}/v1/tenants/{tid}/move", json={"cell": "eu"}, headers=OPERATOR, timeout=30
+        )
+        assert started.status_code == 202, started.text
+        assert started.json()["state"] == "copying"
+
+        def finished() -> dict | None:
+            got = httpx.get(f"{ROUTER}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10)
+            assert got.status_code == 200, got.text
+            doc = got.json()
+            return doc if doc["state"] in ("done", "failed", "rolled_back") else None
+
+        move = wait_for(finished, 120, 0.2, "the move to end")
+        assert move["state"] == "done", move
+        assert move["frozen_ms"] is not None and move["finished_at"]
+        after = len(seen["eu"])
+        wait_for(lambda: len(seen["eu"]) >= after + 4, 30, what="the job to fire on in eu")
+    finally:
+        stop.set()
+        watcher.join(10)
+
+    runs = {**seen["us"], **_runs(eu, job_id)}
+    by_instant: dict[int, set[str]] = {}
+    for run_id, (instant, _) in runs.items():
+        by_instant.setdefault(instant, set()).add(run_id)
+    assert all(len(ids) == 1 for ids in by_instant.values()), "an instant fired twice"
+    instants = sorted(by_instant)
+    gaps = [b - a for a, b in zip(instants, instants[1:], strict=False)]
+    assert gaps == [500] * len(gaps), "an instant is missing"
+    assert set(seen["us"]) <= set(_runs(eu, job_id)), "a run of the source was not copied"
+
+    assert set(_rows(us, tid).values()) == {0}
+    in_eu = _rows(eu, tid)
+    assert in_eu["tenants"] == in_eu["jobs"] == 1 and in_eu["api_keys"] >= 1
+    # The key works through the router, now served by eu.
+    got = wait_for(
+        lambda: (
+            (r := httpx.get(f"{ROUTER}/v1/tenant", headers=key, timeout=10)).status_code == 200
+            and r
+        ),
+        30,
+        0.2,
+        "the key to work through the router",
+    )
+    assert got.json()["cell"] == "eu"
+    job = httpx.get(f"{ROUTER}/v1/jobs/{job_id}", headers=key, timeout=10)
+    assert job.status_code == 200, job.text
+
+
+def test_move__mover_stops_after_the_copy__a_new_mover_resumes_and_finishes(cells):
+    """The mover is killed after the copy (it stops calling `advance`); a new
+    one, knowing only the move's id, finishes it."""
+    dsns = {c: cells.cell(c)["admin_database_url"] for c in ("us", "eu")}
+    tenant = _tenant("us")
+    tid, key = tenant["tenant_id"], _as(tenant["api_key"])
+    body = {
+        "name": "daily",
+        "schedule": {"cron": "0 3 * * *"},
+        "target": {"type": "queue", "queue": "q"},
+    }
+    assert httpx.post(f"{ROUTER}/v1/jobs", json=body, headers=key, timeout=30).status_code == 201
+    first = Mover(cells.status["directory_url"], dsns)
+    move = first.start(tid, "eu")
+    assert first.advance(move.move_id).state == "freezing"  # copied; this mover is gone
+    assert _rows(dsns["eu"], tid)["jobs"] == 1
+    got = httpx.get(f"{ROUTER}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10).json()
+    assert got["state"] == "freezing" and got["finished_at"] is None
+
+    done = Mover(cells.status["directory_url"], dsns).run(move.move_id)
+    assert done.state == "done", done.error
+    assert set(_rows(dsns["us"], tid).values()) == {0}
+    assert _rows(dsns["eu"], tid)["jobs"] == 1
+    wait_for(
+        lambda: (
+            httpx.get(f"{ROUTER}/v1/tenant", headers=key, timeout=10).json().get("cell") == "eu"
+        ),
+        30,
+        0.2,
+        "the key to reach eu through the router",
+    )
+
+
+def test_frozen_tenant__writes_get_503_with_retry_after__reads_go_on(cells):
+    tenant = _tenant("eu")
+    tid, key = tenant["tenant_id"], _as(tenant["api_key"])
+
+    def body() -> dict:  # a name of its own each time (names are unique per tenant)
+        return {
+            "name": f"w-{uuid.uuid4().hex[:8]}",
+            "schedule": {"cron": "0 3 * * *"},
+            "target": {"type": "queue", "queue": "q"},
+        }
+
+    with psycopg.connect(cells.status["directory_url"], autocommit=True) as d:
+        placed = dirstore.placement(d, tid)
+        assert dirstore.compare_and_set(d, tid, placed.epoch, "eu", "frozen") is not None
+        try:
+            refused = wait_for(
+                lambda: (
+                    (
+                        r := httpx.post(f"{ROUTER}/v1/jobs", json=body(), headers=key, timeout=10)
+                    ).status_code
+                    == 503
+                    and r
+                ),
+                30,
+                0.2,
+                "a write to be refused while frozen",
+            )
+            assert refused.headers["retry-after"] == "1"
+            assert refused.json()["code"] == "TENANT_MOVING"
+            assert httpx.get(f"{ROUTER}/v1/jobs", headers=key, timeout=10).status_code == 200
+        finally:
+            dirstore.compare_and_set(d, tid, placed.epoch, "eu", "active")
+    wait_for(
+        lambda: (
+            httpx.post(f"{ROUTER}/v1/jobs", json=body(), headers=key, timeout=10).status_code == 201
+        ),
+        30,
+        0.2,
+        "writes to go on once active",
+    )

@@ -1,0 +1,257 @@
+"""Moving a tenant between cells, the protocol in-process (cronwheel/moves.py,
+docs/cells.md "Moving a tenant"): two cells' databases (each a database of
+its own on the test server, as the mover sees them: an owner's URL per
+cell), a directory database, the real timer service firing in both cells and
+the real relay draining the source's outbox.
+
+The two-cell stack with the router and the move API is
+tests/e2e/test_cells_move.py."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from cronwheel.core.clock import now_ms, to_ms
+from cronwheel.kafka import Topics
+from cronwheel.moves import Mover, MoveRefused
+from cronwheel.store import directory as dirstore
+from cronwheel.store import moves as cellstore
+from cronwheel.store.directory import CellInfo
+from cronwheel.store.jobs import Jobs, create_tenant
+from services.relay.service import Relay
+from services.timer.service import TimerService
+from tests.support import db as dbsupport
+from tests.support.running import running
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+TENANT_TABLES = ("tenants", "api_keys", "jobs", "runs", "timers", "timers_parked")
+
+
+class Cells:
+    """Two cells' databases and a directory, on the test server."""
+
+    def __init__(self, server_url: str, template: str):
+        self.server_url = server_url
+        self.names = {c: dbsupport.clone(server_url, template) for c in ("us", "eu")}
+        self.admin = {c: dbsupport.with_dbname(server_url, n) for c, n in self.names.items()}
+        self.platform = {c: dbsupport.platform_url(u) for c, u in self.admin.items()}
+        self.directory_name = f"cw_dir_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.directory_name}"')
+        self.directory_admin = dbsupport.with_dbname(server_url, self.directory_name)
+        dirstore.migrate(self.directory_admin)
+        dirstore.register_cells(
+            self.directory_admin,
+            [CellInfo(c, i, f"http://{c}.invalid", f"{c}.invalid:9092") for i, c in
+             enumerate(("us", "eu"))],
+        )  # fmt: skip
+        self.directory = dbsupport.platform_url(self.directory_admin)
+
+    def mover(self, **kw) -> Mover:
+        return Mover(self.directory, self.admin, **kw)
+
+    def tenant(self, topics: Topics, cell: str = "us") -> dict:
+        with psycopg.connect(self.platform[cell], autocommit=True) as conn:
+            tenant = create_tenant(conn, f"acme-{uuid.uuid4().hex[:6]}", cell)
+        with psycopg.connect(self.directory, autocommit=True) as d:
+            dirstore.place(d, tenant["tenant_id"], cell)
+        return tenant
+
+    def job(self, topics: Topics, cell: str, tenant: dict, every_ms: int) -> dict:
+        with psycopg.connect(self.platform[cell], autocommit=True) as conn:
+            return Jobs(topics).create(
+                conn,
+                tenant,
+                {
+                    "name": f"tick-{every_ms}",
+                    "schedule": {"every_ms": every_ms},
+                    "target": {"type": "queue", "queue": "billing"},
+                },
+                now_ms(),
+            )
+
+    def rows(self, cell: str, tenant_id: str) -> dict[str, int]:
+        with psycopg.connect(self.admin[cell], autocommit=True) as conn:
+            return {
+                t: conn.execute(
+                    f"SELECT count(*) FROM {t} WHERE tenant_id = %s", [tenant_id]
+                ).fetchone()[0]
+                for t in TENANT_TABLES
+            }
+
+    def runs(self, cell: str, job_id: str) -> dict[str, tuple[int, int]]:
+        """run_id -> (instant ms, created_at ms) of the job's runs in a cell."""
+        with psycopg.connect(self.admin[cell], autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT run_id, scheduled_at, created_at FROM runs WHERE job_id = %s", [job_id]
+            ).fetchall()
+        return {r[0]: (to_ms(r[1]), to_ms(r[2])) for r in rows}
+
+    def close(self) -> None:
+        for name in [*self.names.values(), self.directory_name]:
+            dbsupport.drop(self.server_url, name)
+
+
+@pytest.fixture
+def cells(servers, db_template):
+    two = Cells(servers.database_url, db_template)
+    yield two
+    two.close()
+
+
+def _set_state(url: str, tenant_id: str, state: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE tenants SET state = %s WHERE tenant_id = %s", [state, tenant_id])
+
+
+def test_standby_tenant__its_timers_are_not_claimed__until_it_is_active(database_url, topic_prefix):
+    topics = Topics(topic_prefix)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        live, standby = create_tenant(conn, "live"), create_tenant(conn, "standby")
+        jobs = {
+            t["tenant_id"]: Jobs(topics).create(
+                conn,
+                t,
+                {"name": "tick", "schedule": {"every_ms": 200},
+                 "target": {"type": "queue", "queue": "q"}},
+                now_ms(),
+            )["job_id"]
+            for t in (live, standby)
+        }  # fmt: skip
+        conn.execute(
+            "UPDATE tenants SET state = 'standby' WHERE tenant_id = %s", [standby["tenant_id"]]
+        )
+
+        def fired(tenant: dict) -> int:
+            return conn.execute(
+                "SELECT count(*) FROM runs WHERE job_id = %s", [jobs[tenant["tenant_id"]]]
+            ).fetchone()[0]
+
+        timer = TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)
+        with running(timer):
+            wait_for(lambda: fired(live) >= 5, what="the active tenant's job to fire 5 times")
+            assert fired(standby) == 0
+            conn.execute(
+                "UPDATE tenants SET state = 'active' WHERE tenant_id = %s", [standby["tenant_id"]]
+            )
+            wait_for(lambda: fired(standby) >= 1, what="the tenant, active again, to fire")
+
+
+def test_move__refused__unknown_tenant_404__own_or_unknown_cell_422(cells, topic_prefix):
+    tenant = cells.tenant(Topics(topic_prefix), "us")
+    mover = cells.mover()
+    with pytest.raises(MoveRefused) as e:
+        mover.start("t_nobody", "eu")
+    assert e.value.status == 404
+    for cell in ("us", "mars"):
+        with pytest.raises(MoveRefused) as e:
+            mover.start(tenant["tenant_id"], cell)
+        assert (e.value.status, e.value.field) == (422, "cell")
+    mover.start(tenant["tenant_id"], "eu")
+    with pytest.raises(MoveRefused) as e:
+        mover.start(tenant["tenant_id"], "eu")
+    assert e.value.status == 409
+
+
+def test_move__mover_dies_after_the_copy__a_new_mover_finishes_it(cells, topic_prefix):
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    job = cells.job(topics, "us", tenant, 86_400_000)  # no instant during the test
+    move = cells.mover().start(tid, "eu")
+    first = cells.mover().advance(move.move_id)  # the copy, then this mover is gone
+    assert first.state == "freezing"
+    assert cells.rows("eu", tid)["jobs"] == 1
+    with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "standby"
+    done = cells.mover().run(move.move_id)
+    assert done.state == "done", done.error
+    assert done.frozen_ms is not None and done.frozen_ms >= 0
+    assert set(cells.rows("us", tid).values()) == {0}
+    eu = cells.rows("eu", tid)
+    assert (eu["tenants"], eu["jobs"], eu["timers"], eu["timers_parked"]) == (1, 1, 1, 0)
+    with psycopg.connect(cells.directory, autocommit=True) as d:
+        placed = dirstore.placement(d, tid)
+    assert (placed.cell, placed.epoch, placed.state) == ("eu", move.epoch + 1, "active")
+    with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "active"
+        due = conn.execute(
+            "SELECT due_at FROM timers WHERE owner_id = %s", [job["job_id"]]
+        ).fetchone()[0]
+    assert to_ms(due) > now_ms()  # the job's next instant carried over
+
+
+def test_move__rolled_back_after_the_copy__the_tenant_is_whole_in_the_source(cells, topic_prefix):
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    cells.job(topics, "us", tenant, 86_400_000)
+    before = cells.rows("us", tid)
+    mover = cells.mover()
+    move = mover.start(tid, "eu")
+    mover.advance(move.move_id)
+    back = mover.rollback(move.move_id, "the operator changed their mind")
+    assert back.state == "rolled_back"
+    assert cells.rows("us", tid) == before
+    assert set(cells.rows("eu", tid).values()) == {0}
+    with psycopg.connect(cells.directory, autocommit=True) as d:
+        placed = dirstore.placement(d, tid)
+    assert (placed.cell, placed.epoch, placed.state) == ("us", move.epoch, "active")
+
+
+def test_move__while_its_job_fires__every_instant_fires_once_across_both_cells(
+    cells, topic_prefix, kafka_bootstrap
+):
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    job = cells.job(topics, "us", tenant, 200)
+    seen: dict[str, dict[str, tuple[int, int]]] = {"us": {}, "eu": {}}
+    stop = threading.Event()
+
+    def watch() -> None:  # what each cell held at any time (the source's go at cleanup)
+        while not stop.is_set():
+            for cell in ("us", "eu"):
+                seen[cell].update(cells.runs(cell, job["job_id"]))
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    services = [
+        TimerService(cells.platform["us"], topics, lease_ttl_ms=5000),
+        TimerService(cells.platform["eu"], topics, lease_ttl_ms=5000),
+        Relay(cells.platform["us"], kafka_bootstrap),
+    ]
+    watcher.start()
+    with running(services[0]), running(services[1]), running(services[2]):
+        wait_for(lambda: len(seen["us"]) >= 5, what="the job to fire in us")
+        mover = cells.mover()
+        move = mover.run(mover.start(tid, "eu").move_id)
+        assert move.state == "done", move.error
+        after = len(seen["eu"])
+        wait_for(lambda: len(seen["eu"]) >= after + 5, what="the job to fire on in eu")
+    stop.set()
+    watcher.join(10)
+    for cell in ("us", "eu"):
+        seen[cell].update(cells.runs(cell, job["job_id"]))
+
+    frozen_ms = to_ms(move.frozen_at)
+    late = {r: v for r, v in seen["us"].items() if v[1] > frozen_ms}
+    assert not late, f"the source created runs after its freeze: {late}"
+    runs = {**seen["us"], **seen["eu"]}
+    by_instant: dict[int, set[str]] = {}
+    for run_id, (instant, _) in runs.items():
+        by_instant.setdefault(instant, set()).add(run_id)
+    assert all(len(ids) == 1 for ids in by_instant.values()), "an instant fired twice"
+    instants = sorted(by_instant)
+    assert [b - a for a, b in zip(instants, instants[1:], strict=False)] == [200] * (
+        len(instants) - 1
+    ), "an instant is missing"
+    assert instants[0] <= to_ms(move.frozen_at) < to_ms(move.unfrozen_at) <= instants[-1]
+    assert set(seen["us"]) <= set(seen["eu"])  # the source's runs were copied
+    assert set(cells.rows("us", tid).values()) == {0}

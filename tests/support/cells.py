@@ -1,0 +1,169 @@
+"""Two cells on this machine, as `cronwheel up --cells us,eu` makes them: each
+its own PostgreSQL cluster and Kafka broker, the directory's database on the
+default cluster, services per cell (`cronwheel serve --cell NAME ...`) and
+the router on the public address (docs/cells.md). Used by
+tests/e2e/test_cells_routing.py and tests/e2e/test_cells_move.py.
+
+Everything runs in a private CRONWHEEL_HOME on private ports (base 27432 /
+28092 / 28093, router 28080; the cells at +10 and +20), never the shared dev
+stack. Bringing up two more clusters and brokers takes about a minute on this
+machine, so a module does it once, and a file lock keeps two modules (or two
+runs) off the same ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+
+from cronwheel import kafka, principals
+from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
+from cronwheel.stack.process import as_user, is_root, port_open
+from tests.support.procs import PYTHON, ROOT
+from tests.support.wait import wait_for
+
+BASE = {
+    "CRONWHEEL_PG_PORT": "27432",
+    "CRONWHEEL_KAFKA_PORT": "28092",
+    "CRONWHEEL_KAFKA_CONTROLLER_PORT": "28093",
+    "CRONWHEEL_HTTP_ADDR": "127.0.0.1:28080",
+}
+PORTS = (27432, 27442, 27452, 28102, 28103, 28112, 28113, 28080, 28090, 28100)
+ROUTER = "http://127.0.0.1:28080"
+OPERATOR_KEY = "cwop_cells_" + uuid.uuid4().hex
+_FOREIGN = (
+    "DATABASE_URL",
+    "KAFKA_BOOTSTRAP",
+    "CRONWHEEL_ADMIN_DATABASE_URL",
+    "CRONWHEEL_HOME",
+    "CRONWHEEL_METRICS_PORT",
+    "CRONWHEEL_DIRECTORY_URL",
+)
+_LOCK = Path(tempfile.gettempdir()) / "cronwheel-cells-test.lock"
+
+
+class Cells:
+    """The private stack with two cells, its services and the router."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.home = Path(tempfile.mkdtemp(prefix="cw-cells-"))
+        self.home.chmod(0o755)  # PostgreSQL's user (we may be root) reaches the clusters
+        self.env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+        self.env.update(
+            BASE,
+            CRONWHEEL_HOME=str(self.home),
+            CRONWHEEL_OPERATOR_KEY=OPERATOR_KEY,
+            # Two brokers beside the shared one: smaller heaps.
+            CRONWHEEL_KAFKA_JVM_OPTS="-Xms128m -Xmx512m -XX:+UseG1GC",
+            # Short, so the tests see the cache read the directory again (and
+            # fail to, while it is stopped).
+            CRONWHEEL_DIRECTORY_TTL_MS="300",
+            CRONWHEEL_GATEWAY_WORKERS="1",
+            PYTHONUNBUFFERED="1",
+        )
+        self.status: dict = {}
+        self.procs: list[subprocess.Popen] = []
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, "-m", "services.entrypoints", *args],
+            env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+    def up(self) -> None:
+        done = self.cli("up", "--cells", "us,eu", "--json")
+        assert done.returncode == 0, done.stderr
+        migrated = self.cli("migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        self.status = json.loads(self.cli("status", "--json").stdout)
+
+    def serve(self, *args: str) -> None:
+        name = "-".join(args)
+        with (self.logs / f"{name}.log").open("wb") as log:
+            self.procs.append(
+                subprocess.Popen(
+                    [PYTHON, "-m", "services.entrypoints", "serve", *args],
+                    env=self.env,
+                    cwd=ROOT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+
+    def start_services(self, services: tuple[str, ...] = ("gateway", "dispatcher")) -> None:
+        for cell in ("us", "eu"):
+            for service in services:
+                self.serve("--cell", cell, service)
+        self.serve("router")
+        for url in [ROUTER, *(c["api_url"] for c in self.status["cells"].values())]:
+            wait_for(lambda u=url: _ready(u), 120, 0.2, f"{url} to be ready")
+
+    def cell(self, name: str) -> dict:
+        return self.status["cells"][name]
+
+    def kafka_admin(self, name: str):
+        """The cell's broker as its admin (the password from the cell's own file)."""
+        home = Path(self.cell(name)["home"])
+        password = json.loads((home / "kafka" / "principals.json").read_text())["passwords"]
+        who = kafka.Credentials(principals.ADMIN, password["admin"])
+        return kafka.admin(self.cell(name)["kafka_bootstrap"], principal=who)
+
+    def directory_pg(self, verb: str) -> None:
+        """`pg_ctl stop` the directory's cluster (the default one, no cell's);
+        `start` brings it back with `cronwheel up` (idempotent)."""
+        if verb == "start":
+            done = self.cli("up")
+            assert done.returncode == 0, done.stderr
+            return
+        data = data_root(self.home) / "data"
+        owner = SERVICE_USER if is_root() else None
+        argv = [str(ensure_installed() / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]
+        subprocess.run(as_user(owner, argv), check=True, capture_output=True, timeout=60)
+
+    def close(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 15)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait(5)
+        self.cli("down")
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def two_cells(logs: Path, services: tuple[str, ...] = ("gateway", "dispatcher")):
+    """The private stack with two cells, `services` in each and the router."""
+    with open(_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another module or run holds the ports: wait
+        taken = [p for p in PORTS if port_open(p)]
+        assert not taken, f"ports {taken} are taken: the two cells need them"
+        st = Cells(logs)
+        try:
+            st.up()
+            st.start_services(services)
+            yield st
+        finally:
+            st.close()
