@@ -7,15 +7,15 @@ the schema a running platform has between an upgrade's expand and its contract:
     services, SDK worker and fixtures from its tree), on that schema: its
     gateway, timer, relay and dispatcher fire, dispatch and complete runs with
     a worker of its own;
-(b) a rolling upgrade of the firing path: the previous release's timer alone,
-    then this release's timer beside it sharing the partitions through their
-    leases, with this release's relay and dispatcher, then the old timer gone;
-    every job has one run per instant without a gap, and every run reaches its
-    queue topic.
+(b) a rolling upgrade of the firing path: the previous release's timer, relay
+    and dispatcher alone, then this release's three beside them sharing the
+    partitions through their leases, then the old ones gone; every job has
+    one run per instant without a gap, and every run reaches its queue topic.
 
-Not covered: the previous release's gateway, workflow, webhook and executor
-beside this release's (only (a) runs them, alone); this release's services
-on a database the previous release migrated before the expand steps applied
+Not covered (docs/migrations.md, The upgrade test): the previous release's
+gateway, workflow, webhook and executor beside this release's; workers of
+both releases on one queue; this release's services on a database the
+previous release migrated before the expand steps applied
 (the upgrade order in docs/migrations.md migrates first); contract steps."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def runs_since(conn, partitions: list[int], since) -> int:
     ).fetchone()[0]
 
 
-def test_rolling_upgrade__previous_timer_beside_this_release__one_run_per_instant(
+def test_rolling_upgrade__previous_firing_path_beside_this_release__one_run_per_instant(
     release, servers, kafka_bootstrap, topic_prefix
 ):
     _rel, tree = release
@@ -163,14 +163,17 @@ def test_rolling_upgrade__previous_timer_beside_this_release__one_run_per_instan
             create_interval_jobs(conn, topics, 100, (300, 600), random.Random(seed))
             (tenant,) = conn.execute("SELECT DISTINCT tenant_id FROM jobs").fetchone()
 
-            # Before the upgrade: the previous release's timer holds every partition.
+            # Before the upgrade: the previous release's firing path, its timer
+            # holding every partition.
             old = start_previous(launch, tree, "timer", PGAPPNAME="timer-previous")
+            old_relay = start_previous(launch, tree, "relay")
+            old_dispatcher = start_previous(launch, tree, "dispatcher")
             wait_for(lambda: owned_count(conn, "timer", old.owner()) == 1024, 20, 0.05, "old")
             wait_for(lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0], 15, 0.05)
 
-            # This release's timer joins; its relay and dispatcher publish both timers' runs.
+            # This release's timer, relay and dispatcher join.
             new = launch.start("timer", PGAPPNAME="timer-current")
-            launch.start("relay")
+            new_relay = launch.start("relay")
             launch.start("dispatcher")
 
             def shared():
@@ -178,6 +181,20 @@ def test_rolling_upgrade__previous_timer_beside_this_release__one_run_per_instan
                 return (o, n) if o and n and len(o) + len(n) == 1024 else None
 
             old_parts, new_parts = wait_for(shared, 20, 0.05, "the two timers to share")
+            wait_for(
+                lambda: owned_count(conn, "relay", old_relay.owner())
+                and owned_count(conn, "relay", new_relay.owner()),
+                20, 0.05, "the two relays to share",
+            )  # fmt: skip
+            # The dispatchers lease tenants' topics under their group's name: both
+            # hold partitions (this one tenant's topics are read by one at a time).
+            wait_for(
+                lambda: conn.execute(
+                    "SELECT count(DISTINCT owner) FROM partition_leases"
+                    " WHERE service NOT IN ('timer', 'relay')"
+                ).fetchone()[0] == 2,
+                20, 0.05, "the two dispatchers to share",
+            )  # fmt: skip
             (since,) = conn.execute("SELECT now()").fetchone()
             # Both fire their own partitions' instants while they share.
             wait_for(
@@ -187,8 +204,10 @@ def test_rolling_upgrade__previous_timer_beside_this_release__one_run_per_instan
             )  # fmt: skip
             assert leases(conn, old.owner()) == old_parts, "the shared leases moved meanwhile"
 
-            # The upgrade ends: the previous timer leaves, this one takes every partition.
-            assert old.stop() == 0, old.log()[-2000:]
+            # The upgrade ends: the previous release's processes leave, this
+            # release's take every partition.
+            for svc in (old, old_relay, old_dispatcher):
+                assert svc.stop() == 0, svc.log()[-2000:]
             wait_for(lambda: owned_count(conn, "timer", new.owner()) == 1024, 20, 0.05, "takeover")
             wait_caught_up(conn, now_ms())
             assert new.stop() == 0
