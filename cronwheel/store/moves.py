@@ -108,11 +108,13 @@ def checksums(conn: psycopg.Connection, tenant_id: str) -> dict[str, tuple[int, 
 
 
 def freeze(conn: psycopg.Connection, tenant_id: str) -> bool:
-    """Freeze the tenant in this (the source) cell: nothing of it fires here
-    once this commits (sql/moves.sql, freeze and park_timers). False when the
-    tenant is not active or frozen here."""
+    """Freeze the tenant in this (the source) cell: nothing of it fires and no
+    write of it commits here once this commits (sql/moves.sql: move_lock,
+    freeze and park_timers). False when the tenant is not active or frozen
+    here."""
     params = {"t": tenant_id}
     with conn.transaction():
+        conn.execute(_q()["move_lock"], params)  # the tenant's writes in flight end first
         if conn.execute(_q()["freeze"], params).fetchone() is None:
             return False
         conn.execute(_q()["park_timers"], params)

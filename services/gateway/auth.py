@@ -81,7 +81,8 @@ class AuthLimits:
 
 
 _REFUSED = ""  # the cached answer for an unknown or revoked key
-_READS = frozenset({"GET", "HEAD", "OPTIONS"})  # a frozen tenant's requests that go on (cells.py)
+# A frozen tenant's requests that go on (cells.py, transactions.py); the rest are writes.
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 @functools.cache
@@ -195,7 +196,7 @@ async def caller(
         bucket, who = bucket_key("operator", hash_key(token)), "the operator key"
     else:
         tenant_id = await _tenant_of(request, gateway, token)
-        await homing.refuse_elsewhere(tenant_id, write=request.method not in _READS)
+        await homing.refuse_elsewhere(tenant_id, write=request.method not in READS)
         bucket, who = bucket_key("tenant", tenant_id), "this tenant"
     wait = limiter.take(bucket)
     if wait > 0:

@@ -35,7 +35,7 @@ from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.workflows import Workflows
 from services.gateway import idempotency, problems
-from services.gateway.auth import Caller, unauthenticated
+from services.gateway.auth import READS, Caller, unauthenticated
 from services.gateway.destinations import DestinationCheck
 from services.gateway.problems import Problem
 from services.gateway.ratelimit import RateLimiter
@@ -141,22 +141,43 @@ class Gateway:
             self.pool.connection() as conn,
             pipelined_transaction(conn) if pipeline else conn.transaction() as tx_or_pipeline,
         ):
-            tenant = self.authenticate(conn, who.token, tx_or_pipeline if pipeline else None)
+            tenant = self.authenticate(
+                conn,
+                who.token,
+                tx_or_pipeline if pipeline else None,
+                write=who.request is not None and who.request.method not in READS,
+            )
             if tenant is None:
                 raise unauthenticated("unknown or revoked key")
             tx = Tx(conn, tenant, self.clock())
             return self._execute(tx, who, tenant["tenant_id"], fn, status)
 
     @staticmethod
-    def authenticate(conn, token: str, pipeline=None) -> dict | None:
+    def authenticate(conn, token: str, pipeline=None, *, write: bool = False) -> dict | None:
         """The key's tenant, with the transaction scoped to it; None (and a scope
-        that matches no tenant) for an unknown or revoked key."""
+        that matches no tenant) for an unknown or revoked key. A `write` also
+        takes the tenant's write fence and is refused (503, Retry-After) unless
+        the tenant is active in this cell: a move freezing it waits for the
+        writes in flight, and a write after the freeze is refused here, in its
+        own transaction (docs/cells.md, "Moving a tenant"). In a pipeline the
+        fence goes out with the key check: no round trip more."""
         cur = conn.execute(_q()["authenticate"], {"hash": hash_key(token)})
+        state = None
+        if write:
+            conn.execute(_q()["write_fence"])
+            state = conn.execute(_q()["scope_state"])
         if pipeline is not None:
             pipeline.sync()
         row = cur.fetchone()
         if row is None:
             return None
+        if state is not None and (st := state.fetchone()) is not None and st[0] != "active":
+            raise Problem(
+                503,
+                "TENANT_MOVING",
+                f"tenant {row[0]} is being moved to another cell; retry",
+                headers={"Retry-After": "1"},
+            )
         return {"tenant_id": row[0], "name": row[1], "cell": row[2], "priority_classes": row[3]}
 
     def as_operator(self, who: Caller, fn: Callable[[Tx], Any], status: int = 200) -> Response:

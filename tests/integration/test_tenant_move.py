@@ -22,6 +22,8 @@ from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cellstore
 from cronwheel.store.directory import CellInfo
 from cronwheel.store.jobs import Jobs, create_tenant
+from services.gateway.problems import Problem
+from services.gateway.transactions import Gateway
 from services.relay.service import Relay
 from services.timer.service import TimerService
 from tests.support import db as dbsupport
@@ -255,3 +257,47 @@ def test_move__while_its_job_fires__every_instant_fires_once_across_both_cells(
     assert instants[0] <= to_ms(move.frozen_at) < to_ms(move.unfrozen_at) <= instants[-1]
     assert set(seen["us"]) <= set(seen["eu"])  # the source's runs were copied
     assert set(cells.rows("us", tid).values()) == {0}
+
+
+def test_freeze__waits_for_a_write_in_flight__a_later_write_is_refused_503(
+    admin_database_url, gateway_database_url
+):
+    """The source's freeze and the tenant's API writes, in their transactions:
+    the freeze waits for a write that holds the tenant's write fence, and a
+    write after the freeze is refused in its own transaction (not only by the
+    directory, which a gateway reads through its cache)."""
+    with psycopg.connect(admin_database_url, autocommit=True) as owner:
+        tenant = create_tenant(owner, "fenced")
+    tid = tenant["tenant_id"]
+    frozen: list[bool] = []
+    with psycopg.connect(gateway_database_url, autocommit=True) as gw:
+        with gw.transaction():
+            assert Gateway.authenticate(gw, tenant["api_key"], write=True) is not None
+            mover = cellstore.connect(admin_database_url)
+            freezer = threading.Thread(target=lambda: frozen.append(cellstore.freeze(mover, tid)))
+            freezer.start()
+            wait_for(
+                lambda: _waiting_for_advisory_lock(admin_database_url),
+                what="the freeze to wait for the write in flight",
+            )
+            assert not frozen
+        freezer.join(10)
+        mover.close()
+        assert frozen == [True]
+        with pytest.raises(Problem) as refused, gw.transaction():
+            Gateway.authenticate(gw, tenant["api_key"], write=True)
+        assert refused.value.status == 503
+        assert refused.value.headers == {"Retry-After": "1"}
+        with gw.transaction():  # reads go on
+            assert Gateway.authenticate(gw, tenant["api_key"])["tenant_id"] == tid
+
+
+def _waiting_for_advisory_lock(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return (
+            conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()[0]
+            > 0
+        )

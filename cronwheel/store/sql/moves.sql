@@ -104,6 +104,12 @@ SELECT state FROM tenants WHERE tenant_id = %(t)s;
 -- fired here yet (the claims skip a tenant that is not active).
 UPDATE tenants SET state = 'standby', cell = %(cell)s WHERE tenant_id = %(t)s;
 
+-- name: move_lock
+-- The freeze's first statement: exclusive, on the key every write of the
+-- tenant holds shared (transactions.sql, write_fence): it waits for the
+-- writes in flight, and the writes after it see the tenant frozen.
+SELECT pg_advisory_xact_lock(hashtextextended('cronwheel.move:' || %(t)s, 0));
+
 -- name: freeze
 -- The source's freeze, one transaction with park_timers: from its commit no
 -- firing transaction can claim a timer of the tenant (they are not in

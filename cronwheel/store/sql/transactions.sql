@@ -19,3 +19,18 @@ SET LOCAL ROLE cronwheel_operator;
 
 -- name: ping
 SELECT 1;
+
+-- name: write_fence
+-- A tenant's write holds this lock (shared) until its transaction ends; a
+-- move's freeze takes it exclusive (moves.sql, move_lock, the same key), so
+-- the freeze waits for the writes in flight and every later write waits for
+-- the freeze and then reads its state (scope_state, a statement of its own:
+-- its snapshot is taken after the lock). Held in the lock manager only: no
+-- row is locked or written.
+SELECT pg_advisory_xact_lock_shared(
+    hashtextextended('cronwheel.move:' || coalesce(cronwheel_tenant_scope(), ''), 0));
+
+-- name: scope_state
+-- The scoped tenant's state in this cell (migration 0022): a write is served
+-- only while it is `active`.
+SELECT state FROM tenants WHERE tenant_id = cronwheel_tenant_scope();
