@@ -7,7 +7,15 @@ prefix; a dispatcher runs in this process, first with dozing on
 partition is assigned and, with dozing on, after every partition dozes.
 Printed per case: partitions assigned and dozing, this process's CPU (the
 dispatcher's Python and librdkafka's threads) and the broker's, as a share of
-one core, with the machine's load. It asserts nothing.
+one core, with the machine's load.
+
+`--latency K`: what dozing costs a run due at once (a trigger, a retry, a
+workflow node: the path with no second of warning). One tenant; K times a
+record is produced as the relay does (a wake, then the record at once)
+onto a partition that dozes, and K times onto one awake (within a second of
+the last record). Printed: p50 / p99 / max of the record's run-topic
+timestamp to its queue-topic timestamp (the dispatcher's produce). It asserts
+nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import psycopg
 from common import (
     cpu_seconds,
     delete_topics,
+    describe,
     fresh_database,
     grant,
     header,
@@ -29,8 +38,12 @@ from common import (
     prefix_topics,
     say,
 )
+from confluent_kafka import OFFSET_END, TopicPartition
 
 from cronwheel import config, kafka
+from cronwheel.consumer import produce
+from cronwheel.core import events
+from cronwheel.dozing import Waker
 from cronwheel.kafka import Topics
 from services.dispatcher.service import Dispatcher
 
@@ -79,12 +92,73 @@ def _measure(url: str, topics: Topics, n: int, doze_after_ms: int, window: float
         thread.join(60)
 
 
+def _latency(url: str, topics: Topics, k: int) -> None:
+    tenant = "lat00001"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO tenants (tenant_id, name) VALUES (%s, %s)", [tenant, tenant])
+    run_topic, queue = topics.runs(tenant), topics.queue(tenant, "q")
+    kafka.ensure_topics([run_topic], partitions=1, principal="dispatcher")
+    kafka.ensure_topics([queue], partitions=1, principal="dispatcher")
+    d = Dispatcher(config.role_url(url, config.PG_PLATFORM_USER), config.kafka_bootstrap(), topics,
+                   doze_after_ms=1_000)  # fmt: skip
+    stop = threading.Event()
+    thread = threading.Thread(target=d.run, args=(stop,), daemon=True)
+    thread.start()
+    producer = kafka.producer(principal="relay")
+    waker = Waker(producer, every_ms=0, produce=produce)
+    reader = kafka.consumer("cronwheel-observer.bench-dozing", principal="observer")
+    reader.assign([TopicPartition(queue, 0, OFFSET_END)])
+    lat: dict[str, list[float]] = {"dozing": [], "awake": []}
+    try:
+        while (run_topic, 0) not in (d.assignment.assigned if d.assignment else set()):
+            time.sleep(0.1)  # setup poll
+        for i in range(2 * k):
+            case = "dozing" if i % 2 == 0 else "awake"
+            if case == "dozing":
+                while (run_topic, 0) not in d.dozing.dozing:
+                    time.sleep(0.05)  # setup poll: the partition dozes before this case
+            value = events.run_ready(
+                run_id=f"r-{i}", tenant_id=tenant, partition_id=7, attempt=1,
+                scheduled_ms=1_700_000_000_000, created_ms=1_700_000_000_003,
+                priority="normal", target={"type": "queue", "queue": "q"}, payload="null",
+            )  # fmt: skip
+            sent = []
+            waker.read(run_topic)  # as the relay, which wakes the topic as it reads the row
+            produce(producer, topic=run_topic, key=f"r-{i}".encode(), value=value,
+                    on_delivery=lambda err, m, sent=sent: sent.append(m.timestamp()[1]))  # fmt: skip
+            producer.flush(10)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                m = reader.poll(0.5)
+                if m is not None and not m.error() and m.key() == f"r-{i}".encode():
+                    lat[case].append(m.timestamp()[1] - sent[0])
+                    break
+        for case, values in lat.items():
+            say(f"a run due at once, partition {case}: {describe(values)} (n={len(values)})")
+        say(f"missed wakes (found by the sweep instead): {d.dozing.missed_total}")
+    finally:
+        stop.set()
+        thread.join(60)
+        reader.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tenants", type=int, default=1000)
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--doze-after-ms", type=int, default=2000)
+    ap.add_argument("--latency", type=int, default=0, metavar="K")
     args = ap.parse_args()
+    if args.latency:
+        header(f"dozing: a run due at once, {args.latency} times dozing and awake")
+        prefix = f"bl{uuid.uuid4().hex[:8]}"
+        grant(prefix)
+        with fresh_database() as admin_url:
+            try:
+                _latency(admin_url, Topics(prefix), args.latency)
+            finally:
+                delete_topics(prefix_topics(prefix))
+        return
     header(f"dozing: {args.tenants} idle tenants, nothing due")
     prefix = f"bd{uuid.uuid4().hex[:8]}"
     grant(prefix)

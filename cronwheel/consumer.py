@@ -389,11 +389,14 @@ class ConsumerService:
 
     # -- records ----------------------------------------------------------------
 
-    def take(self, consumer: Consumer, wait_ms: float | None = None) -> list[Message]:
+    def take(self, consumer: Consumer, wait_ms: float | None = None, first=None) -> list[Message]:
         """Up to `batch` records: block up to `wait_ms` (default `idle_ms`)
-        for one, then take what else arrives within `max_wait_ms`."""
+        for one, then take what else arrives within `max_wait_ms`
+        (`first`: consuming.take's)."""
         wait_ms = self.idle_ms if wait_ms is None else wait_ms
-        return consuming.take(consumer, self.batch, wait_ms / 1000, self.max_wait_ms / 1000, QUIET)
+        return consuming.take(
+            consumer, self.batch, wait_ms / 1000, self.max_wait_ms / 1000, QUIET, first
+        )
 
     @staticmethod
     def records(msgs: Iterable[Message]) -> list[Message]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -114,15 +114,25 @@ def on_commit(err, _partitions) -> None:
 
 
 def take(
-    consumer: Consumer, batch: int, wait_s: float, more_s: float, quiet: tuple[int, ...] = ()
+    consumer: Consumer,
+    batch: int,
+    wait_s: float,
+    more_s: float,
+    quiet: tuple[int, ...] = (),
+    first: Callable[[list[Message]], list[Message]] | None = None,
 ) -> list[Message]:
     """Up to `batch` records: block up to `wait_s` for one, then take what
     else arrives within `more_s`, so batches grow under load and a lone
-    record waits little. Error events handled as by `records`."""
-    msgs = consumer.consume(1, timeout=wait_s)
-    if msgs and batch > 1:
-        msgs += consumer.consume(batch - 1, timeout=more_s)
-    return records(msgs, quiet)
+    record waits little. Error events handled as by `records`. `first`, if
+    given, sees the first record before the wait for more and returns what
+    stays in the batch (the dispatcher acts on a wake at once)."""
+    raw = consumer.consume(1, timeout=wait_s)
+    msgs = records(raw, quiet)
+    if msgs and first is not None:
+        msgs = first(msgs)
+    if raw and batch > 1:
+        msgs += records(consumer.consume(batch - 1, timeout=more_s), quiet)
+    return msgs
 
 
 def records(msgs: Iterable[Message], quiet: tuple[int, ...] = ()) -> list[Message]:

@@ -18,16 +18,23 @@ What holds:
   (one partition), which every dispatcher instance reads whole, from its end,
   and never pauses. A run fired ahead of its instant is read up to a second
   before it is published, so its partition is fetched again before its record
-  exists. A row published at once gets a second wake right after its record:
-  a partition resumed while a fetch is outstanding is first fetched when that
-  fetch returns, and the second wake is what makes it return.
+  exists.
+- A partition resumed while a fetch is outstanding is first fetched when that
+  fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
+  comes. So the dispatcher, having resumed what a wake names, writes a nudge
+  (an empty key) to the wake topic: it arrives after the resume was issued,
+  ends the outstanding fetch, and the next one names the partition. A run due
+  at once then waits milliseconds, not half a second (bench_dozing.py
+  --latency: p50 514 ms when the relay sent a second wake instead, measured
+  and replaced).
 - Nothing depends on a wake arriving. Every `sweep_ms` the dispatcher asks for
   the end offsets of its dozing partitions (one ListOffsets request per
   broker) and wakes those that moved, counted in
   `cronwheel_dispatcher_missed_wakes_total`: a lost wake costs at most
   `sweep_ms` of lateness, never a run.
 - The wake topic says which tenants are busy, so no tenant may read it
-  (cronwheel/principals.py): the relay writes it, the dispatcher reads it.
+  (cronwheel/principals.py): the relay and the dispatcher write it, the
+  dispatcher reads it.
 """
 
 from __future__ import annotations
@@ -39,15 +46,11 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from cronwheel.core.clock import now_ms
-
 log = logging.getLogger("cronwheel.dozing")
 
 Where = tuple[str, int]
 
-# A row published sooner than this after it is read gets its second wake (the
-# consumer's fetch.wait.max.ms, 500, and a margin).
-SOON_MS = 600
+NUDGE = b""  # the key of a dispatcher's nudge: it names no topic
 
 
 def wake_topic_of(run_topic: str) -> str | None:
@@ -69,11 +72,10 @@ class Waker:
         self.every_s = every_ms / 1000
         self._produce = produce
         self._woken: dict[str, float] = {}  # topic -> when its last wake was sent
-        self._again: set[str] = set()  # topics whose next record gets a second wake
         self.sent_total = 0
 
-    def read(self, topic: str, publish_at_ms: int) -> None:
-        """A row for `topic` was read, to be published at `publish_at_ms`."""
+    def read(self, topic: str) -> None:
+        """A row for `topic` was read (to be published now or at its instant)."""
         if wake_topic_of(topic) is None:
             return
         now = time.monotonic()
@@ -82,17 +84,9 @@ class Waker:
             return
         self._woken[topic] = now
         self._send(topic)
-        if publish_at_ms - now_ms() < SOON_MS:
-            self._again.add(topic)
         if len(self._woken) > 100_000:  # forget topics quiet for a while
             cutoff = now - self.every_s
             self._woken = {t: at for t, at in self._woken.items() if at >= cutoff}
-
-    def published(self, topic: str) -> None:
-        """A row's record for `topic` was just produced."""
-        if topic in self._again:
-            self._again.discard(topic)
-            self._send(topic)
 
     def _send(self, topic: str) -> None:
         # Best effort: a wake that fails is the sweep's to make up for.

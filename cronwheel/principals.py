@@ -102,7 +102,8 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     # forwards each record to its destination topic, which it creates and grows.
     "dispatcher": (
         _topics("{P}.runs.", R, D, C),
-        _topics("{P}.wake", R, D, C, pattern=LITERAL),  # read whole, never committed
+        # Read whole, never committed; written to end a fetch (cronwheel.dozing).
+        _topics("{P}.wake", R, W, D, C, pattern=LITERAL),
         _topics("{P}.q.", W, D, C, A),
         _topics("{P}.webhook.", W, D, C, A),
         _topics("{P}.managed.", W, D, C, A),

@@ -43,14 +43,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Processed as ProcessedSettings
 from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
-from cronwheel.dozing import Dozing
+from cronwheel.dozing import NUDGE, Dozing
 from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.logs import run_fields
 from cronwheel.store.dispatch import Processed, Pruner, message_key
@@ -225,9 +225,14 @@ class Dispatcher(ConsumerService):
             wait_ms = self.max_wait_ms
         if self._held_until:
             wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
-        good = self.take(consumer, wait_ms)
-        if self.dozing is not None:
-            good = self._wakes(consumer, good)
+        if self.dozing is None:
+            good = self.take(consumer, wait_ms)
+        else:
+            # A wake is acted on as soon as it is read, not after the wait for
+            # more: the partition it resumes must be in the next fetch request
+            # (cronwheel.dozing), and the second wake may be in this batch.
+            wakes = lambda ms: self._wakes(consumer, ms)  # noqa: E731
+            good = wakes(self.take(consumer, wait_ms, first=wakes))
         for m in good:
             self._next[(m.topic(), m.partition())] = m.offset() + 1
             rank = self._class_of(m.topic(), m.partition())
@@ -648,6 +653,13 @@ class Dispatcher(ConsumerService):
         back = [TopicPartition(t, p) for t, p in keys if not self._paused_else(t, p, "doze")]
         if back:
             consumer.resume(back)
+            # Ends the fetch outstanding now, which does not name them
+            # (cronwheel.dozing): the next one does.
+            try:
+                produce(self.producer, topic=self.topics.wake, key=NUDGE, value=b"")
+                self.producer.poll(0)
+            except KafkaException as exc:  # the fetch then ends at fetch.wait.max.ms
+                log.warning("could not nudge the wake topic: %s", exc)
         if keys:
             metrics.DOZING.set(len(self.dozing.dozing))
 

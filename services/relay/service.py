@@ -221,7 +221,7 @@ class Relay:
             item = (at, row[5], next(self._seq), row_id, row[7], self._record(row))
             heapq.heappush(self._held, item)
             self._held_ids.add(row_id)
-            self.waker.read(row[1], at)
+            self.waker.read(row[1])
         self._release_due()
         if self._backlog:
             self._drain(conn)
@@ -281,7 +281,6 @@ class Relay:
             _at, last, _seq, row_id, _p, record = heapq.heappop(self._held)
             self._held_ids.discard(row_id)
             self._produce(row_id, record)
-            self.waker.published(record["topic"])
             n += 1
         if n:
             self.producer.poll(0)

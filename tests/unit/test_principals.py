@@ -41,7 +41,7 @@ def test_platform__writers_of_each_topic_kind():
     assert writers == {
         "cw.runs.": {"relay"},
         "cw.run-completed": {"relay"},
-        "cw.wake": {"relay"},
+        "cw.wake": {"relay", "dispatcher"},
         "cw.q.": {"dispatcher"},
         "cw.webhook.": {"dispatcher"},
         "cw.managed.": {"dispatcher"},
@@ -50,8 +50,8 @@ def test_platform__writers_of_each_topic_kind():
 
 
 def test_wake_topic__read_by_the_dispatcher_alone__no_tenant_grant_covers_it():
-    # It says which tenants are busy: only the relay writes it, the dispatcher
-    # (and the observer, which reads everything) reads it.
+    # It says which tenants are busy: the relay wakes, the dispatcher nudges,
+    # and only the dispatcher (and the observer, which reads everything) reads it.
     readers = {
         b.principal.removeprefix("User:cronwheel-")
         for b in principals.platform_bindings("cw")
