@@ -16,6 +16,7 @@ notify) with the COMMIT: a StartRun or CompleteRun is three round trips.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -160,14 +161,17 @@ class Gateway:
         the tenant is active in this cell: a move freezing it waits for the
         writes in flight, and a write after the freeze is refused here, in its
         own transaction (docs/cells.md, "Moving a tenant"). In a pipeline the
-        fence goes out with the key check: no round trip more."""
-        cur = conn.execute(_q()["authenticate"], {"hash": hash_key(token)})
+        fence goes out with the key check (a pipeline of its own when the
+        transaction is not one): no round trip more."""
+        own = conn.pipeline() if write and pipeline is None else contextlib.nullcontext(pipeline)
         state = None
-        if write:
-            conn.execute(_q()["write_fence"])
-            state = conn.execute(_q()["scope_state"])
-        if pipeline is not None:
-            pipeline.sync()
+        with own as batch:
+            cur = conn.execute(_q()["authenticate"], {"hash": hash_key(token)})
+            if write:
+                conn.execute(_q()["write_fence"])
+                state = conn.execute(_q()["scope_state"])
+            if batch is not None:
+                batch.sync()
         row = cur.fetchone()
         if row is None:
             return None
