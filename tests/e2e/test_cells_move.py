@@ -232,3 +232,24 @@ def test_frozen_tenant__writes_get_503_with_retry_after__reads_go_on(cells):
         0.2,
         "writes to go on once active",
     )
+
+
+def test_move__router_killed__the_next_router_resumes_the_open_move(cells):
+    """A move left open by a mover that died (here: copied, then nobody
+    advanced it) is finished by the next router to start, after the running
+    one is killed with -9."""
+    dsns = {c: cells.cell(c)["admin_database_url"] for c in ("us", "eu")}
+    tenant = _tenant("us")
+    tid = tenant["tenant_id"]
+    mover = Mover(cells.status["directory_url"], dsns)
+    move = mover.start(tid, "eu")
+    assert mover.advance(move.move_id).state == "freezing"
+    cells.restart_router()
+
+    def ended() -> dict | None:
+        doc = httpx.get(f"{ROUTER}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10).json()
+        return doc if doc["state"] in ("done", "failed", "rolled_back") else None
+
+    assert wait_for(ended, 60, 0.2, "the new router to finish the move")["state"] == "done"
+    assert set(_rows(dsns["us"], tid).values()) == {0}
+    assert _rows(dsns["eu"], tid)["tenants"] == 1

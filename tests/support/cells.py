@@ -89,7 +89,7 @@ class Cells:
 
     def serve(self, *args: str) -> None:
         name = "-".join(args)
-        with (self.logs / f"{name}.log").open("wb") as log:
+        with (self.logs / f"{name}.log").open("ab") as log:
             self.procs.append(
                 subprocess.Popen(
                     [PYTHON, "-m", "services.entrypoints", "serve", *args],
@@ -107,8 +107,18 @@ class Cells:
             for service in services:
                 self.serve("--cell", cell, service)
         self.serve("router")
+        self.router = self.procs[-1]
         for url in [ROUTER, *(c["api_url"] for c in self.status["cells"].values())]:
             wait_for(lambda u=url: _ready(u), 120, 0.2, f"{url} to be ready")
+
+    def restart_router(self) -> None:
+        """kill -9 the router (and a move it was running with it), then start
+        another, which resumes the open moves (services/router/moves.py)."""
+        os.killpg(self.router.pid, 9)
+        self.router.wait(10)
+        self.serve("router")
+        self.router = self.procs[-1]
+        wait_for(lambda: _ready(ROUTER), 60, 0.2, "the new router to be ready")
 
     def cell(self, name: str) -> dict:
         return self.status["cells"][name]
