@@ -29,6 +29,14 @@ system-deps: ## Debian packages: bubblewrap for the managed executor, chromium f
 	    echo "hint: the managed executor needs bwrap and nft; run: sudo apt-get install bubblewrap nftables"; \
 	  fi; \
 	fi
+	@# faketime: libfaketime, the fault harness's clock skew (docs/reliability.md)
+	@if ! command -v faketime >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q faketime; \
+	  else \
+	    echo "hint: the fault harness's clock skew needs libfaketime; run: sudo apt-get install faketime"; \
+	  fi; \
+	fi
 	@# Playwright drives this system browser (tests/e2e/test_console.py); it
 	@# never downloads one of its own.
 	@if ! command -v chromium >/dev/null; then \

@@ -1,6 +1,8 @@
 """`make chaos`: every fault scenario's long version on one private stack, one
 line each (scenario expected= lost= dup_runs= dup_effects= recovery_s=), then
-each one's notes; exit 1 when any checker found a violation."""
+each one's notes; exit 1 when any checker found a violation (in a scenario
+not listed in KNOWN_FAILURES).
+`python -m tests.faults NAME ...` runs only the scenarios named."""
 
 from __future__ import annotations
 
@@ -9,13 +11,20 @@ import tempfile
 from pathlib import Path
 
 from tests.faults.harness import private_stack
-from tests.faults.scenarios import FAULTS, LONG, run
+from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, LONG, NEEDS, run
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
+    unknown = set(names) - set(FAULTS)
+    if unknown:
+        print(f"unknown scenarios: {sorted(unknown)}; known: {sorted(FAULTS)}", file=sys.stderr)
+        return 2
     reports = []
     with private_stack() as stack, tempfile.TemporaryDirectory(prefix="cw-chaos-") as tmp:
-        for name in FAULTS:
+        for name in names or FAULTS:
+            if why := NEEDS.get(name, lambda: None)():
+                print(f"{name:<14} skipped: {why}", flush=True)
+                continue
             log_dir = Path(tmp) / name
             log_dir.mkdir()
             report = run(stack, name, LONG[name], log_dir)
@@ -27,8 +36,11 @@ def main() -> int:
         print(f"{report.scenario}: recovery_s per fault [{recoveries}]")
         for line in [*report.notes, *report.problems]:
             print(f"  {line}")
-    return 1 if any(r.problems for r in reports) else 0
+        if report.scenario in KNOWN_FAILURES:
+            print(f"  known failure: {KNOWN_FAILURES[report.scenario]}")
+    failed = [r for r in reports if r.problems and r.scenario not in KNOWN_FAILURES]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -22,8 +22,13 @@ What a scenario gets
   * `check`: every expected instant up to the end of the load has exactly one
     run (its id hash(job, instant)), every answered trigger exactly one; every
     run ended SUCCEEDED (the handler never fails); each (run, attempt) began at
-    most once; each successful run's effect happened exactly once; the outbox
-    is empty. `Report` holds the figures `make chaos` prints.
+    most once; each successful run's effect happened exactly once; no handler
+    began before its run's instant and no StartRun was refused as not due yet
+    (clock skew); the outbox is empty. `Report` holds the figures `make chaos`
+    prints.
+  * A scenario's layout: which service instances run, with what environment
+    (a second timer; a service under libfaketime, tests/faults/clockskew.py).
+    tests/faults/netcut.py cuts one process off from one port.
 
 A scenario (tests/faults/scenarios.py) runs the load, applies its fault a
 number of times, asserts each time that the fault landed (e.g. the broker was
@@ -77,6 +82,7 @@ OPERATOR_KEY = "cwop_faults_" + uuid.uuid4().hex
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED")
 CATCHUP = {"window_ms": 120_000, "policy": "all", "max_runs": 1000}
 LEASE_MS = 5000  # a run's lease: the SDK heartbeats it, the platform expires it
+SERVICES = ("gateway", "timer", "relay", "dispatcher")  # a scenario's default layout
 
 
 class PrivateStack:
@@ -185,8 +191,13 @@ class Platform:
     """One scenario's database (cloned on the private server), services, tenant,
     and SDK worker writing the effect log."""
 
-    def __init__(self, stack: PrivateStack, log_dir: Path):
+    def __init__(
+        self, stack: PrivateStack, log_dir: Path, layout: dict[str, tuple[str, dict]] | None = None
+    ):
         self.stack = stack
+        # {instance: (service, its extra environment)}: which processes run,
+        # e.g. a second timer, or a gateway whose clock is skewed.
+        self.layout = layout or {name: (name, {}) for name in SERVICES}
         template = dbsupport.template(stack.admin_url)
         self.db_name = dbsupport.clone(stack.admin_url, template)
         self.database_url = dbsupport.platform_url(
@@ -220,7 +231,7 @@ class Platform:
              "--prefix", self.topic_prefix],
             env=self.stack.env, cwd=ROOT, check=True, capture_output=True, timeout=120,
         )  # fmt: skip
-        for name in ("gateway", "timer", "relay", "dispatcher"):
+        for name in self.layout:
             self.start_service(name)
         wait_for(self._ready, 60, 0.2, "the gateway to be ready")
         tenant = httpx.post(
@@ -242,8 +253,12 @@ class Platform:
             return False
 
     def start_service(self, name: str) -> ServiceProc:
-        # PGAPPNAME names each service's sessions in pg_stat_activity.
-        self.services[name] = self.launch.start(name, PGAPPNAME=f"fault-{name}", **self.env)
+        """Start instance `name` of the layout (again). PGAPPNAME names each
+        instance's sessions in pg_stat_activity."""
+        service, extra = self.layout.get(name, (name, {}))
+        self.services[name] = self.launch.start(
+            service, PGAPPNAME=f"fault-{name}", **self.env, **extra
+        )
         return self.services[name]
 
     def stop_worker(self) -> None:
@@ -417,6 +432,8 @@ class Report:
     reexecuted: int = 0  # (run, attempt) pairs whose handler began more than once
     reexecuted_after_lost_lease: int = 0  # effects of attempts before the successful one
     not_succeeded: int = 0
+    early_starts: int = 0  # handlers begun before their run's instant (host clock)
+    refused_not_due: int = 0  # StartRun calls of a run refused as "not due yet"
     outbox_left: int = 0
     recover_s: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -486,7 +503,12 @@ def check(
     unexplained = set(by_id) - instant_ids - load.triggered
     report.duplicate_runs = sum(n - 1 for n in per_instant.values()) + len(unexplained)
     report.not_succeeded = sum(1 for r in runs if r[3] != "SUCCEEDED")
-    starts, effects = _read_effects(platform.effect_log)
+    starts, effects, begun_at, not_due = _read_effects(platform.effect_log)
+    # Early: a handler began before its run's instant, by the host's clock
+    # (the worker and PostgreSQL share it; skewed services never write this).
+    instant = {r[0]: to_ms(r[2]) for r in runs}
+    report.early_starts = sum(1 for run, at in begun_at if run in instant and at < instant[run])
+    report.refused_not_due = not_due
     report.reexecuted = sum(1 for n in starts.values() if n > 1)
     effect_runs = Counter(run for run, _attempt in effects.elements())
     succeeded = [r for r in runs if r[3] == "SUCCEEDED"]
@@ -525,15 +547,27 @@ def check(
         report.problems.append(f"{len(missing_effect)} SUCCEEDED runs without their effect")
     if report.outbox_left:
         report.problems.append(f"{report.outbox_left} rows left in the outbox")
+    if report.early_starts:
+        report.problems.append(f"{report.early_starts} handlers began before their run's instant")
+    if report.refused_not_due:
+        report.problems.append(f"{report.refused_not_due} StartRun calls refused as not due yet")
     return report
 
 
-def _read_effects(path: Path) -> tuple[Counter, Counter]:
-    """({(run, attempt): starts}, {(run, attempt): effects}) from the effect log."""
+def _read_effects(path: Path) -> tuple[Counter, Counter, list[tuple[str, int]], int]:
+    """From the effect log: {(run, attempt): starts}, {(run, attempt): effects},
+    [(run, wall ms a start began)], and how many StartRuns were refused as not due."""
     starts: Counter = Counter()
     effects: Counter = Counter()
+    begun_at: list[tuple[str, int]] = []
+    not_due = 0
     if path.exists():
         for line in path.read_text().splitlines():
             e = json.loads(line)
+            if e["phase"] == "not_due":
+                not_due += 1
+                continue
             (starts if e["phase"] == "start" else effects)[(e["run"], e["attempt"])] += 1
-    return starts, effects
+            if e["phase"] == "start":
+                begun_at.append((e["run"], e["at"]))
+    return starts, effects, begun_at, not_due

@@ -9,6 +9,18 @@ applies on a schedule to its private stack, with the proof that it landed.
                   counted, and the checker proves each fired again, same id
   replay          the dispatcher's and the SDK worker's groups reset to offset
                   0 while they are stopped: they read everything again
+  pg_partition    one of two timers cut off from PostgreSQL (its packets
+                  dropped, tests/faults/netcut.py) for longer than its
+                  partition leases: the other timer takes its partitions, and
+                  after the cut heals no instant fires twice
+  kafka_partition the relay cut off from the broker while the broker and
+                  everything else stay up: the outbox holds what it cannot
+                  publish, and it publishes all of it once the cut heals
+  clock_skew      two timers, one 2 s ahead of the database's clock and one
+                  2 s behind (libfaketime, tests/faults/clockskew.py): no
+                  partition lease taken from a live owner, no early start
+  clock_skew_gateway  the gateway 2 s behind: no due run refused as not due,
+                  no live run lease expired (a known failure, see KNOWN_FAILURES)
 """
 
 from __future__ import annotations
@@ -23,7 +35,17 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-from tests.faults.harness import Load, Platform, PrivateStack, Report, check, wait_recovered
+from tests.faults import clockskew, netcut
+from tests.faults.harness import (
+    PORTS,
+    SERVICES,
+    Load,
+    Platform,
+    PrivateStack,
+    Report,
+    check,
+    wait_recovered,
+)
 from tests.support.wait import wait_for
 
 log = logging.getLogger("tests.faults")
@@ -47,13 +69,25 @@ SHORT = {
     "kafka_restart": Plan(cycles=1, calm_s=1, down_s=2),
     "pg_immediate": Plan(cycles=1, calm_s=1, down_s=6),
     "replay": Plan(cycles=1, calm_s=2, down_s=0),
+    # 12 s, not 8: a timer cut inside its firing transaction keeps that
+    # transaction's partition leases locked until PostgreSQL ends the session
+    # (idle in transaction for 10 s), and only then can the other take them.
+    "pg_partition": Plan(cycles=1, calm_s=1, down_s=12),
+    "kafka_partition": Plan(cycles=1, calm_s=1, down_s=8),
+    "clock_skew": Plan(cycles=1, calm_s=1, down_s=8),
+    "clock_skew_gateway": Plan(cycles=1, calm_s=1, down_s=8),
 }
 LONG = {
     "kafka_kill": Plan(cycles=5, calm_s=10, down_s=8),
     "kafka_restart": Plan(cycles=5, calm_s=10, down_s=8),
     "pg_immediate": Plan(cycles=5, calm_s=10, down_s=8),
     "replay": Plan(cycles=3, calm_s=10, down_s=0),
+    "pg_partition": Plan(cycles=3, calm_s=10, down_s=30),
+    "kafka_partition": Plan(cycles=3, calm_s=10, down_s=30),
+    "clock_skew": Plan(cycles=3, calm_s=10, down_s=30),
+    "clock_skew_gateway": Plan(cycles=3, calm_s=10, down_s=30),
 }
+SKEW_S = 2.0
 
 
 def _outbox(conn: psycopg.Connection) -> tuple[int, int]:
@@ -173,6 +207,183 @@ def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report)
     report.notes.append(f"{records} records replayed by {len(groups)} groups")
 
 
+# -- partitions ---------------------------------------------------------------
+
+
+def _timer_leases(conn: psycopg.Connection) -> dict[int, tuple[str, int]]:
+    """{partition: (owner, epoch)} of the timer's live partition leases."""
+    rows = conn.execute(
+        "SELECT partition_id, owner, epoch FROM partition_leases"
+        " WHERE service = 'timer' AND owner IS NOT NULL AND expires_at > now()"
+    ).fetchall()
+    return {p: (owner, epoch) for p, owner, epoch in rows}
+
+
+def _shares(conn: psycopg.Connection) -> dict[str, int]:
+    """{owner: partitions held} of the timer's live leases."""
+    counts: dict[str, int] = {}
+    for owner, _ in _timer_leases(conn).values():
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
+
+def _balanced(conn: psycopg.Connection, owners: set[str]) -> bool:
+    """Both timers hold a fair share (512 each) of all 1024 partitions."""
+    shares = _shares(conn)
+    return set(shares) == owners and all(n == 512 for n in shares.values())
+
+
+def _pg_partition(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
+    """timer2 cut off from PostgreSQL for down_s, longer than its partition
+    leases (the harness's 2 s): the other timer takes every partition it held
+    at a higher epoch, so timer2's writes after the cut heals are fenced."""
+    cut_one, other = platform.services["timer2"], platform.services["timer"]
+    owners = {cut_one.owner(), other.owner()}
+    with platform.connect() as conn:
+        wait_for(lambda: _balanced(conn, owners), 60, 0.2, "both timers to hold 512 partitions")
+        held = {p: e for p, (o, e) in _timer_leases(conn).items() if o == cut_one.owner()}
+        with netcut.Cut(cut_one.pid, int(PORTS["CRONWHEEL_PG_PORT"])) as cut:
+            t0 = time.monotonic()
+
+            def taken() -> bool:
+                now = _timer_leases(conn)
+                return all(
+                    now.get(p, ("", 0))[0] == other.owner() and now[p][1] > e
+                    for p, e in held.items()
+                )
+
+            # Landed: the other timer took every one of the cut timer's
+            # partitions, each at a higher epoch, while the cut lasted.
+            wait_for(taken, plan.down_s, 0.1, "the other timer to take the cut one's partitions")
+            took_s = time.monotonic() - t0
+            time.sleep(max(0.0, plan.down_s - (time.monotonic() - t0)))  # the partition itself
+            assert taken(), "the cut timer got a partition back while cut off"
+            dropped = cut.dropped()
+        assert dropped > 0 and cut_one.alive(), "no packet of the cut timer was dropped"
+        report.notes.append(
+            f"the other timer took all {len(held)} partitions in {took_s:.1f} s;"
+            f" {dropped} packets to PostgreSQL dropped"
+        )
+        t1 = time.monotonic()
+        # Healed: the cut timer rejoins and the two share the partitions again.
+        wait_for(lambda: _balanced(conn, owners), 120, 0.2, "the cut timer to rejoin")
+        report.notes.append(
+            f"the cut timer held its share again {time.monotonic() - t1:.1f} s after"
+        )
+
+
+def _overdue(conn: psycopg.Connection, older_s: float) -> int:
+    """Outbox rows due for publishing more than `older_s` seconds ago."""
+    return conn.execute(
+        "SELECT count(*) FROM outbox"
+        " WHERE coalesce(not_before, created_at) < now() - make_interval(secs => %s)",
+        [older_s],
+    ).fetchone()[0]
+
+
+def _kafka_partition(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
+    """The relay cut off from the broker for down_s; the broker stays up and
+    every other service keeps talking to it."""
+    relay = platform.services["relay"]
+    broker = stack.kafka_pid()
+    with (
+        platform.connect() as conn,
+        netcut.Cut(relay.pid, int(PORTS["CRONWHEEL_KAFKA_PORT"])) as cut,
+    ):
+        t0 = time.monotonic()
+        # Landed: rows due for publishing well before now are still in the
+        # outbox (a relay that reaches the broker publishes a due row at once).
+        wait_for(
+            lambda: _overdue(conn, 2.0) > 0, plan.down_s + 10, 0.1, "a row the relay can't publish"
+        )
+        time.sleep(max(0.0, plan.down_s - (time.monotonic() - t0)))  # the partition itself
+        stuck = _overdue(conn, plan.down_s / 2)
+        dropped = cut.dropped()
+    assert stack.kafka_pid() == broker, "the broker restarted: this is a partition, not a crash"
+    assert stuck > 0 and dropped > 0, "the relay kept publishing through the cut"
+    report.notes.append(
+        f"{stuck} outbox rows overdue by {plan.down_s / 2:.0f} s at the end of the cut;"
+        f" {dropped} packets to the broker dropped"
+    )
+
+
+# -- clock skew ---------------------------------------------------------------
+
+
+def _skewed(platform: Platform, report: Report) -> None:
+    """Landed: each skewed instance has libfaketime mapped, and a process
+    started with its environment reads the clock off by about its offset."""
+    for name, (_, env) in platform.layout.items():
+        if "FAKETIME" in env:
+            assert clockskew.preloaded(platform.services[name].pid), f"{name} is not skewed"
+            offset = float(env["FAKETIME"])
+            seen = clockskew.measured_offset(offset)
+            assert abs(seen - offset) < 1.0, f"{name}: clock off by {seen:.2f} s, not {offset}"
+            report.notes.append(f"{name} runs {seen:+.1f} s off the database's clock")
+
+
+def _clock_skew(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
+    """Two timers, one ahead and one behind, for down_s: both hold their
+    share throughout, no lease changes hands (judged by one clock, the
+    database's, neither sees the other's live lease as expired)."""
+    _skewed(platform, report)
+    owners = {platform.services["timer"].owner(), platform.services["timer2"].owner()}
+    with platform.connect() as conn:
+        wait_for(lambda: _balanced(conn, owners), 60, 0.2, "both timers to hold 512 partitions")
+        before = _timer_leases(conn)
+        time.sleep(plan.down_s)  # the window watched
+        after = _timer_leases(conn)
+    moved = sum(1 for p, held in before.items() if after.get(p) != held)
+    assert not moved, f"{moved} partition leases changed hands or epoch between live timers"
+    report.notes.append(f"{len(before)} partition leases kept by their owners for {plan.down_s} s")
+
+
+def _clock_skew_gateway(
+    stack: PrivateStack, platform: Platform, plan: Plan, report: Report
+) -> None:
+    """The gateway 2 s behind for down_s; runs keep starting (the checker
+    counts refusals as not due, early starts and expired live leases)."""
+    _skewed(platform, report)
+    with platform.connect() as conn:
+        done = "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"
+        before = conn.execute(done).fetchone()[0]
+        time.sleep(plan.down_s)  # the window watched
+        after = conn.execute(done).fetchone()[0]
+    assert after > before, "no run succeeded through the skewed gateway"
+    report.notes.append(f"{after - before} runs succeeded through the skewed gateway")
+
+
+_DEFAULT = {name: (name, {}) for name in SERVICES}
+# Which processes each scenario runs (the default: one of each service).
+LAYOUTS: dict[str, dict[str, tuple[str, dict]]] = {
+    "pg_partition": {**_DEFAULT, "timer2": ("timer", {})},
+    "clock_skew": {
+        **_DEFAULT,
+        "timer": ("timer", clockskew.env(+SKEW_S)),
+        "timer2": ("timer", clockskew.env(-SKEW_S)),
+    },
+    "clock_skew_gateway": {**_DEFAULT, "gateway": ("gateway", clockskew.env(-SKEW_S))},
+}
+# What each scenario needs of this host, beyond the private stack.
+NEEDS: dict[str, Callable[[], str | None]] = {
+    "pg_partition": netcut.available,
+    "kafka_partition": netcut.available,
+    "clock_skew": clockskew.available,
+    "clock_skew_gateway": clockskew.available,
+}
+
+# Scenarios that fail today, for a cause found and reported but not fixed
+# here, some of the time: test_faults skips them, `make chaos` prints their
+# line and problems without failing on them. Remove one once its cause is fixed.
+KNOWN_FAILURES: dict[str, str] = {
+    # A gateway 2 s behind refuses a run as not due while the run's RunReady
+    # reaches the worker less than 1 s after its instant (StartRun allows 1 s).
+    "clock_skew_gateway": (
+        "the gateway judges due times and run leases by its host's clock"
+        " (services/gateway/transactions.py: clock=now_ms, docs/reliability.md)"
+    ),
+}
+
 # Faults that keep the database away longer than a run's lease: the runs they
 # interrupt are expired and run again as their next attempt (docs/reliability.md).
 OUTLASTS_LEASES = {"pg_immediate"}
@@ -182,6 +393,10 @@ FAULTS = {
     "kafka_restart": _broker_down(PrivateStack.stop_kafka),
     "pg_immediate": _pg_immediate,
     "replay": _replay,
+    "pg_partition": _pg_partition,
+    "kafka_partition": _kafka_partition,
+    "clock_skew": _clock_skew,
+    "clock_skew_gateway": _clock_skew_gateway,
 }
 
 
@@ -190,7 +405,7 @@ def run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
     fault = FAULTS[name]
     rng = random.Random(plan.seed)
     report = Report(name)
-    platform = Platform(stack, log_dir)
+    platform = Platform(stack, log_dir, LAYOUTS.get(name))
     t0 = time.monotonic()
 
     def phase(what: str) -> None:

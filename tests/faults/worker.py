@@ -2,7 +2,8 @@
 
 Every execution of its handler appends two lines to the JSON-lines file
 EFFECT_LOG: {"run", "attempt", "phase": "start"} when it begins and
-{"phase": "effect"} when its effect is done, with no deduplication, so the
+{"phase": "effect"} when its effect is done, with no deduplication (and
+{"phase": "not_due"} for each StartRun refused as not due yet), so the
 checker counts every re-execution and every doubled effect. The log is a local
 file, not a table: the database is one of the servers the harness crashes, and
 an effect log that lost rows with it would hide the very faults it counts.
@@ -16,12 +17,16 @@ import sys
 import time
 
 from cronwheel.sdk import Run, Worker
+from cronwheel.sdk import worker as sdk_worker
 
 _LOG = os.open(os.environ["EFFECT_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
 
 def _record(run: Run, phase: str) -> None:
-    line = json.dumps({"run": run.run_id, "attempt": run.attempt, "phase": phase})
+    # `at`: this host's wall clock (the database's: same host, never skewed),
+    # so the checker can tell a start before the run's instant.
+    at = time.time_ns() // 1_000_000
+    line = json.dumps({"run": run.run_id, "attempt": run.attempt, "phase": phase, "at": at})
     os.write(_LOG, (line + "\n").encode())  # one write, O_APPEND: lines never interleave
 
 
@@ -32,6 +37,21 @@ def handle(run: Run) -> dict:
     _record(run, "effect")
     return {"attempt": run.attempt}
 
+
+def _count_not_due(refused_as_not_due):
+    """The SDK's test for a StartRun refused as "not due yet", logging each
+    refusal it recognises (phase "not_due"): a due run refused so is a clock
+    judged on the wrong host, which the checker counts."""
+
+    def wrapped(status, body, run: Run) -> bool:
+        if refused := refused_as_not_due(status, body, run):
+            _record(run, "not_due")
+        return refused
+
+    return wrapped
+
+
+sdk_worker._not_due_yet = _count_not_due(sdk_worker._not_due_yet)
 
 if __name__ == "__main__":
     Worker(sys.argv[1], handle, concurrency=int(os.environ.get("SDK_CONCURRENCY", "8"))).run()

@@ -47,6 +47,17 @@ def test_db_clock__host_clock_off__reads_the_databases_time(conn, skew_ms):
     assert abs(clock() - _db_ms(conn)) < 500
 
 
+def test_db_clock__round_trip_too_long__keeps_the_offset_it_had(conn):
+    """A sync whose query hung (a partition) measures nothing: its middle is
+    seconds off the database's reading, so the offset stays."""
+    readings = iter([0, 0, 0, 12_000])  # host clock: a sync at 0, then a 12 s round trip
+    base = now_ms()
+    clock = DbClock(local=lambda: base + next(readings))
+    good = clock.sync(conn)
+
+    assert clock.sync(conn) == good  # not good - 6 s
+
+
 def test_leases__timer_ahead_on_the_db_clock__takes_no_live_lease(conn):
     holder = Leases("timer", ttl_ms=TTL_MS)
     holder.owner = "holder"
