@@ -7,6 +7,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from cronwheel import config
+from cronwheel.core.runs import PRIORITIES
 
 LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -14,8 +15,11 @@ RUNS_FIRED = Counter("cronwheel_runs_fired_total", "Runs created by the firing l
 FIRING_LATENESS = Histogram(
     "cronwheel_firing_lateness_seconds",
     "From a timer's due time to the commit of the transaction that fired it",
+    ["priority"],
     buckets=LATENESS_BUCKETS,
 )
+for _class in PRIORITIES:  # every class's series exists before its first run
+    FIRING_LATENESS.labels(_class)
 MISSED_INSTANTS = Counter(
     "cronwheel_missed_instants_total", "Scheduled instants older than the catch-up window"
 )

@@ -504,7 +504,7 @@ class JobTimers:
                         job_id, pr.instant_ms, pr.covers, priority, spec, target_type, queue,
                         payload, not_before_ms=at if at > now else None,
                     )  # fmt: skip
-                    report.lateness_ms.append(now - t.due_ms)
+                    report.lateness_ms.append((now - t.due_ms, t.priority))
             report.missed += plan.missed
             adv["p"].append(partition_id)
             adv["id"].append(job_id)

@@ -73,7 +73,8 @@ class FireReport:
     timers: int = 0
     runs_created: int = 0
     missed: int = 0
-    lateness_ms: list[int] = field(default_factory=list)  # per created run: now - due
+    # Per created run: (now - due, the timer's class rank).
+    lateness_ms: list[tuple[int, int]] = field(default_factory=list)
     fenced: int = 0  # timers left alone: their partition is no longer ours
     next_due_ms: list[int] = field(default_factory=list)  # when to wake: a quota refill, a backlog
     job_due_ms: list[int] = field(default_factory=list)  # where moved job timers are due next

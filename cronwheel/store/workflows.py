@@ -519,7 +519,7 @@ class Workflows:
                 if rows_ is not None:
                     started += 1
                     out.extend(rows_)
-                    report.lateness_ms.append(now - t.due_ms)
+                    report.lateness_ms.append((now - t.due_ms, t.priority))
             report.missed += plan.missed
             conn.execute(
                 Q["advance_workflow"],

@@ -25,6 +25,7 @@ from prometheus_client import Counter
 
 from cronwheel import metrics
 from cronwheel.config import Firing as FiringSettings
+from cronwheel.core.runs import PRIORITIES
 from cronwheel.kafka import Topics
 from cronwheel.store.db import connect, keep_connected
 from cronwheel.store.dbclock import DbClock
@@ -203,8 +204,10 @@ class TimerService:
             self.fired_total += report.runs_created
             metrics.RUNS_FIRED.labels("job").inc(report.runs_created)
             committed = self.clock()
-            for late in report.lateness_ms:
-                metrics.FIRING_LATENESS.observe(max(0, committed - now + late) / 1000)
+            for late, rank in report.lateness_ms:
+                metrics.FIRING_LATENESS.labels(PRIORITIES[rank]).observe(
+                    max(0, committed - now + late) / 1000
+                )
         if report.missed:
             metrics.MISSED_INSTANTS.inc(report.missed)
         if report.fenced:

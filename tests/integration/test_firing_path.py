@@ -297,3 +297,25 @@ def test_critical_batch__storm_led_by_critical__small_critical_batch_then_critic
     assert batches[0] == {"critical": 20}
     assert batches[1] == {"critical": 60}
     assert batches[2] == {"normal": 200} and batches[3] == {"normal": 200}
+
+
+def test_firing_lateness__observed_per_priority_class(database_url, topic_prefix, conn):
+    from prometheus_client import REGISTRY
+
+    def count(priority: str) -> float:
+        name = "cronwheel_firing_lateness_seconds_count"
+        return REGISTRY.get_sample_value(name, {"priority": priority}) or 0.0
+
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "acme", priority_classes=["critical", "normal"])
+    body = {
+        "name": "urgent",
+        "schedule": {"every_ms": 200},
+        "target": {"type": "queue", "queue": "q"},
+        "priority": "critical",
+    }
+    Jobs(topics).create(conn, tenant, body, now_ms())
+    before = {p: count(p) for p in ("critical", "normal")}
+    with running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)):
+        wait_for(lambda: count("critical") - before["critical"] >= 3, what="three critical fires")
+    assert count("normal") == before["normal"]  # only the critical job fired here
