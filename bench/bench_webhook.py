@@ -418,6 +418,10 @@ def start_services(
         CRONWHEEL_WEBHOOK_PER_ENDPOINT=os.environ.get(
             "CRONWHEEL_WEBHOOK_PER_ENDPOINT", PER_ENDPOINT
         ),
+        # One tenant here: its cap (64 by default) must not be what is measured either.
+        CRONWHEEL_WEBHOOK_TENANT_SLOTS=os.environ.get(
+            "CRONWHEEL_WEBHOOK_TENANT_SLOTS", PER_ENDPOINT
+        ),
     )
     procs = []
     for i in range(instances):
