@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from datetime import datetime
 
 import psycopg
 
@@ -66,18 +67,58 @@ def copy(source: psycopg.Connection, target: psycopg.Connection, tenant_id: str,
     or to catch up, ends the same)."""
     params = {"t": tenant_id}
     with _snapshot(source), target.transaction():
-        target.execute(_q()["delete_children"], params)
-        target.execute(_q()["delete_parents"], params)
+        target.execute(_q()["delete_history"], params)
+        target.execute(_q()["delete_small"], params)
         for table in TABLES:
-            with (
-                source.cursor().copy(
-                    f"COPY ({_q()['rows_' + table]}) TO STDOUT (FORMAT binary)", params
-                ) as out,
-                target.cursor().copy(f"COPY {table} FROM STDIN (FORMAT binary)") as into,
-            ):
-                for block in out:
-                    into.write(block)
+            _copy_rows(source, target, _q()["rows_" + table], table, params)
         target.execute(_q()["standby"], {"t": tenant_id, "cell": cell})
+
+
+# The history (store/sql/moves.sql, recent_<table>): what the freeze's
+# catch-up copies only in part; every other table it copies whole again.
+HISTORY = ("runs", "run_attempts", "workflow_runs", "workflow_run_nodes")
+
+
+def catch_up(
+    source: psycopg.Connection,
+    target: psycopg.Connection,
+    tenant_id: str,
+    cell: str,
+    since: datetime,
+) -> None:
+    """What `copy` does, for the rows that can have changed since a copy read
+    at `since` or later: the small tables whole, of the history the rows
+    unfinished or finished since `since` (a finished run does not change).
+    One source snapshot, one target transaction; what it cannot see (a row
+    of the history deleted, a transaction older than `since` committing a
+    finished run) the checksums find, and the caller copies whole."""
+    params = {"t": tenant_id, "since": since}
+    with _snapshot(source), target.transaction():
+        target.execute(_q()["delete_small"], params)
+        for table in TABLES:
+            if table in HISTORY:
+                continue
+            _copy_rows(source, target, _q()["rows_" + table], table, params)
+        for table in HISTORY:
+            target.execute(_q()["stage_" + table])
+            _copy_rows(source, target, _q()["recent_" + table], f"moved_{table}", params)
+        target.execute(_q()["forget_recent_children"], params)
+        target.execute(_q()["forget_recent_parents"], params)
+        for table in HISTORY:
+            target.execute(_q()["drop_staged_" + table])
+            target.execute(_q()["insert_staged_" + table])
+        target.execute(_q()["standby"], {"t": tenant_id, "cell": cell})
+
+
+def _copy_rows(
+    source: psycopg.Connection, target: psycopg.Connection, rows: str, into: str, params: dict
+) -> None:
+    with (
+        source.cursor().copy(f"COPY ({rows}) TO STDOUT (FORMAT binary)", params) as out,
+        target.cursor().copy(f"COPY {into} FROM STDIN (FORMAT binary)") as sink,
+    ):
+        for block in out:
+            sink.write(block)
 
 
 @contextlib.contextmanager
@@ -142,8 +183,8 @@ def remove(conn: psycopg.Connection, tenant_id: str) -> None:
     or the target after a rollback)."""
     params = {"t": tenant_id}
     with conn.transaction():
-        conn.execute(_q()["delete_children"], params)
-        conn.execute(_q()["delete_parents"], params)
+        conn.execute(_q()["delete_history"], params)
+        conn.execute(_q()["delete_small"], params)
 
 
 def outbox_high(conn: psycopg.Connection) -> int:

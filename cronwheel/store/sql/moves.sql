@@ -67,34 +67,128 @@ SELECT n.* FROM workflow_run_nodes n
 -- by design while the tenant is frozen in one and standby in the other.
 SELECT tenant_id, name, priority_classes, created_at FROM tenants WHERE tenant_id = %(t)s;
 
--- name: delete_children
--- The rows that name their tenant only through a parent, before the parents.
+-- name: delete_history
+-- The tenant's runs and workflow runs with their attempts and nodes (every
+-- CTE sees the rows as the statement began, so the children are found
+-- through the parents it deletes). With delete_small: all of the tenant.
 WITH a AS (
     DELETE FROM run_attempts a USING runs r
      WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id AND r.tenant_id = %(t)s),
-wn AS (
-    DELETE FROM workflow_nodes n USING workflows w
-     WHERE w.partition_id = n.partition_id AND w.workflow_id = n.workflow_id
-       AND w.tenant_id = %(t)s),
 wrn AS (
     DELETE FROM workflow_run_nodes n USING workflow_runs w
      WHERE w.partition_id = n.partition_id AND w.workflow_run_id = n.workflow_run_id
-       AND w.tenant_id = %(t)s)
-SELECT 1;
+       AND w.tenant_id = %(t)s),
+r AS (DELETE FROM runs WHERE tenant_id = %(t)s)
+DELETE FROM workflow_runs WHERE tenant_id = %(t)s;
 
--- name: delete_parents
-WITH k AS (DELETE FROM api_keys WHERE tenant_id = %(t)s),
+-- name: delete_small
+-- Everything of the tenant but its history. The freeze's catch-up
+-- (store/moves.py catch_up) copies these tables whole again (a tenant has a
+-- few rows in them per job, workflow or key), and of the history only what
+-- can have changed since the first copy: runs and workflow runs unfinished,
+-- or finished since `since` (a finished one does not change), with their
+-- attempts and nodes. The checksums that follow
+-- compare every row, so a change this misses makes the move copy whole.
+WITH wn AS (
+    DELETE FROM workflow_nodes n USING workflows w
+     WHERE w.partition_id = n.partition_id AND w.workflow_id = n.workflow_id
+       AND w.tenant_id = %(t)s),
+     k AS (DELETE FROM api_keys WHERE tenant_id = %(t)s),
      l AS (DELETE FROM tenant_limits WHERE tenant_id = %(t)s),
      q AS (DELETE FROM tenant_quotas WHERE tenant_id = %(t)s),
      i AS (DELETE FROM idempotency_keys WHERE scope = %(t)s),
      j AS (DELETE FROM jobs WHERE tenant_id = %(t)s),
-     r AS (DELETE FROM runs WHERE tenant_id = %(t)s),
      tm AS (DELETE FROM timers WHERE tenant_id = %(t)s),
      tp AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s),
      s AS (DELETE FROM webhook_secrets WHERE tenant_id = %(t)s),
-     w AS (DELETE FROM workflows WHERE tenant_id = %(t)s),
-     wr AS (DELETE FROM workflow_runs WHERE tenant_id = %(t)s)
+     w AS (DELETE FROM workflows WHERE tenant_id = %(t)s)
 DELETE FROM tenants WHERE tenant_id = %(t)s;
+
+-- name: recent_runs
+SELECT * FROM runs
+ WHERE tenant_id = %(t)s AND (finished_at IS NULL OR finished_at >= %(since)s);
+
+-- name: recent_run_attempts
+SELECT a.* FROM run_attempts a
+  JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
+ WHERE r.tenant_id = %(t)s AND (r.finished_at IS NULL OR r.finished_at >= %(since)s);
+
+-- name: recent_workflow_runs
+SELECT * FROM workflow_runs
+ WHERE tenant_id = %(t)s AND (finished_at IS NULL OR finished_at >= %(since)s);
+
+-- name: recent_workflow_run_nodes
+SELECT n.* FROM workflow_run_nodes n
+  JOIN workflow_runs w ON w.partition_id = n.partition_id
+                      AND w.workflow_run_id = n.workflow_run_id
+ WHERE w.tenant_id = %(t)s AND (w.finished_at IS NULL OR w.finished_at >= %(since)s);
+
+-- name: stage_runs
+-- The recent rows are copied into temporary tables first (dropped at
+-- commit), then merged.
+CREATE TEMP TABLE moved_runs (LIKE runs) ON COMMIT DROP;
+
+-- name: stage_run_attempts
+CREATE TEMP TABLE moved_run_attempts (LIKE run_attempts) ON COMMIT DROP;
+
+-- name: stage_workflow_runs
+CREATE TEMP TABLE moved_workflow_runs (LIKE workflow_runs) ON COMMIT DROP;
+
+-- name: stage_workflow_run_nodes
+CREATE TEMP TABLE moved_workflow_run_nodes (LIKE workflow_run_nodes) ON COMMIT DROP;
+
+-- name: forget_recent_children
+-- The target's unfinished history of the tenant goes, to be replaced by the
+-- source's recent rows; its older finished rows stay as the first copy
+-- wrote them.
+WITH a AS (
+    DELETE FROM run_attempts a USING runs r
+     WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id AND r.tenant_id = %(t)s
+       AND (r.finished_at IS NULL OR r.finished_at >= %(since)s)),
+wrn AS (
+    DELETE FROM workflow_run_nodes n USING workflow_runs w
+     WHERE w.partition_id = n.partition_id AND w.workflow_run_id = n.workflow_run_id
+       AND w.tenant_id = %(t)s AND (w.finished_at IS NULL OR w.finished_at >= %(since)s))
+SELECT 1;
+
+-- name: forget_recent_parents
+WITH r AS (
+    DELETE FROM runs r
+     WHERE r.tenant_id = %(t)s AND (r.finished_at IS NULL OR r.finished_at >= %(since)s))
+DELETE FROM workflow_runs w
+ WHERE w.tenant_id = %(t)s AND (w.finished_at IS NULL OR w.finished_at >= %(since)s);
+
+-- name: drop_staged_runs
+-- What is left of the recent rows' ids in the target (a row the first copy
+-- saw finished before `since` that the source changed since) goes too;
+-- then the recent rows go in.
+DELETE FROM runs r USING moved_runs m
+ WHERE r.partition_id = m.partition_id AND r.run_id = m.run_id;
+
+-- name: drop_staged_run_attempts
+DELETE FROM run_attempts a USING moved_run_attempts m
+ WHERE a.partition_id = m.partition_id AND a.run_id = m.run_id AND a.attempt = m.attempt;
+
+-- name: drop_staged_workflow_runs
+DELETE FROM workflow_runs w USING moved_workflow_runs m
+ WHERE w.partition_id = m.partition_id AND w.workflow_run_id = m.workflow_run_id;
+
+-- name: drop_staged_workflow_run_nodes
+DELETE FROM workflow_run_nodes n USING moved_workflow_run_nodes m
+ WHERE n.partition_id = m.partition_id AND n.workflow_run_id = m.workflow_run_id
+   AND n.node = m.node;
+
+-- name: insert_staged_runs
+INSERT INTO runs SELECT * FROM moved_runs;
+
+-- name: insert_staged_run_attempts
+INSERT INTO run_attempts SELECT * FROM moved_run_attempts;
+
+-- name: insert_staged_workflow_runs
+INSERT INTO workflow_runs SELECT * FROM moved_workflow_runs;
+
+-- name: insert_staged_workflow_run_nodes
+INSERT INTO workflow_run_nodes SELECT * FROM moved_workflow_run_nodes;
 
 -- name: tenant_state
 SELECT state FROM tenants WHERE tenant_id = %(t)s;
