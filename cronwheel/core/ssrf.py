@@ -54,10 +54,6 @@ def why_refused(addr: Address, allow: Sequence[Network] = ()) -> str | None:
         embedded = addr.ipv4_mapped or addr.sixtofour or (addr.teredo or (None, None))[1]
         if embedded is not None:
             return f"{addr} embeds the IPv4 address {embedded}"
-    elif any(addr in net for net in FORBIDDEN_V4):
-        # The ranges below, whatever this Python's ipaddress says of them
-        # (its special-purpose tables changed in 3.11.4, 3.12.4 and 3.13).
-        return f"{addr} is not a public address (special-purpose range)"
     for attr, what in (
         ("is_loopback", "loopback"),
         ("is_unspecified", "unspecified"),
@@ -68,7 +64,9 @@ def why_refused(addr: Address, allow: Sequence[Network] = ()) -> str | None:
     ):
         if getattr(addr, attr):
             return f"{addr} is a {what} address"
-    if not addr.is_global:
+    if not addr.is_global or any(addr in net for net in FORBIDDEN_V4 if addr.version == 4):
+        # FORBIDDEN_V4 too, whatever this Python's ipaddress says of its ranges
+        # (its special-purpose tables changed in 3.11.4, 3.12.4 and 3.13).
         return f"{addr} is not a public address"
     return None
 

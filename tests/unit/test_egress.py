@@ -91,14 +91,14 @@ def test_start__not_root__unavailable_with_the_reason(monkeypatch):
 
 def test_start__no_nft__unavailable_naming_the_package(monkeypatch):
     monkeypatch.setattr(egress.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(egress.shutil, "which", lambda name: None if name == "nft" else name)
+    monkeypatch.setattr(egress.shutil, "which", lambda name, **kw: None if name == "nft" else name)
     with pytest.raises(EgressUnavailable, match="nft not installed.*nftables"):
         start()
 
 
 def test_start__subnet_too_small_or_overlapping_the_allow_list__unavailable(monkeypatch):
     monkeypatch.setattr(egress.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(egress.shutil, "which", lambda name: name)
+    monkeypatch.setattr(egress.shutil, "which", lambda name, **kw: name)
     with pytest.raises(EgressUnavailable, match="fewer than two addresses"):
         start(subnet=ipaddress.IPv4Network("10.254.0.0/24"))
     with pytest.raises(EgressUnavailable, match="overlaps"):
