@@ -12,6 +12,7 @@ from datetime import datetime
 
 import psycopg
 
+from cronwheel.store import timers
 from cronwheel.store.sql_loader import queries
 
 # Every table that holds a tenant's rows, parents before children (the copy
@@ -68,6 +69,7 @@ def copy(source: psycopg.Connection, target: psycopg.Connection, tenant_id: str,
     params = {"t": tenant_id}
     with _snapshot(source), target.transaction():
         target.execute(_q()["delete_history"], params)
+        target.execute(timers.Q["drop_tenant_timers"], params)
         target.execute(_q()["delete_small"], params)
         for table in TABLES:
             _copy_rows(source, target, _q()["rows_" + table], table, params)
@@ -94,6 +96,7 @@ def catch_up(
     finished run) the checksums find, and the caller copies whole."""
     params = {"t": tenant_id, "since": since}
     with _snapshot(source), target.transaction():
+        target.execute(timers.Q["drop_tenant_timers"], params)
         target.execute(_q()["delete_small"], params)
         for table in TABLES:
             if table in HISTORY:
@@ -158,7 +161,7 @@ def freeze(conn: psycopg.Connection, tenant_id: str) -> bool:
         conn.execute(_q()["move_lock"], params)  # the tenant's writes in flight end first
         if conn.execute(_q()["freeze"], params).fetchone() is None:
             return False
-        conn.execute(_q()["park_timers"], params)
+        conn.execute(timers.Q["park_timers"], params)
     return True
 
 
@@ -166,7 +169,7 @@ def unfreeze(conn: psycopg.Connection, tenant_id: str) -> None:
     """A rollback's: the tenant active here again with its timers back."""
     params = {"t": tenant_id}
     with conn.transaction():
-        conn.execute(_q()["unpark_timers"], params)
+        conn.execute(timers.Q["unpark_timers"], params)
         conn.execute(_q()["reactivate"], params)
         conn.execute(_q()["wake_timers"])
 
@@ -184,6 +187,7 @@ def remove(conn: psycopg.Connection, tenant_id: str) -> None:
     params = {"t": tenant_id}
     with conn.transaction():
         conn.execute(_q()["delete_history"], params)
+        conn.execute(timers.Q["drop_tenant_timers"], params)
         conn.execute(_q()["delete_small"], params)
 
 

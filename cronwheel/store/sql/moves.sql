@@ -98,8 +98,6 @@ WITH wn AS (
      q AS (DELETE FROM tenant_quotas WHERE tenant_id = %(t)s),
      i AS (DELETE FROM idempotency_keys WHERE scope = %(t)s),
      j AS (DELETE FROM jobs WHERE tenant_id = %(t)s),
-     tm AS (DELETE FROM timers WHERE tenant_id = %(t)s),
-     tp AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s),
      s AS (DELETE FROM webhook_secrets WHERE tenant_id = %(t)s),
      w AS (DELETE FROM workflows WHERE tenant_id = %(t)s)
 DELETE FROM tenants WHERE tenant_id = %(t)s;
@@ -205,28 +203,12 @@ UPDATE tenants SET state = 'standby', cell = %(cell)s WHERE tenant_id = %(t)s;
 SELECT pg_advisory_xact_lock(hashtextextended('cronwheel.move:' || %(t)s, 0));
 
 -- name: freeze
--- The source's freeze, one transaction with park_timers: from its commit no
+-- The source's freeze, one transaction with timers.sql park_timers: from its commit no
 -- firing transaction can claim a timer of the tenant (they are not in
 -- `timers` any more, and the claims skip a tenant that is not active). The
 -- row lock on the tenant waits for a transaction that holds it.
 UPDATE tenants SET state = 'frozen' WHERE tenant_id = %(t)s AND state IN ('active', 'frozen')
 RETURNING state;
-
--- name: park_timers
--- DELETE waits for a firing transaction holding one of these timers (its
--- claim is FOR UPDATE) and then deletes the timer as that transaction left
--- it (re-armed for the job's next instant, or gone); a claim that starts
--- after this commits finds none.
-WITH d AS (DELETE FROM timers WHERE tenant_id = %(t)s RETURNING *)
-INSERT INTO timers_parked SELECT * FROM d
-ON CONFLICT (partition_id, timer_id) DO UPDATE
-   SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = EXCLUDED.attempt;
-
--- name: unpark_timers
--- A rollback: the parked timers back where the firing loop claims them.
-WITH d AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s RETURNING *)
-INSERT INTO timers SELECT * FROM d
-ON CONFLICT (partition_id, timer_id) DO NOTHING;
 
 -- name: reactivate
 UPDATE tenants SET state = 'active' WHERE tenant_id = %(t)s AND state = 'frozen';

@@ -227,3 +227,28 @@ d AS (
     DELETE FROM timers t
      USING ended_timers e
      WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id)
+
+-- Moving a tenant between cells (cronwheel/store/moves.py, docs/cells.md):
+-- the freeze parks its timers out of the firing loop's reach, a rollback
+-- brings them back, and a cell the tenant left drops them with its rows.
+
+-- name: park_timers
+-- DELETE waits for a firing transaction holding one of these timers (its
+-- claim is FOR UPDATE) and then deletes the timer as that transaction left
+-- it (re-armed for the job's next instant, or gone); a claim that starts
+-- after this commits finds none.
+WITH d AS (DELETE FROM timers WHERE tenant_id = %(t)s RETURNING *)
+INSERT INTO timers_parked SELECT * FROM d
+ON CONFLICT (partition_id, timer_id) DO UPDATE
+   SET due_at = EXCLUDED.due_at, priority = EXCLUDED.priority, attempt = EXCLUDED.attempt;
+
+-- name: unpark_timers
+-- A rollback: the parked timers back where the firing loop claims them.
+WITH d AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s RETURNING *)
+INSERT INTO timers SELECT * FROM d
+ON CONFLICT (partition_id, timer_id) DO NOTHING;
+
+-- name: drop_tenant_timers
+-- With the tenant's other rows (moves.sql delete_small), in that transaction.
+WITH p AS (DELETE FROM timers_parked WHERE tenant_id = %(t)s)
+DELETE FROM timers WHERE tenant_id = %(t)s;
