@@ -42,3 +42,14 @@ def test_timers_written_only_from_timers_sql():
 def test_registry__every_kind_once__services_view_without_job():
     assert set(timer_kinds.KINDS) == {"job", "lease", "timeout", "retry", "workflow", "pending"}
     assert set(timer_kinds.timer_handlers(None)) == set(timer_kinds.KINDS) - {"job"}
+
+
+def test_spliced_fragments__end_in_sql__not_in_a_comment():
+    # A fragment is written into the middle of another statement: a comment on
+    # its last line would swallow what follows it there (a statement added after
+    # end_attempt_timers once took its heading comment along, and every
+    # CompleteRun was a syntax error).
+    raw = "\n".join((SQL_DIR / f).read_text() for f in ("lifecycle.sql",))
+    for name in set(re.findall(r"\{\{timers\.(\w+)\}\}", raw)):
+        last = timers.Q[name].strip().splitlines()[-1].strip()
+        assert not last.startswith("--"), name

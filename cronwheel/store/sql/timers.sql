@@ -228,11 +228,11 @@ d AS (
      USING ended_timers e
      WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id)
 
+-- name: park_timers
 -- Moving a tenant between cells (cronwheel/store/moves.py, docs/cells.md):
 -- the freeze parks its timers out of the firing loop's reach, a rollback
--- brings them back, and a cell the tenant left drops them with its rows.
-
--- name: park_timers
+-- brings them back (unpark_timers), and a cell the tenant left drops them
+-- with its rows (drop_tenant_timers).
 -- DELETE waits for a firing transaction holding one of these timers (its
 -- claim is FOR UPDATE) and then deletes the timer as that transaction left
 -- it (re-armed for the job's next instant, or gone); a claim that starts
