@@ -18,6 +18,8 @@ early), so the offset measured before stays.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 
 import psycopg
@@ -26,6 +28,7 @@ from cronwheel.core.clock import now_ms, to_ms
 from cronwheel.store.sql_loader import queries
 
 Q = queries("clock")
+log = logging.getLogger("cronwheel.dbclock")
 
 
 class DbClock:
@@ -48,3 +51,46 @@ class DbClock:
         if after - before <= self.max_rtt_ms:
             self.offset_ms = to_ms(db) - (before + after) // 2
         return self.offset_ms
+
+
+class ClockSync:
+    """Keeps a DbClock synced every `every_s` on a connection of its own, for
+    a process whose users of the clock hold no connection to sync on (the
+    gateway, whose StartRun due check, leases and retry backoff are instants
+    compared with the timer's). `start` syncs once before it returns, so the
+    first request already reads the database's clock; a database that is
+    away leaves the last offset in place until it answers again."""
+
+    def __init__(self, dsn: str, clock: DbClock, every_s: float = 10.0):
+        self.dsn = dsn
+        self.clock = clock
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection | None = None
+        self._thread = threading.Thread(target=self._run, name="clock-sync", daemon=True)
+
+    def start(self) -> ClockSync:
+        self._sync()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+            self.clock.sync(self._conn)
+        except psycopg.Error as exc:
+            log.warning("database clock not read (%s); the last offset stands", exc)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None

@@ -139,6 +139,7 @@ def serve(settings: GatewaySettings, log) -> None:
 
     from cronwheel.demo import operator_key
     from cronwheel.kafka import Topics
+    from cronwheel.store.dbclock import ClockSync, DbClock
     from cronwheel.store.quotas import ObjectLimits
     from services.gateway import metrics_dir
     from services.gateway.app import create_app
@@ -149,6 +150,9 @@ def serve(settings: GatewaySettings, log) -> None:
 
     fd = settings.listen_fd
     host, _, port = settings.serving.http_addr.rpartition(":")
+    # Due times and leases by the database's clock, as the timer reads them
+    # (cronwheel/store/dbclock.py): a gateway 2 s behind refused due runs.
+    clock_sync = ClockSync(settings.common.database_url, DbClock()).start()
     app = create_app(
         settings.common.database_url,
         Topics(settings.common.topic_prefix),
@@ -156,6 +160,7 @@ def serve(settings: GatewaySettings, log) -> None:
         settings.operator_key or operator_key(),
         rate_per_s=settings.rate_limit,
         burst=settings.rate_burst,
+        clock=clock_sync.clock,
         cell=settings.serving.cell,
         webhook_allow=settings.destinations.allow,
         pool_max=settings.pool,
@@ -186,6 +191,7 @@ def serve(settings: GatewaySettings, log) -> None:
         service.run(stop_on_signals())
     finally:
         pruner.stop()
+        clock_sync.stop()
         app.state.gateway.close()
 
 

@@ -20,7 +20,7 @@ applies on a schedule to its private stack, with the proof that it landed.
                   2 s behind (libfaketime, tests/faults/clockskew.py): no
                   partition lease taken from a live owner, no early start
   clock_skew_gateway  the gateway 2 s behind: no due run refused as not due,
-                  no live run lease expired (a known failure, see KNOWN_FAILURES)
+                  no live run lease expired (the gateway reads the database's clock)
 """
 
 from __future__ import annotations
@@ -375,14 +375,7 @@ NEEDS: dict[str, Callable[[], str | None]] = {
 # Scenarios that fail today, for a cause found and reported but not fixed
 # here, some of the time: test_faults skips them, `make chaos` prints their
 # line and problems without failing on them. Remove one once its cause is fixed.
-KNOWN_FAILURES: dict[str, str] = {
-    # A gateway 2 s behind refuses a run as not due while the run's RunReady
-    # reaches the worker less than 1 s after its instant (StartRun allows 1 s).
-    "clock_skew_gateway": (
-        "the gateway judges due times and run leases by its host's clock"
-        " (services/gateway/transactions.py: clock=now_ms, docs/reliability.md)"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}  # none today: clock_skew_gateway's cause is fixed
 
 # Faults that keep the database away longer than a run's lease: the runs they
 # interrupt are expired and run again as their next attempt (docs/reliability.md).
