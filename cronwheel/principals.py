@@ -43,6 +43,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from cronwheel import scram
 from cronwheel.kafka import Topics
 
 ADMIN = "cronwheel-admin"
@@ -186,13 +187,23 @@ def new_password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def upsert_users(admin: AdminClient, passwords: dict[str, str], timeout: float = 30) -> None:
-    """Create or replace SCRAM credentials: {principal: password}."""
+def upsert_users(
+    admin: AdminClient,
+    passwords: dict[str, str],
+    timeout: float = 30,
+    salts: dict[str, bytes] | None = None,
+) -> None:
+    """Create or replace SCRAM credentials: {principal: password}, each with
+    the salt `salts` names (else one librdkafka picks)."""
     if not passwords:
         return
+    salts = salts or {}
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
     futures = admin.alter_user_scram_credentials(
-        [UserScramCredentialUpsertion(u, info, p.encode()) for u, p in passwords.items()],
+        [
+            UserScramCredentialUpsertion(u, info, p.encode(), salts.get(u))
+            for u, p in passwords.items()
+        ],
         request_timeout=timeout,
     )
     for fut in futures.values():
@@ -301,10 +312,30 @@ def grant_platform(admin: AdminClient, prefix: str, passwords: dict[str, str] | 
 
 def provision_tenant(admin: AdminClient, topics: Topics, tenant_id: str) -> str:
     """A tenant's principal with a new password (returned, shown once) and its ACLs."""
+    return provision_tenant_kept(admin, topics, tenant_id)[0]
+
+
+def provision_tenant_kept(
+    admin: AdminClient, topics: Topics, tenant_id: str
+) -> tuple[str, scram.Verifier]:
+    """provision_tenant, and the credential as the broker keeps it (never the
+    password): what a move gives the next cell's broker (cronwheel.scram)."""
     password = new_password()
-    upsert_users(admin, {tenant_username(tenant_id): password})
+    kept = scram.verifier(password, MECHANISM, SCRAM_ITERATIONS)
+    user = tenant_username(tenant_id)
+    upsert_users(admin, {user: password}, salts={user: kept.salt})
     create_acls(admin, tenant_bindings(topics, tenant_id))
-    return password
+    return password, kept
+
+
+def carry_tenant(conf: dict, admin: AdminClient, topics: Topics, tenant_id: str, kept) -> None:
+    """The tenant's principal, with the credential it has in its old cell
+    (`kept`, a scram.Verifier; None: a tenant made before credentials were
+    kept gets none, and its next rotation makes one), and its ACLs, on the
+    broker of `conf` / `admin` (a move's target). Idempotent."""
+    if kept is not None:
+        scram.upsert(conf, tenant_username(tenant_id), kept)
+    create_acls(admin, tenant_bindings(topics, tenant_id))
 
 
 def rotate_tenant(admin: AdminClient, tenant_id: str) -> str:

@@ -316,7 +316,11 @@ CREATE TABLE public.tenants (
     cell text DEFAULT 'local'::text NOT NULL,
     priority_classes text[] DEFAULT '{high,normal,low}'::text[] NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    state text DEFAULT 'active'::text NOT NULL
+    state text DEFAULT 'active'::text NOT NULL,
+    kafka_scram_mechanism text,
+    kafka_scram_iterations integer,
+    kafka_scram_salt bytea,
+    kafka_scram_salted_password bytea
 );
 
 --

@@ -8,6 +8,8 @@ leaves a principal with no tenant, which can read nothing (no topic of its
 prefix exists) and is replaced by the retry's. The password is in the answer
 only: the idempotency store blanks `kafka.password` (idempotency.SECRET_PATHS)
 and the database never holds it; the broker keeps only its salted SCRAM hash.
+That credential (salt, iterations, SaltedPassword) is kept in the tenant's row
+too, so a move can make the same one in another cell's broker (cronwheel/scram.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 
 from cronwheel import config, kafka, principals
+from cronwheel.store.sql_loader import queries
 from services.gateway.problems import Problem
 from services.gateway.transactions import Gateway
 
@@ -42,16 +45,30 @@ def enabled(gw: Gateway) -> bool:
     return auth.tenants and protocol.startswith("SASL")
 
 
-def provision(gw: Gateway, tenant_id: str) -> dict | None:
-    """The new tenant's principal and ACLs; its credentials, or None."""
+def provision(gw: Gateway, tenant_id: str, conn) -> dict | None:
+    """The new tenant's principal and ACLs; its credentials, or None. The
+    credential as the broker keeps it goes into the tenant's row, in the
+    request's transaction (`conn`)."""
     if not enabled(gw):
         return None
     admin = gw.kafka_admin()
-    password = _ask_broker(lambda: principals.provision_tenant(admin, gw.topics, tenant_id))
+    password, kept = _ask_broker(
+        lambda: principals.provision_tenant_kept(admin, gw.topics, tenant_id)
+    )
+    conn.execute(
+        queries("kafka_scram")["keep"],
+        {
+            "t": tenant_id,
+            "mechanism": kept.mechanism,
+            "iterations": kept.iterations,
+            "salt": kept.salt,
+            "salted_password": kept.salted_password,
+        },
+    )
     return credentials(gw, tenant_id, password)
 
 
-def rotate(gw: Gateway, tenant_id: str) -> dict:
+def rotate(gw: Gateway, tenant_id: str, conn) -> dict:
     """A new password for the tenant's principal (made, with its ACLs, if it
     had none: a tenant created before principals existed gets one here)."""
     if not enabled(gw):
@@ -60,7 +77,7 @@ def rotate(gw: Gateway, tenant_id: str) -> dict:
             "CONFLICT",
             "the broker takes clients without authentication: there is no password to rotate",
         )
-    return provision(gw, tenant_id)
+    return provision(gw, tenant_id, conn)
 
 
 def credentials(gw: Gateway, tenant_id: str, password: str) -> dict:

@@ -64,8 +64,11 @@ SELECT n.* FROM workflow_run_nodes n
 
 -- name: compare_tenants
 -- What must match across the cells: all but `cell` and `state`, which differ
--- by design while the tenant is frozen in one and standby in the other.
-SELECT tenant_id, name, priority_classes, created_at FROM tenants WHERE tenant_id = %(t)s;
+-- by design while the tenant is frozen in one and standby in the other. The
+-- Kafka credential too: a rotation during the move copies again.
+SELECT tenant_id, name, priority_classes, created_at, kafka_scram_mechanism,
+       kafka_scram_iterations, kafka_scram_salt, kafka_scram_salted_password
+  FROM tenants WHERE tenant_id = %(t)s;
 
 -- name: delete_history
 -- The tenant's runs and workflow runs with their attempts and nodes (every

@@ -81,7 +81,7 @@ def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
     def create(tx):
         tenant = accounts.new_tenant(tx.conn, {**body, "cell": cell}, gw.cell)
         # Made before the transaction commits: no tenant without its principal.
-        tenant["kafka"] = kafka_credentials.provision(gw, tenant["tenant_id"])
+        tenant["kafka"] = kafka_credentials.provision(gw, tenant["tenant_id"], tx.conn)
         # Last: a directory that does not answer rolls the tenant back (503).
         homing.place(tenant["tenant_id"], cell)
         return tenant
@@ -123,7 +123,7 @@ def rotate_kafka_credentials(gw: Gw, who: AnyCaller, tenant_id: str):
 
     def rotate(tx):
         accounts.get_tenant(tx.conn, tid)  # 404 for an unknown tenant
-        return {"tenant_id": tid, "kafka": kafka_credentials.rotate(gw, tid)}
+        return {"tenant_id": tid, "kafka": kafka_credentials.rotate(gw, tid, tx.conn)}
 
     return gw.as_operator(who, rotate)
 
