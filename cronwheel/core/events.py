@@ -4,7 +4,6 @@ they announce, and the relay publishes them."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -45,13 +44,6 @@ def traceparent(run_id: str, attempt: int) -> str:
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
-@functools.cache
-def _run_ready_fields() -> frozenset[str]:
-    """The fields of the RunReady version written (v2's traceparent and cell
-    only once that version is published: docs/migrations.md, Avro records)."""
-    return frozenset(f["name"] for f in default_registry().latest("RunReady").schema["fields"])
-
-
 def run_ready(
     *,
     run_id: str,
@@ -72,9 +64,12 @@ def run_ready(
     cell: str | None = None,
     trace: str | None = None,
 ) -> bytes:
-    """`target` (the job's target object), or its `target_type` and `queue`
-    as the firing loop reads them. `trace`: a traceparent to carry, else the
-    run's own (`traceparent`); with `cell`, written from RunReady v2 on."""
+    """RunReady v2. `target` (the job's target object), or its `target_type`
+    and `queue` as the firing loop reads them. `trace`: a traceparent that came
+    with the run, else the run's own (`traceparent`: nothing is stored, the
+    same run and attempt give the same one, so a duplicate fire or a record
+    announced again writes the same bytes); `cell`: the cell firing it (its
+    writers pass their process's, cronwheel/store/new_runs.py)."""
     if target is not None:
         target_type, queue = target["type"], target.get("queue")
     datum = {
@@ -92,10 +87,9 @@ def run_ready(
         "payload": payload,
         "partition_id": partition_id,
         "covers": list(covers) if covers else None,
+        "traceparent": trace or traceparent(run_id, attempt),
+        "cell": cell,
     }
-    if "traceparent" in _run_ready_fields():
-        datum["traceparent"] = trace or traceparent(run_id, attempt)
-        datum["cell"] = cell
     # One per fired run: the compiled writer (the same bytes as fastavro's).
     return fast_writer("RunReady")(datum)
 

@@ -91,6 +91,10 @@ def check(directory: Path | str = SCHEMA_DIR) -> list[Finding]:
         parsed = parse_schema_filename(path.name)
         if parsed is None:
             findings.append(Finding(path.name, "name must be <Record>.v<N>.avsc, N from 1"))
+        elif (twin := versions[parsed[0]].get(parsed[1])) is not None:
+            # A staged file and its published one: the staged one should have
+            # been renamed, not copied (one of the two would go unchecked).
+            findings.append(Finding(path.name, f"same record and version as {twin.name}"))
         else:
             versions[parsed[0]][parsed[1]] = path
     if not versions and not findings:

@@ -116,6 +116,12 @@ class Run:
     # Set when the platform says this attempt is no longer ours (lease lost,
     # cancelled): a long handler may check it and stop early.
     lost: threading.Event = field(default_factory=threading.Event)
+    # From RunReady v2 (docs/events.md); None in a v1 record (a producer of
+    # v0.1.0 or before). The W3C traceparent to continue the run's trace
+    # from (its trace id is the run's, its parent span the attempt's), and
+    # the cell that fired the run.
+    traceparent: str | None = None
+    cell: str | None = None
 
 
 class Worker:
@@ -451,6 +457,8 @@ def _not_due_yet(status: int, body: Any, run: Run) -> bool:
 
 
 def _decode(value: bytes) -> Run | None:
+    """The run a RunReady of any version announces, read as the newest version
+    this SDK holds (a v1 record's traceparent and cell come out None)."""
     try:
         name, rec = default_registry().decode(value)
     except UndecodableRecord as e:
@@ -463,4 +471,5 @@ def _decode(value: bytes) -> Run | None:
         run_id=rec["run_id"], attempt=rec["attempt"], payload=json.loads(rec["payload"]),
         scheduled_at=rec["scheduled_at"], priority=rec["priority"], job_id=rec["job_id"],
         workflow_run_id=rec["workflow_run_id"], node=rec["node"], covers=rec["covers"],
+        traceparent=rec.get("traceparent"), cell=rec.get("cell"),
     )  # fmt: skip

@@ -11,11 +11,13 @@ runs, inserted with their nodes by workflows.sql, announced by ready_row).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
 import psycopg
 
+from cronwheel import config
 from cronwheel.core import events
 from cronwheel.core.clock import to_dt
 from cronwheel.core.events import OutboxRow
@@ -51,6 +53,15 @@ def run_spec_text(
     )
 
 
+@functools.cache
+def this_cell() -> str:
+    """The cell this process serves (CRONWHEEL_CELL, read once: every process
+    of a cell has its cell's name, cronwheel/stack/cells.py), written as the
+    `cell` of each RunReady it announces: the cell that fired the run, which
+    a moved tenant's later runs show."""
+    return config.cell()
+
+
 def ready_row(
     topic: str,
     partition_id: int,
@@ -72,12 +83,13 @@ def ready_row(
 ) -> OutboxRow:
     """The RunReady row that announces a run on its tenant's run topic, with its
     class (the relay reads no value back) and, for a run fired ahead of its
-    instant, when it may be published."""
+    instant, when it may be published. Every RunReady is written here, so every
+    one names this process's cell."""
     value = events.run_ready(
         run_id=run_id, tenant_id=tenant_id, partition_id=partition_id, attempt=attempt,
         scheduled_ms=scheduled_ms, created_ms=now, priority=priority, target_type=target_type,
         queue=queue, payload=payload, job_id=job_id, workflow_run_id=workflow_run_id, node=node,
-        covers=covers,
+        covers=covers, cell=this_cell(),
     )  # fmt: skip
     return OutboxRow(
         partition_id,

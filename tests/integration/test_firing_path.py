@@ -211,13 +211,15 @@ def test_run_ready__compiled_writer__same_bytes_as_fastavro():
         {"job_id": None, "workflow_run_id": "wfr_1", "node": "n-é", "queue": None},
         {"job_id": "j", "queue": "𝄞 queue", "covers": [0, 1, -1, 1_700_000_000_123, 2**62]},
         {"job_id": "j", "queue": "q", "covers": []},
+        {"job_id": "j", "queue": "q", "traceparent": f"00-{'ab' * 16}-{3:016x}-00", "cell": "eu"},
     ]
     for i, extra in enumerate(cases):
         datum = {
             "run_id": f"{i:03x}" + "a" * 29, "tenant_id": "ten_ü", "workflow_run_id": None,
             "node": None, "attempt": 64 + i, "scheduled_at": 1_700_000_000_000 + i,
             "created_at": -5 - i, "priority": "critical", "target_type": "queue",
-            "payload": '{"x": "\\u00e9"}', "partition_id": 1023, "covers": None, **extra,
+            "payload": '{"x": "\\u00e9"}', "partition_id": 1023, "covers": None,
+            "traceparent": None, "cell": None, **extra,
         }  # fmt: skip
         assert fast_writer("RunReady")(datum) == registry.encode("RunReady", datum)
         assert registry.decode(fast_writer("RunReady")(datum)) == ("RunReady", datum)

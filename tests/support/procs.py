@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,3 +163,16 @@ def launcher(database_url: str, kafka_bootstrap: str, topic_prefix: str, lease_t
             raise
         finally:
             launch.close()
+
+
+def wait_ready(base: str, timeout: float = 120.0) -> None:
+    """Until the gateway at `base` (started as a process) answers /readyz 200;
+    generous, as a loaded machine starts a gateway slowly."""
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, timeout=timeout, interval=0.2, what=f"gateway ready at {base}")

@@ -28,6 +28,8 @@ SAMPLES = {
         "payload": '{"report": "daily", "n": 3}',
         "partition_id": 1023,
         "covers": [1_767_139_200_000, 1_767_225_600_123],
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "cell": "eu",
     },
     "RunCompleted": {
         "run_id": "run_01J9Z",
