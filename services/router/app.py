@@ -20,11 +20,13 @@ Forwarding keeps the method, path, query, headers (but the hop-by-hop ones),
 status and body, each body streamed, and adds X-Forwarded-For and
 X-Forwarded-Proto (the gateway's uvicorn trusts them from loopback, so its
 per-address limits see the client, not the router). A cell whose gateway
-does not answer is a 502 for its tenants alone. A 421 from a cell (a move
-flipped the tenant since the cache read it) drops the cache's entry, so the
-next request reads the directory again. With the directory away, routing
-goes on from the cache (cronwheel/directory.py); a tenant it never saw gets
-503 with Retry-After.
+does not answer is a 502 for its tenants alone; a 502 / 503 / 504 a cell's
+gateway answers itself (its database down: 503 with Retry-After) comes back
+with `cell` added to its problem document, so a tenant sees which cell is
+down. A 421 from a cell (a move flipped the tenant since the cache read it)
+drops the cache's entry, so the next request reads the directory again.
+With the directory away, routing goes on from the cache
+(cronwheel/directory.py); a tenant it never saw gets 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from services.router.moves import Moves
 MEDIA_TYPE = "application/problem+json"
 MAX_CREATE_BODY = 1 << 20  # POST /v1/tenants is read whole to find its `cell`
 MAX_PAGE = 200  # GET /v1/tenants: as the gateway's limit
+# A cell's answers that say the cell is in trouble: the router names the cell in them.
+CELL_TROUBLE = frozenset({502, 503, 504})
 # RFC 9110 7.6.1: a proxy's own connection's, never passed on.
 HOP_BY_HOP = frozenset(
     {
@@ -206,6 +210,8 @@ class Router:
             return problem(504, "CELL_TIMEOUT", f"cell {cell!r} did not answer in time", cell=cell)
         except httpx.TransportError as e:
             return problem(502, "CELL_UNREACHABLE", f"cell {cell!r} is unreachable: {e}", cell=cell)
+        if answer.status_code in CELL_TROUBLE:
+            return await _naming_the_cell(answer, cell)
         out = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in HOP_BY_HOP]
         response = StreamingResponse(
             answer.aiter_raw(),
@@ -226,7 +232,10 @@ class Router:
         pages = []
         for cell, info in cells.items():
             answer = await self._forward(request, info.api_url, cell, b"")
-            text = b"".join([chunk async for chunk in answer.body_iterator])  # type: ignore[attr-defined]
+            if isinstance(answer, StreamingResponse):
+                text = b"".join([chunk async for chunk in answer.body_iterator])
+            else:  # answered whole (a cell in trouble, named)
+                text = bytes(answer.body)
             if answer.status_code != 200:
                 return Response(text, answer.status_code, media_type=MEDIA_TYPE)
             pages.append(json.loads(text))
@@ -253,6 +262,34 @@ class Router:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+async def _naming_the_cell(answer: httpx.Response, cell: str) -> Response:
+    """A cell's own 502 / 503 / 504 (its database down, a tenant being moved)
+    with the cell named: `cell` added to its problem document, and a 503
+    keeps or gets Retry-After. Other bodies pass unchanged."""
+    try:
+        body = await answer.aread()  # decoded: content-encoding is dropped below
+    finally:
+        await answer.aclose()
+    headers = {
+        k: v
+        for k, v in answer.headers.items()
+        if k.lower() not in HOP_BY_HOP and k.lower() not in ("content-length", "content-encoding")
+    }
+    if answer.status_code == 503:
+        headers.setdefault("retry-after", "1")
+    kind = answer.headers.get("content-type", "")
+    doc = None
+    if kind.startswith(MEDIA_TYPE) or kind.startswith("application/json"):
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+    if isinstance(doc, dict):
+        doc.setdefault("cell", cell)
+        body = json.dumps(doc).encode()
+    return Response(body, answer.status_code, headers=headers)
 
 
 def _bearer(request: Request) -> str | None:

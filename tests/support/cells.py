@@ -156,6 +156,19 @@ class Cells:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def new_tenant(cell: str, name: str = "tenant") -> dict:
+    """A tenant homed in `cell`, made through the router as the operator: the
+    answer of POST /v1/tenants (its key, its Kafka credentials)."""
+    body = {"name": f"{name}-{uuid.uuid4().hex[:6]}", "cell": cell}
+    answer = httpx.post(f"{ROUTER}/v1/tenants", json=body, headers=bearer(OPERATOR_KEY), timeout=60)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
 def _ready(base: str) -> bool:
     try:
         return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
