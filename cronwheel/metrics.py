@@ -1,10 +1,30 @@
 """Prometheus metrics, one registry per process. Services expose them on
 CRONWHEEL_METRICS_PORT (each service adds its own offset when run by `cronwheel
-dev`); the gateway also serves them at /metrics."""
+dev`); the gateway also serves them at /metrics.
+
+Every sample a service exposes carries `cell="<name>"` (CRONWHEEL_CELL, the
+single-cell stack's `local` when unset): `exposed()` is the registry as
+/metrics renders it, each family's samples copied with the label added, so no
+metric's definition names the cell and the label is on every sample, the
+libraries' (process_*, python_gc_*) included (docs/observability.md, "Cells").
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import copy
+from collections.abc import Iterable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.metrics_core import Metric
 
 from cronwheel import config
 from cronwheel.core.runs import PRIORITIES
@@ -84,15 +104,59 @@ SERVICE_PORT_OFFSET = {
 }  # fmt: skip
 
 
-def serve(service: str, settings: config.Metrics) -> None:
+CELL_LABEL = "cell"
+
+
+class CellLabelled:
+    """`registry` as the exposition sees it, with `cell="<cell>"` on every
+    sample. A view, not a registry of its own: nothing registers here, and the
+    families are copied per scrape, so the process's own metrics (what tests
+    read with REGISTRY.get_sample_value) stay as defined. A sample that names
+    a cell already keeps it."""
+
+    def __init__(self, cell: str, registry=REGISTRY):
+        self.cell = cell
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            labelled = copy.copy(family)
+            labelled.samples = [
+                s._replace(labels={**s.labels, CELL_LABEL: s.labels.get(CELL_LABEL, self.cell)})
+                for s in family.samples
+            ]
+            yield labelled
+
+    def restricted_registry(self, names: Iterable[str]) -> CellLabelled:
+        """What the exposition asks for `/metrics?name[]=...`."""
+        return CellLabelled(self.cell, self.registry.restricted_registry(names))
+
+
+def exposed(cell: str | None = None) -> CellLabelled:
+    """The process's registry as /metrics renders it: every sample with its
+    cell (`cell`, or this process's: CRONWHEEL_CELL)."""
+    return CellLabelled(cell or config.cell())
+
+
+def render(cell: str | None = None) -> tuple[bytes, str]:
+    """The /metrics body (Prometheus text format) and its content type."""
+    return generate_latest(exposed(cell)), CONTENT_TYPE_LATEST
+
+
+def serve(service: str, settings: config.Metrics) -> WSGIServer | None:
     """Expose /metrics (any path answers, so /healthz serves as liveness) on
     CRONWHEEL_METRICS_ADDR (host:port, one service per container), or on
-    127.0.0.1 at CRONWHEEL_METRICS_PORT + the service's offset (`cronwheel dev`).
-    The gateway serves /metrics on its own HTTP port."""
+    127.0.0.1 at CRONWHEEL_METRICS_PORT + the service's offset (`cronwheel dev`),
+    every sample labelled with the process's cell. The gateway serves /metrics
+    on its own HTTP port. Returns the HTTP server (None when there is none)."""
     if service == "gateway":
-        return
+        return None
     if settings.addr:
         host, _, port = settings.addr.rpartition(":")
-        start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0")
+        bind, at = host.strip("[]") or "0.0.0.0", int(port)
     elif settings.port is not None:
-        start_http_server(settings.port + SERVICE_PORT_OFFSET[service], addr="127.0.0.1")
+        bind, at = "127.0.0.1", settings.port + SERVICE_PORT_OFFSET[service]
+    else:
+        return None
+    server, _thread = start_http_server(at, addr=bind, registry=exposed())
+    return server

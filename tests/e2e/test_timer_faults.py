@@ -208,8 +208,8 @@ def _fenced_total(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     for line in text.splitlines():
-        if line.startswith("cronwheel_fenced_timers_total "):
-            return float(line.split()[1])
+        if line.startswith("cronwheel_fenced_timers_total{"):  # {cell="..."}
+            return float(line.rsplit(" ", 1)[1])
     raise AssertionError("cronwheel_fenced_timers_total is not exported")
 
 

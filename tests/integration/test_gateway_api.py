@@ -241,7 +241,8 @@ def test_healthz_readyz_metrics_openapi__unauthenticated(client):
     metrics = client.get("/metrics")
     assert metrics.status_code == 200 and "text/plain" in metrics.headers["content-type"]
     assert (
-        'cronwheel_http_requests_total{method="GET",route="/v1/jobs",status="401"}' in metrics.text
+        'cronwheel_http_requests_total{cell="local",method="GET",route="/v1/jobs",status="401"}'
+        in metrics.text
     )
     assert "cronwheel_firing_lateness_seconds_bucket" in metrics.text
     spec = client.get("/openapi.json").json()

@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.responses import JSONResponse, Response
 
-from cronwheel import metrics as _families  # noqa: F401  (the system's series exist here too)
+from cronwheel import metrics as families  # the system's series exist here too
 from services.gateway.routes import Gw
 
 router = APIRouter(tags=["operations"])
@@ -42,5 +41,6 @@ def readyz(gw: Gw):
 
 
 @router.get("/metrics", summary="Prometheus metrics of this process")
-def metrics():
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+def metrics(gw: Gw):
+    body, kind = families.render(gw.cell)  # every sample with cell="<this gateway's cell>"
+    return Response(body, media_type=kind)
