@@ -120,9 +120,17 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "executor": (_topics("{P}.managed.", R, D), _DEAD_LETTERS, _group("{P}.executor")),
     # Grows a tenant's queue topics (PUT .../queues/{q}/partitions) and creates
     # tenants' principals and ACLs (ALTER and DESCRIBE on the cluster).
+    # For the operator's GET /v1/system (services/gateway/system.py): the
+    # offsets of the deployment's topics and groups (DESCRIBE: metadata and
+    # offsets, never a record) for consumer lag, and the dead letters read
+    # back to show the last few (READ on that one topic; its reader joins no
+    # group and commits nothing).
     "gateway": (
         _topics("{P}.q.", D, C, A),
         Grant(CLUSTER, "kafka-cluster", LITERAL, (A, D)),
+        _topics("{P}.", D),
+        _topics("{P}.dead-letter", R, pattern=LITERAL),
+        Grant(GROUP, "{P}.", PREFIXED, (D,)),
     ),
     # Reads every topic of the deployment and writes nothing: for an
     # operator's inspection (and the test suite's), never for a service.

@@ -1229,6 +1229,7 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.jobs TO cronwheel_operator;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.lease_members TO cronwheel_platform;
+GRANT SELECT ON TABLE public.lease_members TO cronwheel_operator;
 
 --
 -- Name: TABLE outbox; Type: ACL; Schema: public
@@ -1237,6 +1238,24 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.lease_members TO cronwheel_pla
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox TO cronwheel_platform;
 GRANT INSERT ON TABLE public.outbox TO cronwheel_gateway;
 GRANT INSERT ON TABLE public.outbox TO cronwheel_operator;
+
+--
+-- Name: COLUMN outbox.id; Type: ACL; Schema: public
+--
+
+GRANT SELECT(id) ON TABLE public.outbox TO cronwheel_operator;
+
+--
+-- Name: COLUMN outbox.created_at; Type: ACL; Schema: public
+--
+
+GRANT SELECT(created_at) ON TABLE public.outbox TO cronwheel_operator;
+
+--
+-- Name: COLUMN outbox.not_before; Type: ACL; Schema: public
+--
+
+GRANT SELECT(not_before) ON TABLE public.outbox TO cronwheel_operator;
 
 --
 -- Name: SEQUENCE outbox_id_seq; Type: ACL; Schema: public
@@ -1249,6 +1268,7 @@ GRANT SELECT,USAGE ON SEQUENCE public.outbox_id_seq TO cronwheel_platform;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.partition_leases TO cronwheel_platform;
+GRANT SELECT ON TABLE public.partition_leases TO cronwheel_operator;
 
 --
 -- Name: TABLE processed; Type: ACL; Schema: public

@@ -22,7 +22,16 @@ from cronwheel.kafka import Topics
 from services.gateway import console, fastpath, problems
 from services.gateway.http_metrics import HttpMetrics
 from services.gateway.ratelimit import RateLimiter, SharedRateLimiter
-from services.gateway.routes import health, jobs, quotas, runs, schedules, tenants, workflows
+from services.gateway.routes import (
+    health,
+    jobs,
+    quotas,
+    runs,
+    schedules,
+    system,
+    tenants,
+    workflows,
+)
 from services.gateway.transactions import Gateway
 
 DESCRIPTION = """\
@@ -80,7 +89,7 @@ def create_app(
     )
     app.state.gateway = gateway
     problems.install(app)
-    for module in (tenants, quotas, jobs, runs, workflows, schedules, health):
+    for module in (tenants, quotas, jobs, runs, workflows, schedules, health, system):
         app.include_router(module.router)
     app.include_router(console.router)  # /ui/: static files over the same /v1 API
     if jobs_fastpath is None:

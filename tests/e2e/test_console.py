@@ -24,6 +24,7 @@ import pytest
 
 from cronwheel.kafka import Topics
 from services.gateway.app import create_app
+from tests.support import platform_state
 from tests.support.gateway import served
 from tests.support.procs import ROOT, launcher
 from tests.support.wait import wait_for
@@ -360,8 +361,48 @@ def test_console__operator_sees_tenants_and_the_system(stack, page):
     ready = page.locator("#readiness")
     ready.wait_for()
     assert ready.get_attribute("data-status") == "ready", ready.inner_text()
-    assert "Dead letters" in page.inner_text("#metrics")
+    page.locator("#consumers").wait_for()
+    assert "Dead letters" in page.inner_text("main")
+
+
+def test_console__system_page_shows_the_platforms_figures_live(
+    stack, page, database_url, kafka_bootstrap, topic_prefix
+):
+    """GET /v1/system drawn: services and their leases, consumer lag, dead
+    letters with their reasons, lateness p50/p99 of known runs, backlogs; a
+    dead letter set aside while the page is open appears without a reload."""
+    topics = Topics(topic_prefix)
+    tenants = {t["name"]: t for t in stack["operator"].get("/v1/tenants").json()["items"]}
+    expected = platform_state.known_runs(database_url, tenants["acme"]["tenant_id"])
+    platform_state.backlog(database_url, ready=3, held=0, overdue=2)
+    platform_state.leases(database_url, live="timer", lapsed="relay")
+    runs = topics.runs(tenants["acme"]["tenant_id"])
+    platform_state.dead_letter(kafka_bootstrap, topics, "not single-object encoded", runs)
+
+    sign_in(page, OPERATOR_KEY)
+    page.get_by_role("link", name="System").click()
+    page.locator("#dead-letter-count[data-count='1']").wait_for()
+    assert "not single-object encoded" in page.inner_text("#dead-letters")
+    late = page.locator("#lateness")
+    assert late.get_attribute("data-runs") == str(expected["fired"]["runs"])
+    assert late.get_attribute("data-fired-p99-ms") == str(expected["fired"]["p99_ms"])
+    assert "p99 98 ms" in late.inner_text()
+    assert page.locator("#services tr[data-kind='timer']").get_attribute("data-ready") == "true"
+    relay = page.locator("#services tr[data-kind='relay']")
+    assert relay.get_attribute("data-ready") == "false"
+    assert "no instance holds a lease" in relay.inner_text()
+    assert (
+        page.locator("#consumers tr[data-consumer='dispatcher']").get_attribute("data-lag") == "0"
+    )
+    assert page.inner_text("#outbox").startswith("3 to publish")
+    assert page.inner_text("#timers-overdue").startswith("2 more than")
+    assert "1 still pending after being announced again" in page.inner_text("#reannounced")
     shot(page, "system")
+
+    url = page.url
+    platform_state.dead_letter(kafka_bootstrap, topics, "expected RunReady, got RunCompleted", runs)
+    page.locator("#dead-letter-count[data-count='2']").wait_for()  # redrawn by itself
+    assert page.url == url and "got RunCompleted" in page.inner_text("#dead-letters")
 
 
 def test_console__served_by_the_gateway_as_static_files_only(stack):
