@@ -14,9 +14,11 @@ What a scenario gets
   * `Platform`: gateway, timer, relay and dispatcher as processes
     (tests.support.procs), one tenant, and an SDK worker process
     (tests/faults/worker.py) whose handler appends a line to an effect log for
-    every execution, duplicates included.
+    every execution, duplicates included; with the webhook service in the
+    layout, a receiver (tests/faults/receiver.py) logging each delivery there too.
   * `Load`: every_ms jobs (their instants are anchor + k * every_ms, so the
-    expected history is computed, not recorded) and manual triggers, each
+    expected history is computed, not recorded), a webhook job and a diamond
+    workflow when the layout runs those services, and manual triggers, each
     posted with an Idempotency-Key and retried with it until answered, so a
     trigger the user saw answered has exactly one run.
   * `check`: every expected instant up to the end of the load has exactly one
@@ -24,8 +26,10 @@ What a scenario gets
     run ended SUCCEEDED (the handler never fails); each (run, attempt) began at
     most once; each successful run's effect happened exactly once; no handler
     began before its run's instant and no StartRun was refused as not due yet
-    (clock skew); the outbox is empty. `Report` holds the figures `make chaos`
-    prints.
+    (clock skew); the outbox is empty. With a workflow in the load (the
+    replays), every instant of it has one workflow run, SUCCEEDED, whose
+    nodes each ran once and whose counters (pending_deps, nodes_left) are 0.
+    `Report` holds the figures `make chaos` prints.
   * A scenario's layout: which service instances run, with what environment
     (a second timer; a service under libfaketime, tests/faults/clockskew.py).
     tests/faults/netcut.py cuts one process off from one port.
@@ -62,9 +66,11 @@ import httpx
 import psycopg
 
 from cronwheel.core.clock import to_ms
-from cronwheel.core.ids import run_id_for_instant
+from cronwheel.core.ids import run_id_for_instant, run_id_for_node
+from cronwheel.core.workflows import workflow_run_id_for_instant
 from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
 from cronwheel.stack.process import as_user, is_root, pid_alive, read_pid, stop_pid
+from tests.faults.receiver import Receiver
 from tests.support import db as dbsupport
 from tests.support.kafka import worker_env
 from tests.support.procs import PYTHON, ROOT, Launcher, ServiceProc
@@ -82,6 +88,7 @@ OPERATOR_KEY = "cwop_faults_" + uuid.uuid4().hex
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED")
 CATCHUP = {"window_ms": 120_000, "policy": "all", "max_runs": 1000}
 LEASE_MS = 5000  # a run's lease: the SDK heartbeats it, the platform expires it
+RETRY = {"max_attempts": 20, "initial_backoff_ms": 100, "max_backoff_ms": 1000}
 SERVICES = ("gateway", "timer", "relay", "dispatcher")  # a scenario's default layout
 
 
@@ -116,17 +123,29 @@ class PrivateStack:
         self.kafka_bootstrap = status["kafka_bootstrap"]
 
     # -- Kafka ----------------------------------------------------------------
-    def kafka_admin(self):
-        """An admin client of the private broker, as its admin principal (the
-        password from the private stack's credentials file, when it has one)."""
+    def _kafka_admin_principal(self):
+        """The private broker's admin principal (the password from the private
+        stack's credentials file, when it has one)."""
         from cronwheel import kafka, principals
 
         creds = self.home / "kafka" / "principals.json"
         if not creds.exists():  # a broker without authentication
-            return kafka.admin(self.kafka_bootstrap, principal="admin")
+            return "admin"
         password = json.loads(creds.read_text())["passwords"]["admin"]
-        who = kafka.Credentials(principals.ADMIN, password)
-        return kafka.admin(self.kafka_bootstrap, principal=who)
+        return kafka.Credentials(principals.ADMIN, password)
+
+    def kafka_admin(self):
+        """An admin client of the private broker, as its admin principal."""
+        from cronwheel import kafka
+
+        return kafka.admin(self.kafka_bootstrap, principal=self._kafka_admin_principal())
+
+    def kafka_consumer(self, group: str):
+        """A consumer of the private broker as its admin principal (it reads
+        any topic), committing nothing unless told."""
+        from cronwheel import kafka
+
+        return kafka.consumer(group, self.kafka_bootstrap, principal=self._kafka_admin_principal())
 
     def kafka_pid(self) -> int | None:
         pid = read_pid(self.home / "kafka" / "kafka.pid")
@@ -211,12 +230,16 @@ class Platform:
             "CRONWHEEL_OPERATOR_KEY": OPERATOR_KEY,
             # The private stack's home: its Kafka principals' passwords are there.
             "CRONWHEEL_HOME": str(stack.home),
+            # The webhook receiver (tests/faults/receiver.py) is on loopback.
+            "CRONWHEEL_WEBHOOK_ALLOW_CIDRS": "127.0.0.1/32",
         }
         self.kafka: dict | None = None  # the tenant's Kafka credentials
         self.launch = Launcher(
             self.database_url, stack.kafka_bootstrap, self.topic_prefix, log_dir=log_dir
         )
         self.effect_log = log_dir / "effects.jsonl"
+        # The load's webhook job's endpoint, when the layout runs the webhook service.
+        self.receiver: Receiver | None = None
         self.worker: subprocess.Popen | None = None
         self.worker_topic = ""
         self.services: dict[str, ServiceProc] = {}
@@ -231,6 +254,8 @@ class Platform:
              "--prefix", self.topic_prefix],
             env=self.stack.env, cwd=ROOT, check=True, capture_output=True, timeout=120,
         )  # fmt: skip
+        if any(service == "webhook" for service, _ in self.layout.values()):
+            self.receiver = Receiver(self.effect_log)
         for name in self.layout:
             self.start_service(name)
         wait_for(self._ready, 60, 0.2, "the gateway to be ready")
@@ -273,11 +298,16 @@ class Platform:
 
     def start_worker(self, topic: str) -> None:
         self.worker_topic = topic
+        self.worker = self.spawn_worker(topic, "worker")
+
+    def spawn_worker(self, topic: str, name: str) -> subprocess.Popen:
+        """One more SDK worker process on `topic` (the same consumer group),
+        writing the effect log; its output goes to NAME.log."""
         env = {**os.environ, "CRONWHEEL_URL": self.base, "CRONWHEEL_API_KEY": self.api_key,
                "KAFKA_BOOTSTRAP": self.stack.kafka_bootstrap, "EFFECT_LOG": str(self.effect_log),
                **worker_env(self.kafka)}  # fmt: skip
-        with (self.launch.log_dir / "worker.log").open("ab") as log:
-            self.worker = subprocess.Popen(
+        with (self.launch.log_dir / f"{name}.log").open("ab") as log:
+            return subprocess.Popen(
                 [PYTHON, "-m", "tests.faults.worker", topic], env=env, cwd=ROOT,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -290,6 +320,8 @@ class Platform:
         if self.api:
             self.api.close()
         self.launch.close()
+        if self.receiver:
+            self.receiver.close()
         with contextlib.suppress(Exception):
             dbsupport.drop(self.stack.admin_url, self.db_name)
 
@@ -310,15 +342,42 @@ class Load:
             job = self._create(i, rng.randint(400, 900))
             self.jobs[job["job_id"]] = job["schedule"]["every_ms"]
             self.topic = job["topic"]
+        if platform.receiver:  # one more job, the webhook service's
+            target = {"type": "webhook", "url": platform.receiver.url}
+            job = self._create(jobs, rng.randint(400, 900), target)
+            self.jobs[job["job_id"]] = job["schedule"]["every_ms"]
+        self.workflows: dict[str, int] = {}  # workflow_id: every_ms
+        if any(service == "workflow" for service, _ in platform.layout.values()):
+            flow = self._create_workflow(rng.randint(800, 1500))
+            self.workflows[flow["workflow_id"]] = flow["schedule"]["every_ms"]
 
-    def _create(self, i: int, every_ms: int) -> dict:
+    def _create_workflow(self, every_ms: int) -> dict:
+        """A diamond, a -> (b, c) -> d, on the load's queue: d waits for two
+        completions, so a completion applied twice shows in its counter."""
+        node = {"target": {"type": "queue", "queue": "faults"}, "payload": {"sleep_s": 0.1},
+                "lease_ms": LEASE_MS, "retry": RETRY}  # fmt: skip
+        body = {
+            "name": "fault-diamond",
+            "schedule": {"every_ms": every_ms, "catchup": CATCHUP},
+            "nodes": [
+                {"name": "a", **node},
+                {"name": "b", **node, "depends_on": ["a"]},
+                {"name": "c", **node, "depends_on": ["a"]},
+                {"name": "d", **node, "depends_on": ["b", "c"]},
+            ],
+        }
+        r = self.platform.api.post("/v1/workflows", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def _create(self, i: int, every_ms: int, target: dict | None = None) -> dict:
         body = {
             "name": f"fault-{i}",
             "schedule": {"every_ms": every_ms, "catchup": CATCHUP},
-            "target": {"type": "queue", "queue": "faults"},
+            "target": target or {"type": "queue", "queue": "faults"},
             "payload": {"sleep_s": 0.1},
             "lease_ms": LEASE_MS,
-            "retry": {"max_attempts": 20, "initial_backoff_ms": 100, "max_backoff_ms": 1000},
+            "retry": RETRY,
         }
         r = self.platform.api.post("/v1/jobs", json=body)
         assert r.status_code == 201, r.text
@@ -371,16 +430,20 @@ class Load:
         for job_id in self.jobs:
             r = self.platform.api.post(f"/v1/jobs/{job_id}/pause")
             assert r.status_code == 200, r.text
+        for workflow_id in self.workflows:
+            r = self.platform.api.post(f"/v1/workflows/{workflow_id}/pause")
+            assert r.status_code == 200, r.text
         return end_ms
 
 
 def behind(conn: psycopg.Connection, at_ms: int) -> int:
-    """How many jobs have an instant at or before `at_ms` not yet fired."""
+    """How many jobs and workflows have an instant at or before `at_ms` not yet fired."""
     return conn.execute(
-        """SELECT count(*) FROM jobs
+        """SELECT count(*) FROM (SELECT last_instant, schedule FROM jobs
+                                 UNION ALL SELECT last_instant, schedule FROM workflows) s
             WHERE last_instant + make_interval(secs => (schedule->>'every_ms')::float / 1000)
-                  <= to_timestamp(%s / 1000.0)""",
-        [at_ms],
+                  <= to_timestamp(%(at)s / 1000.0)""",
+        {"at": at_ms},
     ).fetchone()[0]
 
 
@@ -391,17 +454,23 @@ def recovered(conn: psycopg.Connection, since_ms: int) -> bool:
 
 
 def settled(conn: psycopg.Connection, since_ms: int) -> bool:
-    """Every run due by `since_ms` ended and nothing older waits in the outbox."""
+    """Every run (and workflow run) due by `since_ms` ended and nothing older
+    waits in the outbox."""
     at = [since_ms]
     pending = conn.execute(
         "SELECT count(*) FROM runs WHERE scheduled_at <= to_timestamp(%s / 1000.0)"
         " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')",
         at,
     ).fetchone()[0]
+    flows = conn.execute(
+        "SELECT count(*) FROM workflow_runs WHERE scheduled_at <= to_timestamp(%s / 1000.0)"
+        " AND state = 'RUNNING'",
+        at,
+    ).fetchone()[0]
     queued = conn.execute(
         "SELECT count(*) FROM outbox WHERE created_at <= to_timestamp(%s / 1000.0)", at
     ).fetchone()[0]
-    return pending == 0 and queued == 0
+    return pending == 0 and flows == 0 and queued == 0
 
 
 def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
@@ -480,6 +549,7 @@ def check(
             r
             for (r,) in conn.execute("SELECT run_id FROM run_attempts WHERE outcome = 'SUCCEEDED'")
         )
+        node_ids = _check_workflows(conn, end_ms, report)
     by_id = {r[0]: r for r in runs}
     # Scheduled instants: anchor + k * every for every k whose instant the load
     # spanned (the load ended only once every job had fired up to end_ms).
@@ -492,16 +562,16 @@ def check(
     instant_ids = {
         run_id
         for run_id, job_id, at, _, _ in runs
-        if run_id == run_id_for_instant(job_id, to_ms(at))
+        if job_id is not None and run_id == run_id_for_instant(job_id, to_ms(at))
     }
     per_instant = Counter(
         (job_id, at) for run_id, job_id, at, _, _ in runs if run_id in instant_ids
     )
-    report.expected = len(expected) + len(load.triggered)
+    report.expected += len(expected) + len(load.triggered)
     lost = (expected - set(by_id)) | (load.triggered - set(by_id))
-    report.lost = len(lost)
-    unexplained = set(by_id) - instant_ids - load.triggered
-    report.duplicate_runs = sum(n - 1 for n in per_instant.values()) + len(unexplained)
+    report.lost += len(lost)
+    unexplained = set(by_id) - instant_ids - load.triggered - node_ids
+    report.duplicate_runs += sum(n - 1 for n in per_instant.values()) + len(unexplained)
     report.not_succeeded = sum(1 for r in runs if r[3] != "SUCCEEDED")
     starts, effects, begun_at, not_due = _read_effects(platform.effect_log)
     # Early: a handler began before its run's instant, by the host's clock
@@ -552,6 +622,68 @@ def check(
     if report.refused_not_due:
         report.problems.append(f"{report.refused_not_due} StartRun calls refused as not due yet")
     return report
+
+
+def _check_workflows(conn: psycopg.Connection, end_ms: int, report: Report) -> set[str]:
+    """The workflows' part of the checker: every instant of each workflow up
+    to `end_ms` has exactly one workflow run (id hash(workflow, instant)),
+    SUCCEEDED with no node left; each of its nodes SUCCEEDED with no
+    dependency pending (the DAG counters: a completion applied twice would
+    have released a child early or driven a counter below zero) and exactly
+    one run, id hash(workflow, workflow run, node). Counts go into `report`;
+    returns the node runs' ids (the ones the history explains)."""
+    flows = conn.execute(
+        "SELECT workflow_id, (schedule->>'every_ms')::bigint, anchor_at, node_count FROM workflows"
+    ).fetchall()
+    if not flows:
+        return set()
+    wruns = {}
+    extra = set()  # workflow runs that are no instant's (the load triggers none)
+    for wfr, wf, at, state, left in conn.execute(
+        "SELECT workflow_run_id, workflow_id, scheduled_at, state, nodes_left FROM workflow_runs"
+    ):
+        wruns[wfr] = (wf, state, left)
+        if wfr != workflow_run_id_for_instant(wf, to_ms(at)):
+            extra.add(wfr)
+    nodes = conn.execute(
+        "SELECT workflow_run_id, node, state, pending_deps, run_id FROM workflow_run_nodes"
+    ).fetchall()
+    node_runs = conn.execute(
+        "SELECT run_id, workflow_run_id, node FROM runs WHERE workflow_run_id IS NOT NULL"
+    ).fetchall()
+    expected: set[str] = set()
+    for wf, every, anchor_at, node_count in flows:
+        anchor = to_ms(anchor_at)
+        mine = {
+            workflow_run_id_for_instant(wf, t) for t in range(anchor + every, end_ms + 1, every)
+        }
+        expected |= mine
+        report.expected += len(mine) * node_count
+    lost = expected - set(wruns)
+    unfinished = [w for w, (_, state, left) in wruns.items() if state != "SUCCEEDED" or left]
+    bad_nodes = [
+        (wfr, node, state, deps)
+        for wfr, node, state, deps, run_id in nodes
+        if state != "SUCCEEDED" or deps or run_id != run_id_for_node(wruns[wfr][0], wfr, node)
+    ]
+    node_ids = {
+        run_id
+        for run_id, wfr, node in node_runs
+        if wfr in wruns and run_id == run_id_for_node(wruns[wfr][0], wfr, node)
+    }
+    per_node = Counter((wfr, node) for _, wfr, node in node_runs)
+    report.lost += len(lost)
+    report.duplicate_runs += len(extra) + sum(n - 1 for n in per_node.values())
+    if lost or extra:
+        report.problems.append(f"workflow runs: {len(lost)} missing, {len(extra)} unexpected")
+    if unfinished:
+        report.problems.append(f"{len(unfinished)} workflow runs not SUCCEEDED with 0 nodes left")
+    if bad_nodes:
+        report.problems.append(
+            f"{len(bad_nodes)} workflow nodes not SUCCEEDED with 0 pending and their run:"
+            f" {bad_nodes[:3]}"
+        )
+    return node_ids
 
 
 def _read_effects(path: Path) -> tuple[Counter, Counter, list[tuple[str, int]], int]:

@@ -7,8 +7,9 @@ applies on a schedule to its private stack, with the proof that it landed.
                   and worker calls are in flight, then started again (crash
                   recovery); the runs a synchronous_commit=off commit lost are
                   counted, and the checker proves each fired again, same id
-  replay          the dispatcher's and the SDK worker's groups reset to offset
-                  0 while they are stopped: they read everything again
+  replay          the groups of the dispatcher, the workflow and webhook
+                  services and the SDK worker reset to offset 0 while they are
+                  stopped: they read everything again
   pg_partition    one of two timers cut off from PostgreSQL (its packets
                   dropped, tests/faults/netcut.py) for longer than its
                   partition leases: the other timer takes its partitions, and
@@ -21,10 +22,22 @@ applies on a schedule to its private stack, with the proof that it landed.
                   partition lease taken from a live owner, no early start
   clock_skew_gateway  the gateway 2 s behind: no due run refused as not due,
                   no live run lease expired (the gateway reads the database's clock)
+  outbox_order    a trigger's transaction takes an outbox id and stays open while
+                  later rows are published past it, then commits last: its run is
+                  published once (tests/faults/outbox_order.py)
+  kafka_disk_full the broker's log directory on a small tmpfs, filled up, then its
+                  space back (tests/faults/diskfull.py)
+  pg_disk_full    PostgreSQL's data directory the same way
+  rebalance_storm SDK workers and dispatcher instances joining and leaving every
+                  second (tests/faults/storm.py)
+  replay_retention  replay, after the `processed` rows of the dispatcher and
+                  the workflow service have passed their retention: the
+                  dispatcher forwards its whole history again
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -35,7 +48,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-from tests.faults import clockskew, netcut
+from tests.faults import clockskew, diskfull, netcut, outbox_order, storm
 from tests.faults.harness import (
     PORTS,
     SERVICES,
@@ -76,6 +89,11 @@ SHORT = {
     "kafka_partition": Plan(cycles=1, calm_s=1, down_s=8),
     "clock_skew": Plan(cycles=1, calm_s=1, down_s=8),
     "clock_skew_gateway": Plan(cycles=1, calm_s=1, down_s=8),
+    "outbox_order": Plan(cycles=1, calm_s=1, down_s=3),
+    "kafka_disk_full": Plan(cycles=1, calm_s=1, down_s=4),
+    "pg_disk_full": Plan(cycles=1, calm_s=1, down_s=4),
+    "rebalance_storm": Plan(cycles=1, calm_s=1, down_s=10),
+    "replay_retention": Plan(cycles=1, calm_s=2, down_s=0),
 }
 LONG = {
     "kafka_kill": Plan(cycles=5, calm_s=10, down_s=8),
@@ -86,6 +104,11 @@ LONG = {
     "kafka_partition": Plan(cycles=3, calm_s=10, down_s=30),
     "clock_skew": Plan(cycles=3, calm_s=10, down_s=30),
     "clock_skew_gateway": Plan(cycles=3, calm_s=10, down_s=30),
+    "outbox_order": Plan(cycles=5, calm_s=10, down_s=8),
+    "kafka_disk_full": Plan(cycles=3, calm_s=10, down_s=15),
+    "pg_disk_full": Plan(cycles=3, calm_s=10, down_s=15),
+    "rebalance_storm": Plan(cycles=1, calm_s=10, down_s=60),
+    "replay_retention": Plan(cycles=3, calm_s=10, down_s=0),
 }
 SKEW_S = 2.0
 
@@ -157,32 +180,27 @@ def _pg_immediate(stack: PrivateStack, platform: Platform, plan: Plan, report: R
 # first destroys its handle and fails them ("Broker handle destroyed").
 
 
-def _consumer_groups(admin, platform: Platform) -> list[str]:
-    """The platform's consumer groups (named after its topic prefix) and the worker's."""
-    listed = admin.list_consumer_groups(request_timeout=10).result()
-    mine = (f"{platform.topic_prefix}.", f"cronwheel-worker.{platform.worker_topic}")
-    return sorted(g.group_id for g in listed.valid if g.group_id.startswith(mine))
-
-
 def _committed(admin, group: str) -> dict[tuple[str, int], int]:
     got = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
     return {(tp.topic, tp.partition): tp.offset for tp in got.topic_partitions if tp.offset >= 0}
 
 
 def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
-    """Every consumer of the load (dispatcher, SDK worker) stopped, its group
-    reset to offset 0 of every partition it had read, and started again: it
-    reads its whole history a second time."""
-    platform.stop_worker()
-    assert platform.services["dispatcher"].stop() == 0
+    """Every consumer of the load (dispatcher, workflow and webhook services
+    when the layout runs them, SDK worker) stopped, its group reset to offset
+    0 of every partition it had read, and started again: it reads its whole
+    history a second time."""
+    consumers = [n for n in ("dispatcher", "workflow", "webhook") if n in platform.services]
     admin = stack.kafka_admin()  # resetting groups is the operator's act
-    # Both groups: the worker's and the dispatcher's (named after the prefix).
-    groups = wait_for(
-        lambda: (g := _consumer_groups(admin, platform)) and len(g) >= 2 and g,
-        30,
-        0.5,
-        "the worker's and the dispatcher's consumer groups",
-    )
+    # The worker's group and each service's (named after the prefix), once
+    # each has committed something to read again.
+    groups = [f"cronwheel-worker.{platform.worker_topic}"]
+    groups += [f"{platform.topic_prefix}.{name}" for name in consumers]
+    for group in groups:
+        wait_for(lambda g=group: _committed(admin, g), 60, 0.5, f"{group} to commit offsets")
+    platform.stop_worker()
+    for name in consumers:
+        assert platform.services[name].stop() == 0, f"{name} did not stop cleanly"
     before = {g: _committed(admin, g) for g in groups}
     for group, offsets in before.items():
         to_zero = [TopicPartition(t, p, 0) for t, p in offsets]
@@ -193,7 +211,8 @@ def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report)
     assert all(not any(o.values()) for o in reset.values()), f"offsets not reset: {reset}"
     records = sum(sum(o.values()) for o in before.values())
     assert records > 0, "nothing to replay"
-    platform.start_service("dispatcher")
+    for name in consumers:
+        platform.start_service(name)
     platform.start_worker(platform.worker_topic)
 
     def read_again() -> bool:
@@ -205,6 +224,54 @@ def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report)
     # Landed: every group has committed past everything it had read before.
     wait_for(read_again, 120, 0.5, "the consumers to read their history again")
     report.notes.append(f"{records} records replayed by {len(groups)} groups")
+
+
+# The `processed` retention of the dispatcher and the workflow service in
+# replay_retention: a record read again after this is no longer known as
+# processed (their pruners run when they start, then every minute).
+SHORT_RETENTION_MS = 1000
+
+
+def _replay_after_retention(
+    stack: PrivateStack, platform: Platform, plan: Plan, report: Report
+) -> None:
+    """A replay whose consumers have forgotten what they processed: the
+    `processed` rows of the dispatcher and the workflow service are past
+    their (short) retention and pruned when they start again. The dispatcher
+    forwards every RunReady it reads again (the runs' workers and the webhook
+    service see each once more; StartRun refuses an ended run), and the
+    workflow service reads every RunCompleted again (a node's own state
+    refuses a second application)."""
+    with platform.connect() as conn:
+        stop_at = conn.execute("SELECT now()").fetchone()[0]
+    _replay(stack, platform, plan, report)
+    with platform.connect() as conn:
+        (ended,) = conn.execute(
+            "SELECT count(*) FROM runs WHERE finished_at < %s", [stop_at]
+        ).fetchone()
+        kept = dict(
+            conn.execute(
+                "SELECT consumer, count(*) FROM processed WHERE processed_at < %s GROUP BY 1",
+                [stop_at],
+            ).fetchall()
+        )
+        # Runs that had ended before the replay whose RunReady the dispatcher
+        # recorded again after it: forwarded a second time, not skipped.
+        (again,) = conn.execute(
+            "SELECT count(DISTINCT r.run_id) FROM processed p"
+            "  JOIN runs r ON r.run_id = split_part(p.message_key, ':', 1)"
+            " WHERE p.consumer = 'dispatcher' AND p.processed_at > %s"
+            "   AND r.finished_at < %s",
+            [stop_at, stop_at],
+        ).fetchone()
+    # Landed: nothing recorded before the replay survived the prune, and
+    # ended runs' records were forwarded again.
+    assert not kept, f"processed rows from before the replay not pruned: {kept}"
+    assert again > 0, f"none of {ended} runs ended before the replay was forwarded again"
+    report.notes.append(
+        f"processed rows from before the replay pruned; {again} of the {ended} runs"
+        " ended before it forwarded again"
+    )
 
 
 # -- partitions ---------------------------------------------------------------
@@ -354,6 +421,7 @@ def _clock_skew_gateway(
 
 
 _DEFAULT = {name: (name, {}) for name in SERVICES}
+_SHORT_RETENTION = {"CRONWHEEL_PROCESSED_RETENTION_MS": str(SHORT_RETENTION_MS)}
 # Which processes each scenario runs (the default: one of each service).
 LAYOUTS: dict[str, dict[str, tuple[str, dict]]] = {
     "pg_partition": {**_DEFAULT, "timer2": ("timer", {})},
@@ -363,6 +431,15 @@ LAYOUTS: dict[str, dict[str, tuple[str, dict]]] = {
         "timer2": ("timer", clockskew.env(-SKEW_S)),
     },
     "clock_skew_gateway": {**_DEFAULT, "gateway": ("gateway", clockskew.env(-SKEW_S))},
+    # The replays read every consumer's topics again: a webhook job and a
+    # workflow join the load for the webhook and workflow services.
+    "replay": {**_DEFAULT, "webhook": ("webhook", {}), "workflow": ("workflow", {})},
+    "replay_retention": {
+        **_DEFAULT,
+        "webhook": ("webhook", {}),
+        "dispatcher": ("dispatcher", _SHORT_RETENTION),
+        "workflow": ("workflow", _SHORT_RETENTION),
+    },
 }
 # What each scenario needs of this host, beyond the private stack.
 NEEDS: dict[str, Callable[[], str | None]] = {
@@ -370,6 +447,14 @@ NEEDS: dict[str, Callable[[], str | None]] = {
     "kafka_partition": netcut.available,
     "clock_skew": clockskew.available,
     "clock_skew_gateway": clockskew.available,
+    "kafka_disk_full": diskfull.available,
+    "pg_disk_full": diskfull.available,
+}
+# What a scenario's private stack is set up with for its whole run (entered
+# before its platform starts, left after it is closed).
+SETUP: dict[str, Callable[[PrivateStack], contextlib.AbstractContextManager]] = {
+    "kafka_disk_full": diskfull.kafka_on_small_disk,
+    "pg_disk_full": diskfull.pg_on_small_disk,
 }
 
 # Scenarios that fail today, for a cause found and reported but not fixed
@@ -379,7 +464,8 @@ KNOWN_FAILURES: dict[str, str] = {}  # none today: clock_skew_gateway's cause is
 
 # Faults that keep the database away longer than a run's lease: the runs they
 # interrupt are expired and run again as their next attempt (docs/reliability.md).
-OUTLASTS_LEASES = {"pg_immediate"}
+# A full database disk refuses the heartbeats and completions the same way.
+OUTLASTS_LEASES = {"pg_immediate", "pg_disk_full"}
 
 FAULTS = {
     "kafka_kill": _broker_down(PrivateStack.kill_kafka),
@@ -390,11 +476,28 @@ FAULTS = {
     "kafka_partition": _kafka_partition,
     "clock_skew": _clock_skew,
     "clock_skew_gateway": _clock_skew_gateway,
+    "outbox_order": outbox_order.fault,
+    "kafka_disk_full": diskfull.kafka_disk_full,
+    "pg_disk_full": diskfull.pg_disk_full,
+    "rebalance_storm": storm.storm,
+    "replay_retention": _replay_after_retention,
 }
+# Faults that also take the load: they write runs of their own as its triggers.
+WITH_LOAD = {"outbox_order"}
 
 
 def run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
     """One scenario from start to checker; the report lists what went wrong."""
+    with SETUP.get(name, _no_setup)(stack):
+        return _run(stack, name, plan, log_dir)
+
+
+@contextlib.contextmanager
+def _no_setup(_stack: PrivateStack):
+    yield
+
+
+def _run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
     fault = FAULTS[name]
     rng = random.Random(plan.seed)
     report = Report(name)
@@ -422,7 +525,10 @@ def run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
         phase("first run succeeded")
         for _ in range(plan.cycles):
             time.sleep(rng.uniform(0.5, 1.5) * plan.calm_s)  # the schedule: calm, then fault
-            fault(stack, platform, plan, report)
+            if name in WITH_LOAD:
+                fault(stack, platform, plan, report, load)
+            else:
+                fault(stack, platform, plan, report)
             report.recover_s.append(wait_recovered(platform))
         phase("faults done")
         end_ms = load.stop()

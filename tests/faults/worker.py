@@ -26,7 +26,10 @@ def _record(run: Run, phase: str) -> None:
     # `at`: this host's wall clock (the database's: same host, never skewed),
     # so the checker can tell a start before the run's instant.
     at = time.time_ns() // 1_000_000
-    line = json.dumps({"run": run.run_id, "attempt": run.attempt, "phase": phase, "at": at})
+    # `pid`: which worker process ran it (several take turns in a rebalance storm).
+    line = json.dumps(
+        {"run": run.run_id, "attempt": run.attempt, "phase": phase, "at": at, "pid": os.getpid()}
+    )
     os.write(_LOG, (line + "\n").encode())  # one write, O_APPEND: lines never interleave
 
 
@@ -54,4 +57,6 @@ def _count_not_due(refused_as_not_due):
 sdk_worker._not_due_yet = _count_not_due(sdk_worker._not_due_yet)
 
 if __name__ == "__main__":
-    Worker(sys.argv[1], handle, concurrency=int(os.environ.get("SDK_CONCURRENCY", "8"))).run()
+    worker = Worker(sys.argv[1], handle, concurrency=int(os.environ.get("SDK_CONCURRENCY", "8")))
+    print(f"worker {os.getpid()} consuming", flush=True)  # the rebalance storm waits for it
+    worker.run()
