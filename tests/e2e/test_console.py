@@ -383,6 +383,15 @@ def test_console__system_page_shows_the_platforms_figures_live(
     page.get_by_role("link", name="System").click()
     page.locator("#dead-letter-count[data-count='1']").wait_for()
     assert "not single-object encoded" in page.inner_text("#dead-letters")
+    # The summary first: each figure in a word and a level.
+    tiles = {
+        t.get_attribute("id"): (t.get_attribute("data-level"), t.inner_text())
+        for t in page.locator("#summary li").all()
+    }
+    assert tiles["tile-dead"][0] == "bad" and tiles["tile-dead"][1].endswith("1")
+    assert tiles["tile-lateness"] == ("ok", "Firing lateness p99\n98 ms")
+    assert tiles["tile-services"][0] == "bad" and "1 of 3" in tiles["tile-services"][1]
+    assert tiles["tile-timers"][0] == "bad" and tiles["tile-lag"][0] == "ok"
     late = page.locator("#lateness")
     assert late.get_attribute("data-runs") == str(expected["fired"]["runs"])
     assert late.get_attribute("data-fired-p99-ms") == str(expected["fired"]["p99_ms"])

@@ -193,6 +193,42 @@ function backlogFacts(d) {
       : [`${r.reannounced_waiting} still pending after being announced again; ${r.reannounced_recently} announced again recently`, r.last_reannounced_at ? ", the last " : "", r.last_reannounced_at ? when(r.last_reannounced_at) : ""]));
 }
 
+// The page's first lines: each figure in a word and a colour, the details below.
+function tile(id, label, value, level) {
+  return el("li", { class: `tile tile-${level}`, id: `tile-${id}`, "data-level": level },
+    el("span", { class: "tile-label" }, label), el("strong", {}, value));
+}
+
+function summary(s) {
+  const tiles = [];
+  const services = (s.services && s.services.items) || [];
+  const workflow = ((s.consumers && s.consumers.items) || []).filter((c) => c.consumer === "workflow" && !c.error);
+  const all = services.length + workflow.length;
+  const ready = services.filter((x) => x.ready).length + workflow.filter((c) => c.members > 0).length;
+  tiles.push(s.services.error ? tile("services", "Services ready", "unknown", "bad")
+    : tile("services", "Services ready", all ? `${ready} of ${all}` : "none seen", all && ready === all ? "ok" : "bad"));
+  if (s.consumers.error) tiles.push(tile("lag", "Consumer lag", "unknown", "bad"));
+  else {
+    const lag = s.consumers.items.reduce((n, c) => n + (c.lag || 0), 0);
+    tiles.push(tile("lag", "Consumer lag", `${lag.toLocaleString("en")} records`, lag > 5000 ? "bad" : lag > 0 ? "warn" : "ok"));
+  }
+  const d = s.dead_letters;
+  tiles.push(d.error ? tile("dead", "Dead letters", "unknown", "bad")
+    : tile("dead", "Dead letters", d.count.toLocaleString("en"), d.count ? "bad" : "ok"));
+  const l = s.lateness;
+  const p99 = l.error ? null : l.fired.p99_ms;
+  tiles.push(tile("lateness", "Firing lateness p99", l.error ? "unknown" : msOrDash(p99),
+    l.error ? "bad" : p99 === null ? "none" : p99 <= 1000 ? "ok" : p99 <= 60_000 ? "warn" : "bad"));
+  const o = s.outbox;
+  tiles.push(o.error ? tile("outbox", "Outbox", "unknown", "bad")
+    : tile("outbox", "Outbox", o.ready ? `${count(o.ready, o.capped)}, oldest ${msOrDash(o.oldest_ready_age_ms)}` : "empty",
+      !o.ready ? "ok" : o.oldest_ready_age_ms > 5000 ? "bad" : "warn"));
+  const t = s.timers;
+  tiles.push(t.error ? tile("timers", "Timers overdue", "unknown", "bad")
+    : tile("timers", "Timers overdue", count(t.overdue, t.capped), t.overdue ? "bad" : "ok"));
+  return el("ul", { class: "tiles", id: "summary", "aria-label": "Summary" }, tiles);
+}
+
 const WINDOWS = [1, 5, 15, 60];
 
 export const systemPage = {
@@ -222,6 +258,7 @@ export const systemPage = {
         el("h1", {}, "System"),
         el("p", { class: "muted" }, `Cell ${s.cell}. Figures as of `, when(s.as_of), `, at most ${s.cache_ms / 1000} s old.`)),
       readiness,
+      summary(s),
       el("h2", {}, "Services"),
       failed(s.services, "The partition leases") || readinessTable(s.services, s.consumers),
       el("h2", {}, "Consumer lag"),
