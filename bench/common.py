@@ -127,12 +127,21 @@ def local_ports(pid: int) -> set[int]:
 
 
 def kafka_broker_pid() -> int | None:
+    """The broker the benchmark talks to: the Kafka process listening on the
+    configured bootstrap's port. Other brokers may run beside it (another
+    cell's, a fault test's private one, a second broker compared against)."""
+    port = int(config.kafka_bootstrap().split(",")[0].rsplit(":", 1)[1])
+    brokers = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 if b"kafka.Kafka" in Path(entry.path, "cmdline").read_bytes():
-                    return int(entry.name)
-    return None
+                    brokers.append(int(entry.name))
+    for pid in brokers:
+        with contextlib.suppress(OSError):
+            if port in local_ports(pid):
+                return pid
+    return brokers[0] if len(brokers) == 1 else None
 
 
 # -- databases --------------------------------------------------------------

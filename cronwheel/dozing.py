@@ -6,23 +6,28 @@ request names every partition its consumer has assigned, twice a second at
 `fetch.wait.max.ms` 500, and the broker answers for each of them. At 3,000
 tenants the dispatcher's fetches named 6,000 partitions, and most of its CPU
 and much of the broker's went there while nothing was due
-(docs/dispatcher.md, "Idle tenants"). A paused partition is named in no fetch.
+(docs/dispatcher.md, "Idle tenants"). A dozing partition is taken out of
+the consumer's assignment (not paused: librdkafka still walks a paused
+partition on every pass of its threads) while its lease stays with the
+instance, and is assigned again, at the offset it was consumed to, when it
+wakes.
 
 What holds:
 
-- A partition dozes (is paused) only when it is caught up (its high
-  watermark, as the last fetch brought it, is the next offset to read) and has
-  had neither a record nor a wake for `after_ms`.
+- A partition dozes only when it is caught up (its high watermark, as the
+  last fetch brought it, is the next offset to read) and has had neither a
+  record nor a wake for `after_ms`; what was finished of it is committed
+  before it leaves the assignment.
 - The relay wakes a run topic when it reads an outbox row for it after
   `every_ms` without one: a record keyed by the topic's name on `<p>.wake`
   (one partition), which every dispatcher instance reads whole, from its end,
   and never pauses. A run fired ahead of its instant is read up to a second
   before it is published, so its partition is fetched again before its record
   exists.
-- A partition resumed while a fetch is outstanding is first fetched when that
-  fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
-  comes. So the dispatcher, having resumed what a wake names, writes a nudge
-  (an empty key) to the wake topic: it arrives after the resume was issued,
+- A partition assigned while a fetch is outstanding is first fetched when
+  that fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
+  comes. So the dispatcher, having assigned again what a wake names, writes a nudge
+  (an empty key) to the wake topic: it arrives after the assignment was made,
   ends the outstanding fetch, and the next one names the partition. A run due
   at once then waits milliseconds, not half a second (bench_dozing.py
   --latency: p50 514 ms when the relay sent a second wake instead, measured
@@ -146,7 +151,7 @@ class Dozing:
 
     def woken(self, topic: str) -> list[Where]:
         """A wake for `topic`: its partitions are awake for `after_ms` again;
-        returns those that dozed (to be resumed)."""
+        returns those that dozed (to be assigned again)."""
         now = time.monotonic()
         back = []
         for key in self._by_topic.get(topic, ()):
@@ -159,7 +164,7 @@ class Dozing:
     def to_doze(
         self, caught_up: Callable[[Where], bool], busy: Callable[[Where], bool]
     ) -> list[Where]:
-        """At most once per `check_ms`: the partitions to pause now (quiet for
+        """At most once per `check_ms`: the partitions to doze now (quiet for
         `after_ms`, caught up, and not paused or held for another reason)."""
         now = time.monotonic()
         if now < self._next_check:
@@ -197,8 +202,8 @@ class Dozing:
             except KafkaException:
                 moved.append(key)  # unknown: fetch it again rather than guess
                 continue
-            at = position(key)  # None: nothing read or committed, so from the start
-            if end > (at or 0):
+            at = position(key)  # None or < 0: not known, so from the start
+            if end > max(at or 0, 0):
                 moved.append(key)
         for key in moved:
             self.dozing.discard(key)

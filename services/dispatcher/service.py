@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Processed as ProcessedSettings
@@ -175,6 +175,7 @@ class Dispatcher(ConsumerService):
             if doze_after_ms
             else None
         )
+        self._dozed_at: dict[tuple[str, int], int] = {}  # where each dozing one resumes
         # Dispatch quotas: records held per partition (paused) until `_held_until`.
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
@@ -476,12 +477,20 @@ class Dispatcher(ConsumerService):
         so that what this instance forwarded is committed."""
         if self._batches:
             self._settle(self._stop, until=0)
+        # A dozing partition is not in the consumer's assignment, and the
+        # caller unassigns every one it gives up: back in first.
+        asleep = [
+            (tp.topic, tp.partition) for tp in partitions if self._dozes((tp.topic, tp.partition))
+        ]
+        if asleep and self._consumer is not None:
+            self._wake_up(self._consumer, asleep)
         super().give_up(partitions)
 
     def forget(self, where: tuple[str, int]) -> None:
         if self.dozing is not None:
             self.dozing.forget(where)
         self._next.pop(where, None)
+        self._dozed_at.pop(where, None)
         self._class_paused.discard(where)
         self._held.pop(where, None)  # its new owner reads them again
         self._held_until.pop(where, None)
@@ -552,7 +561,10 @@ class Dispatcher(ConsumerService):
         pause = want - self._class_paused
         resume = self._class_paused - want
         if pause:
-            consumer.pause([TopicPartition(t, p) for t, p in pause])
+            # One dozing is not assigned: it is paused when it wakes (_wake_up).
+            awake = [TopicPartition(t, p) for t, p in pause if not self._dozes((t, p))]
+            if awake:
+                consumer.pause(awake)
             metrics.CLASS_PAUSES.inc()
         if resume:
             back = [TopicPartition(t, p) for t, p in resume if not self._paused_else(t, p, "class")]
@@ -640,8 +652,8 @@ class Dispatcher(ConsumerService):
 
         quiet = self.dozing.to_doze(caught_up, busy)
         if quiet:
-            consumer.pause([TopicPartition(t, p) for t, p in quiet])
-        moved = self.dozing.sweep(self._admin, self._next.get)
+            self._fall_asleep(consumer, quiet)
+        moved = self.dozing.sweep(self._admin, self._dozed_at.get)
         if moved:
             log.info("%d dozing partitions had records no wake announced", len(moved))
             metrics.MISSED_WAKES.inc(len(moved))
@@ -649,10 +661,35 @@ class Dispatcher(ConsumerService):
         if quiet or moved:
             metrics.DOZING.set(len(self.dozing.dozing))
 
+    def _fall_asleep(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
+        """Out of the consumer's assignment (cronwheel.dozing: an unassigned
+        partition costs librdkafka's threads nothing, a paused one a place in
+        every pass), its finished offsets committed first, and the offset it
+        is assigned at again when it wakes kept: where it was consumed to."""
+        tps = [TopicPartition(t, p) for t, p in keys]
+        self.offsets.give_up(consumer, tps)
+        for tp in consumer.position(tps):
+            key = (tp.topic, tp.partition)
+            at = self._next.get(key, tp.offset)
+            self._dozed_at[key] = at if at is not None and at >= 0 else OFFSET_INVALID
+        consumer.incremental_unassign(tps)
+
+    def _wake_up(self, consumer: Consumer, keys) -> None:
+        """Back into the consumer's assignment where each was consumed to
+        (OFFSET_INVALID: at the group's committed offset); paused again at
+        once where a class above it or its quota still holds it."""
+        tps = [TopicPartition(t, p, self._dozed_at.pop((t, p), OFFSET_INVALID)) for t, p in keys]
+        if not tps:
+            return
+        consumer.incremental_assign(tps)
+        still = [tp for tp in tps if self._paused_else(tp.topic, tp.partition, "doze")]
+        if still:
+            consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in still])
+
     def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
-        back = [TopicPartition(t, p) for t, p in keys if not self._paused_else(t, p, "doze")]
+        self._wake_up(consumer, keys)
+        back = [key for key in keys if not self._paused_else(*key, "doze")]
         if back:
-            consumer.resume(back)
             # Ends the fetch outstanding now, which does not name them
             # (cronwheel.dozing): the next one does.
             try:

@@ -5,6 +5,7 @@ record is read, and a record no wake announced is still forwarded (the sweep).""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import psycopg
 import pytest
@@ -15,7 +16,7 @@ from cronwheel.dozing import Waker, wake_topic_of
 from cronwheel.kafka import Topics
 from services.dispatcher.service import Dispatcher
 from tests.integration.test_dispatcher import produce, ready
-from tests.support.kafka import drain
+from tests.support.kafka import drain, read_all
 from tests.support.running import running
 from tests.support.wait import wait_for
 
@@ -34,11 +35,19 @@ def _tenant(database_url: str) -> str:
     return tenant
 
 
-def _dozing_dispatcher(database_url, kafka_bootstrap, topics, *, sweep_ms: int) -> Dispatcher:
+def _dozing_dispatcher(
+    database_url, kafka_bootstrap, topics, *, sweep_ms: int, **kwargs
+) -> Dispatcher:
     return Dispatcher(
         database_url, kafka_bootstrap, topics, topic_scan_s=3600,
-        doze_after_ms=1_000, doze_sweep_ms=sweep_ms,
+        doze_after_ms=1_000, doze_sweep_ms=sweep_ms, **kwargs,
     )  # fmt: skip
+
+
+def _in_consumer(d: Dispatcher) -> set[tuple[str, int]]:
+    """The partitions in the dispatcher's consumer's assignment (librdkafka's,
+    not the leases')."""
+    return {(tp.topic, tp.partition) for tp in d._consumer.assignment()}
 
 
 def _forward_then_doze(d: Dispatcher, kafka_bootstrap, topics, tenant: str) -> None:
@@ -70,6 +79,78 @@ def test_dozing_partition__woken_like_the_relay_does__record_forwarded_no_sweep_
         produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
         _expect_both_forwarded(kafka_bootstrap, topics, tenant)
         assert waker.sent_total == 1 and d.dozing.missed_total == 0
+        # Assigned again where it was consumed to: r-0 was not read twice.
+        assert d.duplicates_total == 0 and d.forwarded_total == 2
+
+
+def test_dozing_partition__out_of_the_consumers_assignment__in_again_when_woken(
+    database_url, kafka_bootstrap, topics
+):
+    """A dozing partition costs librdkafka nothing: it is unassigned, not
+    paused, and its lease still says it is this instance's."""
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=600_000)) as d:
+        _forward_then_doze(d, kafka_bootstrap, topics, tenant)
+        wait_for(lambda: (run_topic, 0) not in _in_consumer(d), timeout=10, what="unassigned")
+        assert (run_topic, 0) in d.assignment.assigned
+        d.dozing.after_s = 3600  # once woken, it stays awake for the check below
+        producer = kafka.producer(kafka_bootstrap, principal="relay")
+        Waker(producer, every_ms=3_000, produce=produce_waiting).read(run_topic)
+        assert producer.flush(30) == 0
+        wait_for(lambda: (run_topic, 0) in _in_consumer(d), timeout=30, what="assigned again")
+        assert (run_topic, 0) not in d.dozing.dozing
+
+
+def test_leases_move_while_partitions_doze__handed_over__every_run_forwarded_once(
+    database_url, kafka_bootstrap, topics
+):
+    """An instance gives up leases whose partitions doze (so are not in its
+    consumer's assignment): the hand-over neither fails nor loses or doubles
+    a run."""
+    tenants = [_tenant(database_url) for _ in range(12)]
+    kafka.ensure_topics(
+        [topics.runs(t) for t in tenants], partitions=kafka.RUN_PARTITIONS, principal="dispatcher"
+    )
+    sent: list[str] = []
+
+    def wave(n: int) -> None:
+        for t in tenants:
+            sent.append(f"{t}-w{n}")
+            produce(kafka_bootstrap, topics.runs(t), [(sent[-1].encode(), ready(t, sent[-1]))])
+
+    a = _dozing_dispatcher(
+        database_url, kafka_bootstrap, topics, sweep_ms=1_000, lease_ttl_ms=3_000
+    )
+    b = _dozing_dispatcher(
+        database_url, kafka_bootstrap, topics, sweep_ms=1_000, lease_ttl_ms=3_000
+    )
+    with running(a):
+        wave(1)
+        wait_for(lambda: a.forwarded_total >= len(sent), timeout=60, what="wave 1 forwarded")
+        everyone = {(topics.runs(t), 0) for t in tenants}
+        wait_for(lambda: everyone <= a.dozing.dozing, timeout=30, what="every partition dozes")
+        assert not everyone & _in_consumer(a)
+        with running(b):
+            wait_for(
+                lambda: a.assignment.owned and b.assignment.owned
+                and len(a.assignment.owned | b.assignment.owned) == 1024
+                and not a.assignment.assigned & b.assignment.assigned
+                and a.assignment.assigned | b.assignment.assigned == everyone,
+                timeout=30, what="tenants split between the instances",
+            )  # fmt: skip
+            assert b.assignment.assigned, "no tenant moved: the hand-over was not exercised"
+            wave(2)  # no wake: a's dozing partitions come back by the sweep
+            wait_for(
+                lambda: a.forwarded_total + b.forwarded_total >= len(sent),
+                timeout=60, what="wave 2 forwarded",
+            )  # fmt: skip
+    seen = Counter(
+        m.key().decode()
+        for m in read_all(kafka_bootstrap, [topics.queue(t, "billing") for t in tenants])
+    )
+    assert set(seen) == set(sent), f"missing: {sorted(set(sent) - set(seen))[:5]}"
+    assert all(n == 1 for n in seen.values()), {r: n for r, n in seen.items() if n > 1}
 
 
 def test_dozing_partition__record_without_a_wake__found_by_the_sweep(
