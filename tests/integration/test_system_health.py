@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 
 from cronwheel import kafka
@@ -109,6 +110,20 @@ def test_system__lateness_sample__each_tenants_newest_share__says_sampled(
     # The newest 10 by creation: lateness 90..99 ms (created last).
     assert late["sampled"] is True and late["fired"]["runs"] == 10, late
     assert (late["fired"]["p50_ms"], late["fired"]["max_ms"]) == (94, 99), late
+
+
+def test_system__a_section_it_cannot_read__said_in_words__the_others_answer(
+    api, admin_database_url
+):
+    # As on a database not yet migrated to 0024: the operator may not read the leases.
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        conn.execute("REVOKE SELECT ON partition_leases FROM cronwheel_operator")
+    s = system(api)
+    assert s["services"] == {
+        "error": "InsufficientPrivilege: permission denied for table partition_leases"
+    }, s["services"]
+    assert s["outbox"]["ready"] == 0 and s["lateness"]["fired"]["runs"] == 0
+    assert "items" in s["consumers"] and "count" in s["dead_letters"]
 
 
 def test_system__dead_lettered_record_counted_and_shown__lag_from_committed_offsets(
