@@ -18,6 +18,12 @@ What holds:
   changed under the move fails the move instead of being overwritten.
 - Until the flip, the source is whole: a rollback unparks its timers and
   deletes the target's copy.
+- With the cells' brokers given (`brokers`), the tenant's Kafka side moves
+  too (cronwheel/moves_kafka.py): its principal with the same credential,
+  ACLs and queue topics made in the target at the copy; the source's
+  dispatcher done forwarding its runs before the flip; the source's topics
+  and principal removed after the flip, once its workers have read them to
+  the end (docs/cells.md, "Workers follow").
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
+from confluent_kafka import KafkaException
 
+from cronwheel import moves_kafka, scram
+from cronwheel.kafka import Topics
 from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cells
 from cronwheel.store.directory import Move, Placement
@@ -38,6 +47,8 @@ from cronwheel.store.directory import Move, Placement
 log = logging.getLogger("cronwheel.moves")
 
 FINAL = ("done", "failed", "rolled_back")
+# A broker that does not answer, or refuses: the step stalls (moves_kafka).
+KAFKA_ERRORS = (KafkaException, RuntimeError, TimeoutError, OSError)
 
 
 class MoveRefused(Exception):
@@ -63,6 +74,26 @@ class MoveSettings:
     # finished since the move started, less this: a transaction that began
     # this long before and finished a run may commit after the first copy.
     catch_up_margin_s: float = 300.0
+    # The source's dispatcher forwarding the tenant's last run records to its
+    # queue topics, in the freeze (past it the move goes on: a record not
+    # forwarded is a run PENDING in the target, announced again there by its
+    # pending deadline).
+    forward_timeout_s: float = 10.0
+    # After the flip, how long the source's topics and principal wait for the
+    # tenant's workers to read them to the end before they are removed
+    # anyway (what is left is the pending deadline's, as above). Retention
+    # beyond that: none (removed as soon as read).
+    linger_s: float = 30.0
+    # The directory caches' time to live (CRONWHEEL_DIRECTORY_TTL_MS; the
+    # router passes its own): the source keeps the tenant's rows, frozen, this
+    # long after the flip, so a request that a cache not yet aware of the flip
+    # routes to the source is refused there 503 or 421 (retried) and never
+    # 401 (its key gone, which a worker takes as final). 0: no cache.
+    directory_ttl_s: float = 0.0
+    # Each cell's broker as its admin, and the deployment's topic names; None:
+    # the move leaves Kafka alone (the tenant's workers keep the source's
+    # broker until an operator provisions the target's).
+    kafka: moves_kafka.CellBrokers | None = None
 
 
 class Mover:
@@ -82,6 +113,9 @@ class Mover:
         self.cell_dsns = dict(cell_dsns)
         self.settings = settings
         self.sleep = sleep
+        kafka = settings.kafka
+        self.brokers = dict(kafka.brokers) if kafka is not None else None
+        self.topics = kafka.topics if kafka is not None else Topics()
 
     # -- the operator's requests ---------------------------------------------
     def start(self, tenant_id: str, target: str) -> Move:
@@ -165,6 +199,12 @@ class Mover:
             cells.unfreeze(src, move.tenant_id)
             if cells.tenant_state(dst, move.tenant_id) == "standby":
                 cells.remove(dst, move.tenant_id)
+                if self._kafka(move):  # what the copy made on the target's broker
+                    try:
+                        moves_kafka.remove(self.brokers[move.target], self.topics, move.tenant_id)
+                    except KAFKA_ERRORS as e:
+                        log.warning("move %s: the tenant's principal and topics stay in %s: %s",
+                                    move_id, move.target, e)  # fmt: skip
         with self._directory() as d:
             placed = dirstore.placement(d, move.tenant_id)
             if placed is not None and placed.epoch == move.epoch and placed.cell == move.source:
@@ -196,6 +236,7 @@ class Mover:
                 cells.copy(src, dst, move.tenant_id, move.target)
             except psycopg.errors.UniqueViolation as e:  # a name or key the target has
                 return self._fail(move, f"cell {move.target} holds a conflicting row: {e}")
+            self._carry_kafka(move, src)
         return self._step(move, "freezing")
 
     def _freeze(self, move: Move) -> Move:
@@ -219,6 +260,8 @@ class Mover:
                 if time.monotonic() > deadline:
                     raise MoveStalled(f"{left} outbox records of the tenant not published")
                 self.sleep(0.05)
+            self._forwarded(move)
+            self._carry_kafka(move, src)  # a queue made since the copy
             since = move.started_at - timedelta(seconds=self.settings.catch_up_margin_s)
             for round_ in range(self.settings.verify_rounds):
                 if round_ == 0:  # what can have changed since the first copy
@@ -249,9 +292,85 @@ class Mover:
             cells.activate(dst, move.tenant_id, move.target)
         with self._directory() as d:
             dirstore.step_move(d, move.move_id, "switching", "switching", unfrozen=True)
+        self.sleep(self.settings.directory_ttl_s)  # every cache has seen the flip
         with self._cell(move.source) as src:
             cells.remove(src, move.tenant_id)  # retention: none on the local stack
+        self._remove_kafka(move)
         return self._step(move, "done")
+
+    # -- the tenant's Kafka side (cronwheel/moves_kafka.py) -------------------
+    def _carry_kafka(self, move: Move, src: psycopg.Connection) -> None:
+        """The target's broker gets the tenant's principal (its credential as
+        the source's broker has it), ACLs and queue topics."""
+        if not self._kafka(move):
+            return
+        row = cells.kafka_credential(src, move.tenant_id)
+        kept = scram.Verifier(**row) if row else None
+        if kept is None:
+            log.warning(
+                "move %s: tenant %s has no kept Kafka credential (made before they were"
+                " kept): its principal in %s gets none; rotate its credentials after the move",
+                move.move_id, move.tenant_id, move.target,
+            )  # fmt: skip
+        try:
+            made = moves_kafka.carry(
+                self.brokers[move.source], self.brokers[move.target], self.topics,
+                move.tenant_id, kept,
+            )  # fmt: skip
+        except KAFKA_ERRORS as e:
+            raise MoveStalled(
+                f"the tenant's principal and topics not made in {move.target}: {e}"
+            ) from e
+        log.info("move %s: principal and queue topics in %s: %s", move.move_id, move.target, made)
+
+    def _forwarded(self, move: Move) -> None:
+        if not self._kafka(move):
+            return
+        try:
+            forwarded = moves_kafka.await_forwarded(
+                self.brokers[move.source], self.topics, move.tenant_id,
+                self.settings.forward_timeout_s, self.sleep,
+            )  # fmt: skip
+        except KAFKA_ERRORS as e:
+            log.warning("move %s: the source's broker: %s", move.move_id, e)
+            forwarded = False
+        if not forwarded:
+            log.warning(
+                "move %s: the source's dispatcher has not forwarded every run record of the"
+                " tenant; those runs are announced again in %s by their pending deadline",
+                move.move_id, move.target,
+            )  # fmt: skip
+
+    def _remove_kafka(self, move: Move) -> None:
+        """After the flip: the source's topics and principal, once the
+        tenant's workers read them to the end (or `linger_s` passed)."""
+        if not self._kafka(move):
+            return
+        source = self.brokers[move.source]
+        try:
+            consumed = moves_kafka.await_consumed(
+                source, self.topics, move.tenant_id, self.settings.linger_s, self.sleep
+            )
+            gone = moves_kafka.remove(source, self.topics, move.tenant_id)
+        except KAFKA_ERRORS as e:
+            raise MoveStalled(
+                f"the tenant's topics and principal not removed from {move.source}: {e}"
+            ) from e
+        log.info(
+            "move %s: the tenant's topics and principal removed from %s (%s): %s",
+            move.move_id, move.source,
+            "read to the end" if consumed else "not all read: the pending deadline's", gone,
+        )  # fmt: skip
+
+    def _kafka(self, move: Move) -> bool:
+        """Whether this mover moves the tenant's Kafka side (it reaches both
+        cells' brokers)."""
+        if self.brokers is None:
+            return False
+        missing = [c for c in (move.source, move.target) if c not in self.brokers]
+        if missing:
+            log.warning("move %s: no broker for cell %s: Kafka left alone", move.move_id, missing)
+        return not missing
 
     # -- helpers -------------------------------------------------------------
     def _placement(self, move: Move) -> Placement:

@@ -63,6 +63,18 @@ class WorkerApi:
         body = {"attempt": attempt, "start_token": start_token}
         return self.post(f"/v1/runs/{run_id}/heartbeat", body, retry=False)
 
+    def tenant(self) -> dict | None:
+        """GET /v1/tenant: `{tenant_id, cell, kafka_bootstrap}` (the cell serving
+        the tenant now, and its broker); None when there is no answer to go by
+        (the worker asks again later)."""
+        try:
+            resp = self._http.get("/v1/tenant")
+        except HttpError as e:
+            log.debug("GET /v1/tenant: %s", e)
+            return None
+        body = _json(resp) if resp.status_code == 200 else None
+        return body if isinstance(body, dict) and body.get("kafka_bootstrap") else None
+
     # -- underneath ------------------------------------------------------------------
     def _send(self, path: str, body: dict) -> Response:
         """One POST, no retries (tests stand in for the gateway here)."""
@@ -97,13 +109,16 @@ class WorkerApi:
     def post(
         self, path: str, body: dict, retry: bool = True, give_up_on_stop: bool = True
     ) -> Response:
-        """POST with retries on network errors, 429 and 5xx (bounded backoff)."""
+        """POST with retries on network errors, 421, 429 and 5xx (bounded
+        backoff). 421: the tenant moved to another cell since the router (or
+        the gateway it reached) last read the directory; the router reads it
+        again, so the retry reaches the tenant's cell."""
         delay = 0.05
         deadline = time.monotonic() + RETRY_FOR_S
         while True:
             try:
                 resp = self._send(path, body)
-                if resp.status_code < 500 and resp.status_code != 429:
+                if resp.status_code < 500 and resp.status_code not in (421, 429):
                     return resp
                 err: Exception = HttpError(f"POST {path}: HTTP {resp.status_code}: {resp.text}")
             except HttpError as e:

@@ -1,4 +1,4 @@
-"""The SDK's HTTP client: JSON POSTs over a few kept-alive HTTP/1.1 connections,
+"""The SDK's HTTP client: JSON POSTs (and the odd GET) over a few kept-alive HTTP/1.1 connections,
 on the standard library's http.client.
 
 Why not httpx, which the SDK used before: a worker posts one small JSON body
@@ -63,22 +63,29 @@ class Client:
         self._slots = threading.BoundedSemaphore(max_connections)
 
     def post_json(self, path: str, body: Any) -> Response:
-        data = json.dumps(body, separators=(",", ":")).encode()
+        return self._call("POST", path, json.dumps(body, separators=(",", ":")).encode())
+
+    def get(self, path: str) -> Response:
+        return self._call("GET", path, None)
+
+    def _call(self, method: str, path: str, data: bytes | None) -> Response:
         with self._slots:
             conn, reused = self._take()
             while True:
                 try:
-                    return self._exchange(conn, path, data)
+                    return self._exchange(conn, method, path, data)
                 except (OSError, http.client.HTTPException) as e:
                     conn.close()
                     if not (reused and _closed_while_idle(e)):
-                        raise HttpError(f"POST {path}: {e!r}") from e
+                        raise HttpError(f"{method} {path}: {e!r}") from e
                 conn, reused = self._new(), False
 
-    def _exchange(self, conn: http.client.HTTPConnection, path: str, data: bytes) -> Response:
+    def _exchange(
+        self, conn: http.client.HTTPConnection, method: str, path: str, data: bytes | None
+    ) -> Response:
         # One send() for headers and a bytes body (http.client joins them): no
         # Nagle / delayed-ACK stall between the two.
-        conn.request("POST", self._prefix + path, body=data, headers=self._headers)
+        conn.request(method, self._prefix + path, body=data, headers=self._headers)
         answer = conn.getresponse()
         content = answer.read()
         if answer.will_close:

@@ -23,6 +23,14 @@ and is started again after its instant (`_later`), while the records behind it
 go on; its offset stays uncommitted meanwhile, so a crash reads it again. A
 record lost anyway is announced again by the platform once the run's pending
 deadline passes (docs/pending-deadline.md).
+
+A worker follows its tenant when a move takes it to another cell
+(docs/workers.md, "When the tenant moves"): every `follow_every_s` it asks
+the API which cell serves the tenant (GET /v1/tenant); when that changes, it
+reads the old broker's records to the end (the source published its last
+before the flip) and starts each of their runs, which the API now serves
+from the new cell, then consumes the same topic on the new cell's broker
+with the same credentials (the move carried them).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 # The codec, the records and the offset tracker only: a customer's worker
 # installs confluent-kafka and fastavro and nothing of the platform (no metrics,
@@ -67,6 +75,9 @@ COMMIT_EVERY_S = 0.2
 # disagree), up to NOT_DUE_MAX_WAIT_S.
 NOT_DUE_FIRST_WAIT_S = 0.1
 NOT_DUE_MAX_WAIT_S = 30.0
+# After a move, how often the poll loop checks whether the old broker's
+# records are all read and started (a watermark request per partition).
+FOLLOW_CHECK_EVERY_S = 0.5
 
 
 def kafka_security(username: str | None = None, password: str | None = None) -> dict:
@@ -140,6 +151,8 @@ class Worker:
         consumer_config: dict | None = None,
         kafka_username: str | None = None,
         kafka_password: str | None = None,
+        follow_every_s: float = 5.0,
+        follow_drain_s: float = 60.0,
     ):
         self.topic = topic
         self.handler = handler
@@ -175,6 +188,17 @@ class Worker:
         self._cond = threading.Condition(self._active_lock)
         self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
         self.completed = 0
+        # Following a move: how often to ask the API for the tenant's cell (0:
+        # never), the cell this worker consumes in (None until the API first
+        # answers), and the cell it learnt the tenant moved to, with when: the
+        # old broker is read to the end first, for at most `follow_drain_s`.
+        self.follow_every_s = follow_every_s
+        self.follow_drain_s = follow_drain_s
+        self.cell: str | None = None
+        self._moved_to: tuple[str, str] | None = None  # (cell, kafka_bootstrap)
+        self._moved_at = 0.0
+        self._follow_checked = 0.0
+        self._follow_lock = threading.Lock()
 
     # -- lifecycle of the worker process ----------------------------------------
     def stop(self) -> None:
@@ -186,21 +210,11 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": self.group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 500,  # answered early when a record arrives
-                # A crashed worker's partitions move to the others after 10 s.
-                "session.timeout.ms": 10_000,
-                "heartbeat.interval.ms": 2_000,
-                "log_level": 3,
-                **self.consumer_config,
-            }
-        )
-        consumer.subscribe([self.topic], on_revoke=lambda c, parts: self._on_revoke(c, parts))
+        consumer = self._consumer(self.bootstrap)
+        if self.follow_every_s > 0:
+            threading.Thread(
+                target=self._following_loop, daemon=True, name="cronwheel-follow"
+            ).start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cronwheel-run")
         self._completer = Completer(self._api, self._answered)
         self._beats = Heartbeats(self._api)
@@ -236,6 +250,8 @@ class Worker:
                         self._backlog += read
                         self._cond.notify_all()
                 self._commit(consumer, force=False)
+                if self._moved_to is not None and (moved := self._follow(consumer)):
+                    consumer, paused = moved, False
         finally:
             self._stop.set()  # also when the loop raised: the starter must end
             with self._cond:
@@ -245,6 +261,111 @@ class Worker:
             self._commit(consumer)
             consumer.close()
             self._api.close()
+
+    def _consumer(self, bootstrap: str) -> Consumer:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": self.group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 500,  # answered early when a record arrives
+                # A crashed worker's partitions move to the others after 10 s.
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 2_000,
+                "log_level": 3,
+                **self.consumer_config,
+            }
+        )
+        consumer.subscribe([self.topic], on_revoke=lambda c, parts: self._on_revoke(c, parts))
+        return consumer
+
+    # -- following the tenant to another cell ----------------------------------------
+    def _following_loop(self) -> None:
+        """Ask the API which cell serves the tenant, every `follow_every_s`;
+        note a change for the poll loop (which switches brokers)."""
+        while True:
+            try:
+                where = self._api.tenant()
+            except Exception:  # asked again next time: following must not end the worker
+                log.debug("could not ask for the tenant's cell", exc_info=True)
+                where = None
+            if where is not None:
+                cell, bootstrap = where.get("cell"), where["kafka_bootstrap"]
+                with self._follow_lock:
+                    if self.cell is None:
+                        self.cell = cell
+                    elif cell != self.cell and (self._moved_to or (None,))[0] != cell:
+                        log.info("the tenant moved to cell %s: finishing what is on %s first",
+                                 cell, self.bootstrap)  # fmt: skip
+                        self._moved_to = (cell, bootstrap)
+                        self._moved_at = time.monotonic()
+            if self._stop.wait(self.follow_every_s):
+                return
+
+    def _follow(self, consumer: Consumer) -> Consumer | None:
+        """After a move: once every record of the old broker is read and its
+        run started (or `follow_drain_s` passed: what is left is announced
+        again in the new cell by its pending deadline), commit, close, and
+        return a consumer of the new cell's broker; None meanwhile."""
+        now = time.monotonic()
+        if now - self._follow_checked < FOLLOW_CHECK_EVERY_S:
+            return None
+        self._follow_checked = now
+        with self._follow_lock:
+            cell, bootstrap = self._moved_to  # type: ignore[misc]
+            late = now - self._moved_at > self.follow_drain_s
+        if not late and not self._read_to_end(consumer):
+            return None
+        moved = self._offsets.committable()
+        if moved:
+            parts = [TopicPartition(t, p, off) for (t, p), off in moved.items()]
+            try:
+                consumer.commit(offsets=parts, asynchronous=False)
+            except Exception as e:  # the old broker gone already
+                log.info("last commit on %s skipped: %s", self.bootstrap, e)
+        consumer.close()
+        with self._cond:  # nothing of the old broker's offsets may reach the new one's
+            self._backlog.clear()
+            self._later.clear()
+            self._not_due.clear()
+            self._offsets = OffsetTracker()
+        with self._follow_lock:
+            log.info("consuming %s in cell %s (%s)%s", self.topic, cell, bootstrap,
+                     "" if not late else ": the old broker was not read to the end")  # fmt: skip
+            self.cell, self.bootstrap, self._moved_to = cell, bootstrap, None
+        return self._consumer(bootstrap)
+
+    def _read_to_end(self, consumer: Consumer) -> bool:
+        """Every record of this consumer's partitions read, and each one's run
+        started (or refused): nothing waits in the backlog, aside or in the
+        starter. A broker that no longer answers for them counts as read."""
+        with self._cond:
+            if self._backlog or self._later:
+                return False
+        if self._offsets.in_flight():
+            return False
+        parts = consumer.assignment()
+        try:
+            committed = None
+            for tp in consumer.position(parts):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=5, cached=False
+                )
+                at = tp.offset
+                if at < 0:  # nothing read here since assigned: where the group is
+                    if committed is None:
+                        committed = {
+                            (c.topic, c.partition): c.offset
+                            for c in consumer.committed(parts, timeout=5)
+                        }
+                    at = committed.get((tp.topic, tp.partition), -1)
+                    at = at if at >= 0 else low
+                if at < high:
+                    return False
+        except KafkaException as e:
+            log.info("the old broker does not answer for %s (%s): switching", self.topic, e)
+        return True
 
     @staticmethod
     def _read(consumer: Consumer, n: int, timeout: float) -> list[Message]:

@@ -11,6 +11,7 @@ import functools
 from datetime import datetime
 
 import psycopg
+from psycopg.rows import dict_row
 
 from cronwheel.store import timers
 from cronwheel.store.sql_loader import queries
@@ -200,3 +201,11 @@ def outbox_left(conn: psycopg.Connection, tenant_id: str, upto: int) -> int:
     has not published yet (its topics name it: cronwheel/kafka.py Topics)."""
     row = conn.execute(_q()["outbox_left"], {"upto": upto, "needle": "." + tenant_id}).fetchone()
     return row[0]
+
+
+def kafka_credential(conn: psycopg.Connection, tenant_id: str) -> dict | None:
+    """The tenant's Kafka credential as its broker keeps it (sql/kafka_scram.sql:
+    mechanism, iterations, salt, salted_password), or None for a tenant made
+    before they were kept."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(queries("kafka_scram")["kept"], {"t": tenant_id}).fetchone()

@@ -9,16 +9,15 @@ rollback) are proved in-process by tests/integration/test_tenant_move.py.
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import httpx
 import psycopg
 import pytest
 
-from cronwheel.core.clock import to_ms
 from cronwheel.moves import Mover
 from cronwheel.store import directory as dirstore
+from tests.support.cell_runs import RunsSeen, assert_each_instant_once, runs_of
 from tests.support.cells import OPERATOR_KEY, ROUTER, two_cells
 from tests.support.wait import wait_for
 
@@ -43,14 +42,6 @@ def _tenant(cell: str) -> dict:
     answer = httpx.post(f"{ROUTER}/v1/tenants", json=body, headers=OPERATOR, timeout=30)
     assert answer.status_code == 201, answer.text
     return answer.json()
-
-
-def _runs(url: str, job_id: str) -> dict[str, tuple[int, int]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT run_id, scheduled_at, created_at FROM runs WHERE job_id = %s", [job_id]
-        ).fetchall()
-    return {r[0]: (to_ms(r[1]), to_ms(r[2])) for r in rows}
 
 
 def _rows(url: str, tenant_id: str) -> dict[str, int]:
@@ -97,18 +88,9 @@ def test_move__us_to_eu_while_a_500ms_job_fires__each_instant_once__rows_in_eu_o
     assert made.status_code == 201, made.text
     job_id = made.json()["job_id"]
 
-    seen: dict[str, dict] = {"us": {}, "eu": {}}
-    stop = threading.Event()
-
-    def watch() -> None:  # what each cell held at any time (the source's go at cleanup)
-        while not stop.is_set():
-            seen["us"].update(_runs(us, job_id))
-            seen["eu"].update(_runs(eu, job_id))
-            stop.wait(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    # What each cell held at any time (the source's rows go at the cleanup).
+    with RunsSeen({"us": us, "eu": eu}, job_id) as watch:
+        seen = watch.seen
         wait_for(lambda: len(seen["us"]) >= 4, 30, what="the job to fire in us")
         started = httpx.post(
             f"{ROUTER}/v1/tenants/{tid}/move", json={"cell": "eu"}, headers=OPERATOR, timeout=30
@@ -127,19 +109,9 @@ def test_move__us_to_eu_while_a_500ms_job_fires__each_instant_once__rows_in_eu_o
         assert move["frozen_ms"] is not None and move["finished_at"]
         after = len(seen["eu"])
         wait_for(lambda: len(seen["eu"]) >= after + 4, 30, what="the job to fire on in eu")
-    finally:
-        stop.set()
-        watcher.join(10)
 
-    runs = {**seen["us"], **_runs(eu, job_id)}
-    by_instant: dict[int, set[str]] = {}
-    for run_id, (instant, _) in runs.items():
-        by_instant.setdefault(instant, set()).add(run_id)
-    assert all(len(ids) == 1 for ids in by_instant.values()), "an instant fired twice"
-    instants = sorted(by_instant)
-    gaps = [b - a for a, b in zip(instants, instants[1:], strict=False)]
-    assert gaps == [500] * len(gaps), "an instant is missing"
-    assert set(seen["us"]) <= set(_runs(eu, job_id)), "a run of the source was not copied"
+    assert_each_instant_once({**seen["us"], **runs_of(eu, job_id)}, 500)
+    assert set(seen["us"]) <= set(runs_of(eu, job_id)), "a run of the source was not copied"
 
     assert set(_rows(us, tid).values()) == {0}
     in_eu = _rows(eu, tid)
