@@ -11,7 +11,11 @@ it. Operator key only (the router checked it before calling here).
   error}`; 404 when it has none.
 
 At start-up the router resumes every open move (a mover that died is
-replaced by the next router to start): each step is idempotent.
+replaced by the next router to start): each step is idempotent. One router
+advances a move at a time: the one holding the move's lease in the directory
+(services/router/move_lease.py); another that resumes or is asked about the
+same move waits on the lease, and takes the move over when the holder's lease
+runs out (it died) or carries on when the move is final.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import logging
 import re
 import threading
 
+import psycopg
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 from cronwheel.directory import Directory
-from cronwheel.moves import Mover, MoveRefused
+from cronwheel.moves import FINAL, Mover, MoveRefused
 from cronwheel.store.directory import Move
+from services.router.move_lease import TTL_S, LeaseLost, MoveLease, new_owner
 
 log = logging.getLogger("cronwheel.router.moves")
 
@@ -35,12 +41,45 @@ MOVE_PATH = re.compile(r"^/v1/tenants/([A-Za-z0-9_-]{1,100})/move$")
 MAX_BODY = 4096
 
 
+class LeasedMover(Mover):
+    """`base`'s protocol for one run of one move, every step (and every wait
+    of the drain, and a rollback) taken only while `lease` is held: LeaseLost
+    stops it at the first of those after another router took the lease."""
+
+    def __init__(self, base: Mover, lease: MoveLease):
+        self.lease = lease
+        self._wait = base.sleep
+        super().__init__(base.directory_dsn, base.cell_dsns, base.settings, sleep=self._sleep)
+
+    def advance(self, move_id: str) -> Move:
+        self.lease.check()
+        return super().advance(move_id)
+
+    def rollback(self, move_id: str, why: str) -> Move:
+        self.lease.check()
+        return super().rollback(move_id, why)
+
+    def _sleep(self, seconds: float) -> None:
+        self.lease.check()
+        self._wait(seconds)
+
+
 class Moves:
-    def __init__(self, mover: Mover, directory: Directory):
+    def __init__(
+        self,
+        mover: Mover,
+        directory: Directory,
+        *,
+        owner: str | None = None,
+        lease_ttl_s: float = TTL_S,
+    ):
         self.mover = mover
         self.directory = directory
+        self.owner = owner or new_owner()
+        self.lease_ttl_s = lease_ttl_s
         self._running: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     def resume(self) -> None:
         """Run every open move to its end (a router started after a mover died)."""
@@ -58,15 +97,48 @@ class Moves:
         thread.start()
 
     def _body(self, move_id: str) -> None:
+        """Advance the move under its lease until it is final; while another
+        router holds the lease, wait (and take over if that router dies)."""
+        lease = MoveLease(self.mover.directory_dsn, move_id, self.owner, self.lease_ttl_s)
         try:
-            move = self.mover.run(move_id)
-            log.info("move %s ended %s", move_id, move.state)
+            while self._take(lease):
+                try:
+                    with lease.kept():
+                        move = LeasedMover(self.mover, lease).run(move_id)
+                    log.info("move %s ended %s", move_id, move.state)
+                    return
+                except LeaseLost as e:
+                    log.warning("move %s: %s; it carries the move on", move_id, e)
         except Exception:
             log.exception("move %s: the mover failed; it resumes at the next start", move_id)
         finally:
+            lease.release()
             moved = self.mover.get(move_id)
             if moved is not None:
                 self.directory.forget(moved.tenant_id)
+
+    def _take(self, lease: MoveLease) -> bool:
+        """Wait until this router holds the move's lease (True), or the move
+        is final or gone, or this router stops (False)."""
+        while not self._stop.is_set():
+            try:
+                move = self.mover.get(lease.move_id)
+                if move is None or move.state in FINAL:
+                    return False
+                if lease.acquire():
+                    return True
+            except psycopg.Error as e:  # the directory away: try again
+                log.warning("move %s: the directory did not answer: %s", lease.move_id, e)
+            self._stop.wait(lease.ttl_s / 3)
+        return False
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop waiting on leases and wait for the moves this router runs."""
+        self._stop.set()
+        with self._lock:
+            threads = list(self._running.values())
+        for thread in threads:
+            thread.join(timeout)
 
     async def handle(self, request: Request, tenant_id: str) -> Response:
         if request.method == "GET":
