@@ -110,6 +110,8 @@ def cmd_migrate(args) -> None:
             kind = "contract" if m.contract else "expand"
             state = "pending" if m.version in waiting else "applied"
             print(f"{m.version:04d}_{m.name:<40} {kind:<8} {state}")
+        for line in _backfill_lines(url):
+            print(line)
         return
     applied = migrate(url, contract=args.contract)
     for m in applied:
@@ -123,6 +125,74 @@ def cmd_migrate(args) -> None:
         print(line)
     if not applied and not waiting and not cell_lines:
         print("schema up to date")
+
+
+def _backfill_lines(url: str) -> list[str]:
+    """The backfills' progress (run_history.py), one line each."""
+    import psycopg
+
+    from cronwheel.store import runs_daily
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = runs_daily.backfill_rows(conn)
+    lines = []
+    for r in rows:
+        if r["finished_at"] is not None:
+            state = f"done at {r['finished_at']:%Y-%m-%d %H:%M:%S}"
+        elif r["started_at"] is None:
+            state = "not started: `cronwheel backfill`"
+        else:
+            state = f"running, last batch at {r['updated_at']:%Y-%m-%d %H:%M:%S}"
+        total = f" of ~{r['total']}" if r["total"] else ""
+        lines.append(
+            f"backfill {r['name']:<31} visited {r['visited']}{total}, copied {r['copied']}"
+            f" runs and {r['copied_attempts']} attempts; {state}"
+        )
+    return lines
+
+
+def cmd_backfill(args) -> None:
+    """Copy runs and run_attempts into the day-partitioned tables (migration
+    0025), batched, throttled and resumable, beside the running services."""
+    from cronwheel import metrics, run_history
+    from cronwheel.runtime import stop_on_signals
+    from cronwheel.store import runs_daily
+
+    if args.metrics_addr:
+        metrics.serve("backfill", config.Metrics(addr=args.metrics_addr, port=None))
+    url = config.database_url()
+    if args.reset:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            runs_daily.backfill_reset(conn)
+    retention = config.load(config.RunRetention)
+    options = run_history.BackfillOptions(args.batch, args.rate, retention.days)
+    p = run_history.backfill(url, options, stop_on_signals())
+    print(
+        f"backfill runs_daily: visited {p.visited}, copied {p.copied} runs and"
+        f" {p.copied_attempts} attempts; {'done' if p.done else 'stopped, resumable'}"
+    )
+
+
+def cmd_retention(args) -> None:
+    """Make the day partitions ahead and drop the days past the retention."""
+    from cronwheel import run_history
+    from cronwheel.runtime import stop_on_signals
+
+    retention = config.load(config.RunRetention)
+    stop = stop_on_signals()
+    while True:
+        done = run_history.retention_pass(
+            config.database_url(), retention.days, retention.ahead_days
+        )
+        print(
+            f"retention: made {len(done.made)} days, dropped {len(done.dropped)} days,"
+            f" deleted {done.default_deleted} expired runs from the default partition",
+            flush=True,
+        )
+        if not args.every or stop.wait(args.every):
+            return
 
 
 def _migrate_cells(contract: bool) -> list[str]:
@@ -230,6 +300,21 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
         help="list every migration, expand or contract, applied or pending; apply nothing",
     )
     sp.set_defaults(func=cmd_migrate)
+    sp = sub.add_parser(
+        "backfill", help="copy run history into its day partitions (resumable; issue 25)"
+    )
+    sp.add_argument("--batch", type=int, default=1000, help="runs a transaction (1000)")
+    sp.add_argument("--rate", type=float, default=None, help="runs a second at most")
+    sp.add_argument("--reset", action="store_true", help="start the copy over from the first run")
+    sp.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
+                    help="serve the progress gauges for Prometheus there")  # fmt: skip
+    sp.set_defaults(func=cmd_backfill)
+    sp = sub.add_parser(
+        "retention", help="make run history's days ahead, drop those past the retention"
+    )
+    sp.add_argument("--every", type=float, default=None, metavar="SECONDS",
+                    help="repeat the pass until SIGTERM")  # fmt: skip
+    sp.set_defaults(func=cmd_retention)
     if add_verbs is not None:
         add_verbs(sub)
     secrets = sub.add_parser("secrets", help="the keys that seal secrets at rest")

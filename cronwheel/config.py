@@ -352,6 +352,25 @@ class Processed:
     retention_ms: int = setting("CRONWHEEL_PROCESSED_RETENTION_MS", 7 * 86_400_000, minimum=1)
 
 
+# The longest a tenant's own run retention may be (tenants.run_retention_days).
+MAX_RUN_RETENTION_DAYS = 3650
+
+
+@dataclass(frozen=True)
+class RunRetention:
+    """Run history's retention (docs/migrations.md, "Worked example: run
+    retention"): `cronwheel retention` drops the days past it, the gateway's
+    run reads stop at it."""
+
+    # Days a run is kept after its scheduled instant, unless its tenant has a
+    # `run_retention_days` of its own; a run not yet finished is kept anyway.
+    days: int = setting(
+        "CRONWHEEL_RUN_RETENTION_DAYS", 30, minimum=1, maximum=MAX_RUN_RETENTION_DAYS
+    )
+    # Day partitions `cronwheel retention` keeps made ahead of today.
+    ahead_days: int = setting("CRONWHEEL_RUN_PARTITIONS_AHEAD_DAYS", 7, minimum=1, maximum=90)
+
+
 def _cidrs(text: str) -> tuple[Network, ...]:
     return tuple(allowed_networks(text))
 

@@ -83,6 +83,76 @@ CREATE FUNCTION public.cronwheel_tenant_scope() RETURNS text
     AS $$ SELECT NULLIF(current_setting('cronwheel.tenant_id', true), '') $$;
 
 --
+-- Name: run_attempts_daily_mirror_delete(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.run_attempts_daily_mirror_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM run_attempts_daily d USING mirrored o
+     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id AND d.attempt = o.attempt;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: run_attempts_daily_mirror_upsert(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.run_attempts_daily_mirror_upsert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO run_attempts_daily
+    SELECT a.partition_id, a.run_id, a.attempt, a.worker_id, a.started_at, a.finished_at,
+           a.outcome, a.error, r.scheduled_at, r.tenant_id
+      FROM mirrored a
+      JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
+    ON CONFLICT (partition_id, run_id, attempt, scheduled_at) DO UPDATE SET
+        worker_id = EXCLUDED.worker_id, started_at = EXCLUDED.started_at,
+        finished_at = EXCLUDED.finished_at, outcome = EXCLUDED.outcome,
+        error = EXCLUDED.error;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: runs_daily_mirror_delete(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.runs_daily_mirror_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM runs_daily d USING mirrored o
+     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id
+       AND d.scheduled_at = o.scheduled_at;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: runs_daily_mirror_upsert(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.runs_daily_mirror_upsert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO runs_daily SELECT * FROM mirrored
+    ON CONFLICT (partition_id, run_id, scheduled_at) DO UPDATE SET
+        tenant_id = EXCLUDED.tenant_id, job_id = EXCLUDED.job_id,
+        workflow_run_id = EXCLUDED.workflow_run_id, node = EXCLUDED.node,
+        covers = EXCLUDED.covers, priority = EXCLUDED.priority, spec = EXCLUDED.spec,
+        state = EXCLUDED.state, attempt = EXCLUDED.attempt,
+        start_token = EXCLUDED.start_token, worker_id = EXCLUDED.worker_id,
+        lease_expires_at = EXCLUDED.lease_expires_at, result = EXCLUDED.result,
+        error = EXCLUDED.error, created_at = EXCLUDED.created_at,
+        started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
+        updated_at = EXCLUDED.updated_at, reannounced = EXCLUDED.reannounced,
+        last_reannounced_at = EXCLUDED.last_reannounced_at;
+    RETURN NULL;
+END $$;
+
+--
 -- Name: api_keys; Type: TABLE; Schema: public
 --
 
@@ -93,6 +163,23 @@ CREATE TABLE public.api_keys (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     revoked_at timestamp with time zone,
     label text
+);
+
+--
+-- Name: backfills; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.backfills (
+    name text NOT NULL,
+    after_partition_id smallint,
+    after_run_id text,
+    visited bigint DEFAULT 0 NOT NULL,
+    copied bigint DEFAULT 0 NOT NULL,
+    copied_attempts bigint DEFAULT 0 NOT NULL,
+    total bigint,
+    started_at timestamp with time zone,
+    updated_at timestamp with time zone,
+    finished_at timestamp with time zone
 );
 
 --
@@ -229,10 +316,117 @@ CREATE TABLE public.run_attempts (
 );
 
 --
+-- Name: run_attempts_daily; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.run_attempts_daily (
+    partition_id smallint NOT NULL,
+    run_id text NOT NULL,
+    attempt integer NOT NULL,
+    worker_id text,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    error text,
+    scheduled_at timestamp with time zone NOT NULL,
+    tenant_id text NOT NULL
+)
+PARTITION BY RANGE (scheduled_at);
+
+--
+-- Name: run_attempts_daily_default; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.run_attempts_daily_default (
+    partition_id smallint NOT NULL,
+    run_id text NOT NULL,
+    attempt integer NOT NULL,
+    worker_id text,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    error text,
+    scheduled_at timestamp with time zone NOT NULL,
+    tenant_id text NOT NULL
+);
+
+--
 -- Name: runs; Type: TABLE; Schema: public
 --
 
 CREATE TABLE public.runs (
+    partition_id smallint NOT NULL,
+    run_id text NOT NULL,
+    tenant_id text NOT NULL,
+    job_id text,
+    workflow_run_id text,
+    node text,
+    scheduled_at timestamp with time zone NOT NULL,
+    covers jsonb,
+    priority text DEFAULT 'normal'::text NOT NULL,
+    spec jsonb NOT NULL,
+    state public.run_state DEFAULT 'PENDING'::public.run_state NOT NULL,
+    attempt integer DEFAULT 1 NOT NULL,
+    start_token text,
+    worker_id text,
+    lease_expires_at timestamp with time zone,
+    result jsonb,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    reannounced integer,
+    last_reannounced_at timestamp with time zone,
+    CONSTRAINT finished_iff_terminal CHECK (((state = ANY (ARRAY['SUCCEEDED'::public.run_state, 'FAILED'::public.run_state, 'TIMED_OUT'::public.run_state, 'CANCELLED'::public.run_state, 'SKIPPED'::public.run_state])) = (finished_at IS NOT NULL))),
+    CONSTRAINT running_has_token CHECK (((state <> 'RUNNING'::public.run_state) OR ((start_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT runs_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT runs_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023))),
+    CONSTRAINT runs_reannounced_check CHECK ((reannounced >= 1))
+)
+WITH (fillfactor='80');
+
+--
+-- Name: runs_daily; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.runs_daily (
+    partition_id smallint NOT NULL,
+    run_id text NOT NULL,
+    tenant_id text NOT NULL,
+    job_id text,
+    workflow_run_id text,
+    node text,
+    scheduled_at timestamp with time zone NOT NULL,
+    covers jsonb,
+    priority text DEFAULT 'normal'::text NOT NULL,
+    spec jsonb NOT NULL,
+    state public.run_state DEFAULT 'PENDING'::public.run_state NOT NULL,
+    attempt integer DEFAULT 1 NOT NULL,
+    start_token text,
+    worker_id text,
+    lease_expires_at timestamp with time zone,
+    result jsonb,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    reannounced integer,
+    last_reannounced_at timestamp with time zone,
+    CONSTRAINT finished_iff_terminal CHECK (((state = ANY (ARRAY['SUCCEEDED'::public.run_state, 'FAILED'::public.run_state, 'TIMED_OUT'::public.run_state, 'CANCELLED'::public.run_state, 'SKIPPED'::public.run_state])) = (finished_at IS NOT NULL))),
+    CONSTRAINT running_has_token CHECK (((state <> 'RUNNING'::public.run_state) OR ((start_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT runs_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT runs_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023))),
+    CONSTRAINT runs_reannounced_check CHECK ((reannounced >= 1))
+)
+PARTITION BY RANGE (scheduled_at);
+
+--
+-- Name: runs_daily_default; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.runs_daily_default (
     partition_id smallint NOT NULL,
     run_id text NOT NULL,
     tenant_id text NOT NULL,
@@ -320,7 +514,8 @@ CREATE TABLE public.tenants (
     kafka_scram_mechanism text,
     kafka_scram_iterations integer,
     kafka_scram_salt bytea,
-    kafka_scram_salted_password bytea
+    kafka_scram_salted_password bytea,
+    run_retention_days integer
 );
 
 --
@@ -470,6 +665,18 @@ CREATE TABLE public.workflows (
 );
 
 --
+-- Name: run_attempts_daily_default; Type: TABLE ATTACH; Schema: public
+--
+
+ALTER TABLE ONLY public.run_attempts_daily ATTACH PARTITION public.run_attempts_daily_default DEFAULT;
+
+--
+-- Name: runs_daily_default; Type: TABLE ATTACH; Schema: public
+--
+
+ALTER TABLE ONLY public.runs_daily ATTACH PARTITION public.runs_daily_default DEFAULT;
+
+--
 -- Name: api_keys api_keys_key_hash_key; Type: CONSTRAINT; Schema: public
 --
 
@@ -482,6 +689,13 @@ ALTER TABLE ONLY public.api_keys
 
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_pkey PRIMARY KEY (key_id);
+
+--
+-- Name: backfills backfills_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.backfills
+    ADD CONSTRAINT backfills_pkey PRIMARY KEY (name);
 
 --
 -- Name: idempotency_keys idempotency_keys_pkey; Type: CONSTRAINT; Schema: public
@@ -526,11 +740,39 @@ ALTER TABLE ONLY public.processed
     ADD CONSTRAINT processed_pkey PRIMARY KEY (consumer, message_key);
 
 --
+-- Name: run_attempts_daily run_attempts_daily_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.run_attempts_daily
+    ADD CONSTRAINT run_attempts_daily_pkey PRIMARY KEY (partition_id, run_id, attempt, scheduled_at);
+
+--
+-- Name: run_attempts_daily_default run_attempts_daily_default_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.run_attempts_daily_default
+    ADD CONSTRAINT run_attempts_daily_default_pkey PRIMARY KEY (partition_id, run_id, attempt, scheduled_at);
+
+--
 -- Name: run_attempts run_attempts_pkey; Type: CONSTRAINT; Schema: public
 --
 
 ALTER TABLE ONLY public.run_attempts
     ADD CONSTRAINT run_attempts_pkey PRIMARY KEY (partition_id, run_id, attempt);
+
+--
+-- Name: runs_daily runs_daily_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.runs_daily
+    ADD CONSTRAINT runs_daily_pkey PRIMARY KEY (partition_id, run_id, scheduled_at);
+
+--
+-- Name: runs_daily_default runs_daily_default_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.runs_daily_default
+    ADD CONSTRAINT runs_daily_default_pkey PRIMARY KEY (partition_id, run_id, scheduled_at);
 
 --
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: public
@@ -573,6 +815,13 @@ ALTER TABLE ONLY public.tenants
 
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (tenant_id);
+
+--
+-- Name: tenants tenants_run_retention_days_check; Type: CHECK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE public.tenants
+    ADD CONSTRAINT tenants_run_retention_days_check CHECK (((run_retention_days >= 1) AND (run_retention_days <= 3650))) NOT VALID;
 
 --
 -- Name: tenants tenants_state_check; Type: CHECK CONSTRAINT; Schema: public
@@ -667,6 +916,42 @@ CREATE INDEX outbox_partition ON public.outbox USING btree (partition_id, id);
 CREATE INDEX processed_age ON public.processed USING btree (consumer, processed_at);
 
 --
+-- Name: runs_daily_job; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_job ON ONLY public.runs_daily USING btree (job_id, scheduled_at DESC) WHERE (job_id IS NOT NULL);
+
+--
+-- Name: runs_daily_default_job_id_scheduled_at_idx; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_default_job_id_scheduled_at_idx ON public.runs_daily_default USING btree (job_id, scheduled_at DESC) WHERE (job_id IS NOT NULL);
+
+--
+-- Name: runs_daily_unfinished; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_unfinished ON ONLY public.runs_daily USING btree (partition_id, scheduled_at) WHERE (finished_at IS NULL);
+
+--
+-- Name: runs_daily_default_partition_id_scheduled_at_idx; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_default_partition_id_scheduled_at_idx ON public.runs_daily_default USING btree (partition_id, scheduled_at) WHERE (finished_at IS NULL);
+
+--
+-- Name: runs_daily_tenant_created; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_tenant_created ON ONLY public.runs_daily USING btree (tenant_id, created_at DESC, run_id DESC);
+
+--
+-- Name: runs_daily_default_tenant_id_created_at_run_id_idx; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_default_tenant_id_created_at_run_id_idx ON public.runs_daily_default USING btree (tenant_id, created_at DESC, run_id DESC);
+
+--
 -- Name: runs_job; Type: INDEX; Schema: public
 --
 
@@ -745,10 +1030,76 @@ CREATE INDEX workflow_runs_workflow ON public.workflow_runs USING btree (workflo
 CREATE INDEX workflows_tenant ON public.workflows USING btree (tenant_id, created_at, workflow_id) WHERE (deleted_at IS NULL);
 
 --
+-- Name: run_attempts_daily_default_pkey; Type: INDEX ATTACH; Schema: public
+--
+
+ALTER INDEX public.run_attempts_daily_pkey ATTACH PARTITION public.run_attempts_daily_default_pkey;
+
+--
+-- Name: runs_daily_default_job_id_scheduled_at_idx; Type: INDEX ATTACH; Schema: public
+--
+
+ALTER INDEX public.runs_daily_job ATTACH PARTITION public.runs_daily_default_job_id_scheduled_at_idx;
+
+--
+-- Name: runs_daily_default_partition_id_scheduled_at_idx; Type: INDEX ATTACH; Schema: public
+--
+
+ALTER INDEX public.runs_daily_unfinished ATTACH PARTITION public.runs_daily_default_partition_id_scheduled_at_idx;
+
+--
+-- Name: runs_daily_default_pkey; Type: INDEX ATTACH; Schema: public
+--
+
+ALTER INDEX public.runs_daily_pkey ATTACH PARTITION public.runs_daily_default_pkey;
+
+--
+-- Name: runs_daily_default_tenant_id_created_at_run_id_idx; Type: INDEX ATTACH; Schema: public
+--
+
+ALTER INDEX public.runs_daily_tenant_created ATTACH PARTITION public.runs_daily_default_tenant_id_created_at_run_id_idx;
+
+--
 -- Name: jobs jobs_notify_destination; Type: TRIGGER; Schema: public
 --
 
 CREATE TRIGGER jobs_notify_destination AFTER INSERT OR UPDATE OF target ON public.jobs FOR EACH ROW EXECUTE FUNCTION public.cronwheel_notify_destination();
+
+--
+-- Name: run_attempts run_attempts_daily_mirror_delete; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER run_attempts_daily_mirror_delete AFTER DELETE ON public.run_attempts REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_delete();
+
+--
+-- Name: run_attempts run_attempts_daily_mirror_insert; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER run_attempts_daily_mirror_insert AFTER INSERT ON public.run_attempts REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_upsert();
+
+--
+-- Name: run_attempts run_attempts_daily_mirror_update; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER run_attempts_daily_mirror_update AFTER UPDATE ON public.run_attempts REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_upsert();
+
+--
+-- Name: runs runs_daily_mirror_delete; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER runs_daily_mirror_delete AFTER DELETE ON public.runs REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_delete();
+
+--
+-- Name: runs runs_daily_mirror_insert; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER runs_daily_mirror_insert AFTER INSERT ON public.runs REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_upsert();
+
+--
+-- Name: runs runs_daily_mirror_update; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER runs_daily_mirror_update AFTER UPDATE ON public.runs REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_upsert();
 
 --
 -- Name: tenants tenants_notify; Type: TRIGGER; Schema: public
@@ -869,10 +1220,22 @@ CREATE POLICY operator ON public.jobs TO cronwheel_operator USING (true);
 CREATE POLICY operator ON public.run_attempts TO cronwheel_operator USING (true);
 
 --
+-- Name: run_attempts_daily operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.run_attempts_daily TO cronwheel_operator USING (true);
+
+--
 -- Name: runs operator; Type: POLICY; Schema: public
 --
 
 CREATE POLICY operator ON public.runs TO cronwheel_operator USING (true);
+
+--
+-- Name: runs_daily operator; Type: POLICY; Schema: public
+--
+
+CREATE POLICY operator ON public.runs_daily TO cronwheel_operator USING (true);
 
 --
 -- Name: tenant_limits operator; Type: POLICY; Schema: public
@@ -959,10 +1322,22 @@ CREATE POLICY platform ON public.jobs TO cronwheel_platform USING (true);
 CREATE POLICY platform ON public.run_attempts TO cronwheel_platform USING (true);
 
 --
+-- Name: run_attempts_daily platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.run_attempts_daily TO cronwheel_platform USING (true);
+
+--
 -- Name: runs platform; Type: POLICY; Schema: public
 --
 
 CREATE POLICY platform ON public.runs TO cronwheel_platform USING (true);
+
+--
+-- Name: runs_daily platform; Type: POLICY; Schema: public
+--
+
+CREATE POLICY platform ON public.runs_daily TO cronwheel_platform USING (true);
 
 --
 -- Name: tenant_limits platform; Type: POLICY; Schema: public
@@ -1031,10 +1406,22 @@ CREATE POLICY platform ON public.workflows TO cronwheel_platform USING (true);
 ALTER TABLE public.run_attempts ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: run_attempts_daily; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.run_attempts_daily ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: runs; Type: ROW SECURITY; Schema: public
 --
 
 ALTER TABLE public.runs ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: runs_daily; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.runs_daily ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: tenant_limits; Type: ROW SECURITY; Schema: public
@@ -1075,10 +1462,22 @@ CREATE POLICY tenant_scope ON public.run_attempts TO cronwheel_gateway USING ((E
   WHERE ((r.partition_id = run_attempts.partition_id) AND (r.run_id = run_attempts.run_id) AND (r.tenant_id = public.cronwheel_tenant_scope())))));
 
 --
+-- Name: run_attempts_daily tenant_scope; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_scope ON public.run_attempts_daily TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
+
+--
 -- Name: runs tenant_scope; Type: POLICY; Schema: public
 --
 
 CREATE POLICY tenant_scope ON public.runs TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
+
+--
+-- Name: runs_daily tenant_scope; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_scope ON public.runs_daily TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: tenant_limits tenant_scope; Type: POLICY; Schema: public
@@ -1209,6 +1608,12 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.api_keys TO cronwheel_gateway;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.api_keys TO cronwheel_operator;
 
 --
+-- Name: TABLE backfills; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.backfills TO cronwheel_platform;
+
+--
 -- Name: TABLE idempotency_keys; Type: ACL; Schema: public
 --
 
@@ -1285,12 +1690,40 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_gate
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_operator;
 
 --
+-- Name: TABLE run_attempts_daily; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts_daily TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts_daily TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts_daily TO cronwheel_operator;
+
+--
+-- Name: TABLE run_attempts_daily_default; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts_daily_default TO cronwheel_platform;
+
+--
 -- Name: TABLE runs; Type: ACL; Schema: public
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_platform;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_gateway;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_operator;
+
+--
+-- Name: TABLE runs_daily; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs_daily TO cronwheel_platform;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs_daily TO cronwheel_gateway;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs_daily TO cronwheel_operator;
+
+--
+-- Name: TABLE runs_daily_default; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs_daily_default TO cronwheel_platform;
 
 --
 -- Name: TABLE schema_migrations; Type: ACL; Schema: public

@@ -26,6 +26,7 @@ from services.gateway.routes import (
     health,
     jobs,
     quotas,
+    retention,
     runs,
     schedules,
     system,
@@ -89,7 +90,7 @@ def create_app(
     )
     app.state.gateway = gateway
     problems.install(app)
-    for module in (tenants, quotas, jobs, runs, workflows, schedules, health, system):
+    for module in (tenants, quotas, retention, jobs, runs, workflows, schedules, health, system):
         app.include_router(module.router)
     app.include_router(console.router)  # /ui/: static files over the same /v1 API
     if jobs_fastpath is None:

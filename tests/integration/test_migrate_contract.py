@@ -95,4 +95,9 @@ def test_cli_migrate_status__lists_kind_and_state_applies_nothing(empty_database
 
     migrate(empty_database)
     after = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert all(line.endswith(" applied") for line in after.stdout.splitlines())
+    migrations = [line for line in after.stdout.splitlines() if not line.startswith("backfill ")]
+    assert len(migrations) == len(discover())
+    assert all(line.endswith(" applied") for line in migrations)
+    # The run-history backfill's progress (issue 25): nothing to copy in a new database.
+    [backfill] = [line for line in after.stdout.splitlines() if line.startswith("backfill ")]
+    assert backfill.startswith("backfill runs_daily ") and "; done at " in backfill

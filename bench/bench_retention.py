@@ -1,0 +1,191 @@
+"""Run retention (issue 25; docs/migrations.md, "Worked example: run
+retention"), three figures:
+
+1. backfill: `--backfill-runs` (200,000) finished runs, each with one
+   attempt, written to `runs` with the mirror triggers off (as rows older
+   than migration 0025 are), then copied by the backfill (cronwheel
+   run_history.backfill, unthrottled) at two batch sizes: runs/s.
+2. drop: a day partition of `--day-runs` runs (100,000, then 10x that) past
+   the horizon, with 10 runs still RUNNING, dropped by a retention pass: the
+   drop's transaction in ms (the time the parents' lock is held), which does
+   not grow with the day's rows. A day at 1,000 runs/s is 86.4 M runs: too
+   big for this box; the figure at two sizes shows the cost is the catalog
+   work and the files' unlink, not the rows.
+3. storm: the firing storm (bench/bench_firing_storm's `storm`, `--storm`
+   one-off jobs due at one instant) on a fresh database with the mirror
+   triggers off (as before the expand step), with them on, then on one
+   holding `--history-days` (7) days of `--history-per-day` (100,000) runs in
+   runs and runs_daily (its day partitions made): runs/s end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from common import (
+    Reader,
+    Services,
+    create_tenants,
+    delete_topics,
+    fresh_database,
+    grant,
+    header,
+    say,
+    storm,
+    vacuum_analyze,
+)
+
+from cronwheel import run_history
+from cronwheel.kafka import Topics
+from cronwheel.store import runs_daily
+
+# Finished runs of one tenant, `n` of them, spread over the days before
+# `until` (`per_day` a day), into `target` (runs, or runs_daily directly).
+_RUNS = """
+INSERT INTO {target} (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state,
+                      attempt, start_token, lease_expires_at, created_at, started_at,
+                      finished_at, updated_at)
+SELECT g %% 1024, lpad(to_hex(g %% 1024), 3, '0') || substr(md5(%(seed)s || g::text), 1, 29),
+       %(tenant)s, 'job_bench', s, '{{}}'::jsonb, %(state)s::run_state, 1,
+       CASE WHEN %(state)s = 'RUNNING' THEN 'tok' END,
+       CASE WHEN %(state)s = 'RUNNING' THEN s + interval '1 hour' END, s, s,
+       CASE WHEN %(state)s = 'RUNNING' THEN NULL ELSE s END, s
+  FROM generate_series(0, %(n)s - 1) AS g,
+       LATERAL (SELECT %(until)s::timestamptz
+                       - interval '1 day' * (1 + g / %(per_day)s)
+                       + interval '1 millisecond' * (g %% %(per_day)s)
+                         * (86400000 / %(per_day)s) AS s) t
+"""
+_ATTEMPTS = """
+INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at, finished_at,
+                          outcome)
+SELECT partition_id, run_id, 1, 'bench', started_at, finished_at, 'SUCCEEDED' FROM runs
+"""
+
+
+def _load(conn, target: str, tenant: str, n: int, per_day: int, until: datetime,
+          state: str = "SUCCEEDED") -> None:  # fmt: skip
+    conn.execute(
+        _RUNS.format(target=target),
+        {"seed": uuid.uuid4().hex, "tenant": tenant, "n": n, "per_day": per_day,
+         "until": until, "state": state},
+    )  # fmt: skip
+
+
+def bench_backfill(n: int) -> None:
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    for batch in (1000, 5000):
+        with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
+            tenant = create_tenants(conn, 1)[0]["tenant_id"]
+            conn.execute("ALTER TABLE runs DISABLE TRIGGER USER")
+            conn.execute("ALTER TABLE run_attempts DISABLE TRIGGER USER")
+            _load(conn, "runs", tenant, n, max(1, n // 5), today)
+            conn.execute(_ATTEMPTS)
+            conn.execute("ALTER TABLE runs ENABLE TRIGGER USER")
+            conn.execute("ALTER TABLE run_attempts ENABLE TRIGGER USER")
+            runs_daily.backfill_reset(conn)
+            vacuum_analyze(url)
+            began = time.perf_counter()
+            p = run_history.backfill(url, run_history.BackfillOptions(batch=batch))
+            took = time.perf_counter() - began
+            assert p.done and p.copied == n, p
+            say(
+                f"backfill: {n:,} runs and {p.copied_attempts:,} attempts over 5 days, batch"
+                f" {batch}: {took:.1f} s, {n / took:,.0f} runs/s (one process, unthrottled;"
+                " day partitions made on the way)"
+            )
+
+
+def bench_drop(sizes: list[int]) -> None:
+    now = datetime.now(UTC)
+    day = (now - timedelta(days=40)).date()
+    for n in sizes:
+        with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
+            tenant = create_tenants(conn, 1)[0]["tenant_id"]
+            runs_daily.ensure_days(conn, [day])
+            until = datetime.combine(day + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+            began = time.perf_counter()
+            _load(conn, "runs_daily", tenant, n, n, until)
+            _load(conn, "runs_daily", tenant, 10, 10, until, state="RUNNING")
+            loaded = time.perf_counter() - began
+            vacuum_analyze(url)
+            size = conn.execute(
+                "SELECT pg_total_relation_size(%s)", [runs_daily.runs_part(day)]
+            ).fetchone()[0]
+            p = run_history.retention_pass(url, default_days=30, ahead_days=1)
+            [d] = p.dropped
+            kept = conn.execute("SELECT count(*) FROM runs_daily_default").fetchone()[0]
+            say(
+                f"drop: a day of {n:,} runs ({size / 2**20:,.0f} MiB with its indexes; loaded"
+                f" in {loaded:.1f} s) dropped in {d.seconds * 1000:.1f} ms (detach, keep"
+                f" {d.kept_runs} RUNNING runs, drop: the parents' lock held that long);"
+                f" kept in the default partition: {kept}"
+            )
+
+
+def bench_storm(jobs: int, days: int, per_day: int) -> None:
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    topics = Topics(prefix)
+    grant(prefix)
+    names: list[str] = []
+    try:
+        # The mirror off first: what the expand step's triggers cost the storm.
+        for history, mirror in ((0, False), (0, True), (days, True)):
+            with fresh_database() as url:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    tenants = create_tenants(conn, 10)
+                    if not mirror:
+                        conn.execute("ALTER TABLE runs DISABLE TRIGGER USER")
+                    if history:
+                        today = datetime.now(UTC).date()
+                        runs_daily.ensure_days(
+                            conn, [today - timedelta(days=i) for i in range(1, history + 1)]
+                        )
+                        midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
+                        _load(conn, "runs", tenants[0]["tenant_id"], history * per_day,
+                              per_day, midnight)  # fmt: skip
+                        conn.execute(_ATTEMPTS)
+                    runs_daily.ensure_ahead(conn, datetime.now(UTC).date(), 1)
+                    n_runs = conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0]
+                vacuum_analyze(url)
+                names = [topics.runs(t["tenant_id"]) for t in tenants]
+                with Reader(names) as reader, Services(url, prefix) as services:
+                    r = storm(url, services, reader, tenants, topics, jobs)
+                case = f"{history} days of history" + ("" if mirror else ", mirror off")
+                say(
+                    f"storm {jobs // 1000}k, {case} ({n_runs:,} runs in runs_daily):"
+                    f" {r.rate:,.0f} runs/s end to end"
+                )
+                for line in r.lines(f"storm {jobs // 1000}k, {case}"):
+                    say("  " + line)
+                delete_topics(names)
+                names = []
+    finally:
+        if names:
+            delete_topics(names)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--backfill-runs", type=int, default=200_000)
+    ap.add_argument("--day-runs", type=int, default=100_000)
+    ap.add_argument("--storm", type=int, default=10_000)
+    ap.add_argument("--history-days", type=int, default=7)
+    ap.add_argument("--history-per-day", type=int, default=100_000)
+    ap.add_argument("--only", choices=["backfill", "drop", "storm"], default=None)
+    args = ap.parse_args()
+    header("bench_retention: run history by day (backfill, drop, storm with history)")
+    if args.only in (None, "backfill"):
+        bench_backfill(args.backfill_runs)
+    if args.only in (None, "drop"):
+        bench_drop([args.day_runs, args.day_runs * 10])
+    if args.only in (None, "storm"):
+        bench_storm(args.storm, args.history_days, args.history_per_day)
+
+
+if __name__ == "__main__":
+    main()
