@@ -1,5 +1,7 @@
 """Reading runs for the API: a tenant's runs filtered and paged, and one run with
-the history of its attempts. Writes to runs live in firing.py and lifecycle.py.
+the history of its attempts, from the day-partitioned runs_daily (v0.3.0),
+cut at the tenant's retention. Writes to runs live in firing.py and
+lifecycle.py (mirrored into runs_daily by migration 0025's triggers).
 
 Cursors are keyset positions `<created_at in µs>.<run_id>` (opaque to clients):
 a page is stable while new runs arrive, and a deep page costs what the first
@@ -8,24 +10,32 @@ one does.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from datetime import UTC, datetime, timedelta
 
 from psycopg.rows import dict_row
 
+from cronwheel import config
 from cronwheel.core.clock import iso, to_ms
 from cronwheel.core.errors import NotFound, ValidationError
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.jobs import shown_target
 from cronwheel.core.runs import RunState
-from cronwheel.store.sql_loader import queries
+from cronwheel.store.sql_loader import queries, splice
 
-Q = queries("runs_read")
+Q = splice(queries("runs_read"), {"runs_read": queries("runs_read")})
 MAX_LIMIT = 200
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+
+
+@functools.cache
+def _default_days() -> int:
+    """CRONWHEEL_RUN_RETENTION_DAYS: where a tenant's reads stop without its own."""
+    return config.load(config.RunRetention).days
 
 
 def _when(dt: datetime | None) -> str | None:
@@ -103,6 +113,7 @@ def list_runs(
             Q["list_runs"],
             {
                 "tenant_id": tenant_id,
+                "default_days": _default_days(),
                 "job_id": _id_filter(job_id, "job_id"),
                 "state": state,
                 "workflow_run_id": _id_filter(workflow_run_id, "workflow_run_id"),
@@ -125,12 +136,14 @@ def get_run(conn, tenant_id: str, run_id: str) -> dict:
         p = partition_of_run(run_id)
     except ValueError as e:
         raise NotFound("run") from e
-    args = {"p": p, "run_id": run_id, "tenant_id": tenant_id}
+    args = {"p": p, "run_id": run_id, "tenant_id": tenant_id, "default_days": _default_days()}
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["get_run"], args).fetchone()
         if row is None:
             raise NotFound("run")
-        attempts = cur.execute(Q["run_attempts"], args).fetchall()
+        attempts = cur.execute(
+            Q["run_attempts"], {**args, "scheduled_at": row["scheduled_at"]}
+        ).fetchall()
     out = view(row)
     out["attempts"] = [
         {

@@ -1,8 +1,10 @@
 """Run history by day (issue 25; migration 0025): runs mirrored into
 runs_daily in their writers' transactions, a duplicate fire still one run
 across a day boundary, the backfill resumable after a kill and copying every
-row once, retention dropping whole days yet keeping a run not finished, and a
-tenant's own retention, set by the operator, honoured."""
+row once, retention dropping whole days yet keeping a run not finished, a
+tenant's own retention, set by the operator, honoured; and (v0.3.0) the run
+reads from runs_daily, cut at the tenant's retention, a dropped day gone from
+them though `runs` keeps it until the contract step."""
 
 from __future__ import annotations
 
@@ -394,3 +396,69 @@ def test_retention_routes__operator_only_and_unknown_tenant_404(client):
     assert r.status_code == 403, r.text
     r = client.put("/v1/tenants/ten_nobody/retention", json=body, headers=OP)
     assert r.status_code == 404, r.text
+
+
+# -- the reads switched (v0.3.0): from runs_daily, cut at the tenant's retention ---------
+
+
+def _listed(client, tenant: dict, job_id: str) -> set[str]:
+    r = client.get("/v1/runs", params={"job_id": job_id, "limit": 200}, headers=tenant["auth"])
+    assert r.status_code == 200, r.text
+    return {run["run_id"] for run in r.json()["items"]}
+
+
+def _retention(client, tenant: dict, days: int | None) -> None:
+    r = client.put(f"/v1/tenants/{tenant['tenant_id']}/retention",
+                   json={"run_retention_days": days}, headers=OP)  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def test_run_reads__cut_at_the_tenants_retention__unfinished_runs_shown(
+    client,
+    admin_database_url,
+):
+    t, job = _tenant_job(client, "reads")
+    today = datetime.now(UTC).date()
+    old, recent = today - timedelta(days=40), today - timedelta(days=1)
+    _fire(client, t, job, _midnight(old), _midnight(old) + timedelta(seconds=1))
+    _fire(client, t, job, _midnight(recent), _midnight(recent))
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        done, pending, fresh = (r[0] for r in _runs_at(conn, job))
+    _succeed(client, t, done)
+    _succeed(client, t, fresh)
+
+    assert _listed(client, t, job) == {pending, fresh}
+    assert client.get(f"/v1/runs/{done}", headers=t["auth"]).status_code == 404
+    got = client.get(f"/v1/runs/{fresh}", headers=t["auth"])
+    assert got.status_code == 200 and [a["outcome"] for a in got.json()["attempts"]] == [
+        "SUCCEEDED"
+    ]
+    _retention(client, t, 60)
+    assert _listed(client, t, job) == {done, pending, fresh}
+    _retention(client, t, 1)
+    assert _listed(client, t, job) == {pending}  # `fresh` is from yesterday's midnight
+
+
+def test_run_reads__day_dropped_by_retention__gone_though_runs_keeps_it(
+    client,
+    admin_database_url,
+):
+    t, job = _tenant_job(client, "reads-dropped")
+    old = datetime.now(UTC).date() - timedelta(days=40)
+    _fire(client, t, job, _midnight(old), _midnight(old) + timedelta(seconds=1))
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        runs_daily.ensure_days(conn, [old])
+        done, pending = (r[0] for r in _runs_at(conn, job))
+    _succeed(client, t, done)
+    _retention(client, t, 60)
+    assert _listed(client, t, job) == {done, pending}
+    _retention(client, t, None)
+
+    dropped = run_history.retention_pass(admin_database_url, default_days=30, ahead_days=1)
+
+    assert [d.day for d in dropped.dropped] == [old]
+    _retention(client, t, 60)
+    assert _listed(client, t, job) == {pending}
+    assert client.get(f"/v1/runs/{pending}", headers=t["auth"]).json()["state"] == "PENDING"
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM runs WHERE job_id = %s", [job]).fetchone() == (2,)
