@@ -137,7 +137,8 @@ def retention_pass(
     RETENTION_KEPT.inc(sum(d.kept_runs for d in dropped))
     for d in dropped:
         log.info(
-            "retention: dropped %s (~%d runs) in %.1f ms, kept %d unfinished runs",
-            d.day, d.rows_estimate, d.seconds * 1000, d.kept_runs,
+            "retention: dropped %s (~%d runs): detached in %.1f ms, dropped in %.1f ms,"
+            " kept %d unfinished runs",
+            d.day, d.rows_estimate, d.seconds * 1000, d.drop_seconds * 1000, d.kept_runs,
         )  # fmt: skip
     return RetentionPass(made, dropped, deleted)

@@ -371,6 +371,28 @@ def test_retention__a_tenants_longer_override__keeps_the_day_until_it_passes(
     assert r.status_code == 200 and r.json()["run_retention_days"] is None
 
 
+def test_retention__a_pass_killed_between_detach_and_drop__next_pass_drops_the_tables(
+    admin_database_url,
+):
+    old = datetime.now(UTC).date() - timedelta(days=40)
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        runs_daily.ensure_days(conn, [old])
+        conn.execute(f"ALTER TABLE runs_daily DETACH PARTITION {runs_daily.runs_part(old)}")
+        conn.execute(
+            f"ALTER TABLE run_attempts_daily DETACH PARTITION {runs_daily.attempts_part(old)}"
+        )
+        assert runs_daily.detached(conn) == [old]
+
+    run_history.retention_pass(admin_database_url, default_days=30, ahead_days=1)
+
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert runs_daily.detached(conn) == []
+        assert conn.execute(
+            "SELECT to_regclass(%s), to_regclass(%s)",
+            [runs_daily.runs_part(old), runs_daily.attempts_part(old)],
+        ).fetchone() == (None, None)
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -36,11 +36,22 @@ ALTER TABLE runs_daily ATTACH PARTITION {runs_part} FOR VALUES FROM ({lo}) TO ({
 ALTER TABLE run_attempts_daily ATTACH PARTITION {attempts_part} FOR VALUES FROM ({lo}) TO ({hi});
 GRANT SELECT, INSERT, UPDATE, DELETE ON {runs_part}, {attempts_part} TO cronwheel_platform;
 
+-- name: detached_days
+-- Day tables no parent has (a retention pass that died after a detach and
+-- before its drop): their unfinished runs were kept in the detach's
+-- transaction, so they are dropped as they are.
+SELECT c.relname AS name
+  FROM pg_class c
+ WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
+   AND c.relname ~ '^runs_daily_p[0-9]{8}$' AND NOT c.relispartition
+ ORDER BY c.relname;
+
 -- name: detach_day
 -- A day past the horizon, out of the parents. DETACH takes the parents'
--- ACCESS EXCLUSIVE lock until the transaction ends (so does DROP of a
--- partition): the caller's lock_timeout bounds the wait, and what follows
--- under the lock reads the day's unfinished runs only, by its partial index.
+-- ACCESS EXCLUSIVE lock until the transaction ends: the caller's
+-- lock_timeout bounds the wait, and what follows under the lock reads the
+-- day's unfinished runs only, by its partial index. The DROP comes after the
+-- commit (drop_day), on tables no longer partitions, so it locks them alone.
 ALTER TABLE runs_daily DETACH PARTITION {runs_part};
 ALTER TABLE run_attempts_daily DETACH PARTITION {attempts_part};
 
