@@ -2,18 +2,20 @@
 handles the RunReady records the other release writes, through the real broker
 and a real gateway, timer, relay and dispatcher as processes.
 
-This release writes RunReady v2 (traceparent, cell); the previous release
-(RELEASES' last line; v0.1.0 when this test came in) shipped the same file
-staged, and writes v1.
+This release writes RunReady v2 (traceparent, cell); v0.1.0 shipped the same
+file staged, and wrote v1. "The previous release" is RELEASES' last line.
 
-- The previous release's SDK worker, from its tree and unchanged (its
+- v0.1.0's SDK worker, from its tree and unchanged (its
   tests/support/sdk_worker.py), handles the v2 records this release's
   services write: a run that succeeds, and a run retried once, whose second
   announcement is v2 too.
-- This release's SDK worker handles the v1 records the previous release's
+- This release's SDK worker handles the records the previous release's
   gateway, timer, relay and dispatcher write (on this release's expand
-  schema, as in test_upgrade.py): the same two runs, their `traceparent` and
-  `cell` None.
+  schema, as in test_upgrade.py): the same two runs (v0.1.0's were v1, their
+  `traceparent` and `cell` None).
+- From v0.2.0 on the previous release writes v2 itself, so the v1 records
+  are written by v0.1.0's own code (its events.run_ready, from its tree) for
+  runs this release's gateway made, and this release's SDK handles them.
 - Every schema file the previous release holds is here, unchanged (a staged
   file under its published name): a record it wrote or reads names its
   schema by fingerprint.
@@ -24,18 +26,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
+from cronwheel import kafka as cwkafka
 from cronwheel.core import events
 from cronwheel.core.avro import SCHEMA_DIR, SchemaRegistry, SchemaVersion, default_registry
 from cronwheel.sdk import Run, Worker
@@ -50,9 +56,28 @@ pytestmark = pytest.mark.e2e
 
 release = upgrade.release  # the module-scoped fixture: (the release, its exported tree)
 
+
+@pytest.fixture(scope="module")
+def v1_release(tmp_path_factory) -> tuple[previous.Release, Path]:
+    """v0.1.0, the last release that writes RunReady v1 (and the first that
+    held v2, staged), exported as RELEASES names it: what this SDK must still
+    read from a platform not yet upgraded, or a topic's older records."""
+    entries = [line.split() for line in previous.RELEASES.read_text().splitlines()]
+    (commit,) = [e[1] for e in entries if e[:1] == [V1_TAG] and len(e) == 2]
+    rel = previous.Release(V1_TAG, commit)
+    tree = tmp_path_factory.mktemp(f"release-{V1_TAG}")
+    try:
+        previous.export(rel, tree)
+    except previous.Unavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    return rel, tree
+
+
 OPERATOR_KEY = "cwop_test_" + uuid.uuid4().hex
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED")
 CELL = "cell-up"
+V1_TAG = "v0.1.0"
+V1 = SchemaVersion.load(SCHEMA_DIR / "RunReady.v1.avsc").fingerprint
 V2 = SchemaVersion.load(SCHEMA_DIR / "RunReady.v2.avsc").fingerprint
 
 
@@ -124,10 +149,29 @@ def finished(api: httpx.Client, ids: list[str]) -> list[dict]:
     return wait_for(states, timeout=60, interval=0.2, what="both runs terminal")
 
 
-def test_previous_sdk__handles_the_v2_records_this_release_writes(
-    release, database_url, kafka_bootstrap, topic_prefix
+def this_sdk_handles(topic, handle, base, tenant, bootstrap, api, ids) -> list[dict]:
+    """This release's SDK Worker (in a thread, with the tenant's key and Kafka
+    credentials) on `topic` until the runs `ids` are terminal; their runs."""
+    creds = tenant["kafka"]
+    worker = Worker(
+        topic, handle, api_url=base, api_key=tenant["api_key"], bootstrap=bootstrap,
+        kafka_username=creds["username"], kafka_password=creds["password"],
+        concurrency=2, drain_seconds=5,
+    )  # fmt: skip
+    thread = threading.Thread(target=worker.run, name="sdk-worker-this", daemon=True)
+    thread.start()
+    try:
+        return finished(api, ids)
+    finally:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def test_v0_1_0_sdk__handles_the_v2_records_this_release_writes(
+    v1_release, database_url, kafka_bootstrap, topic_prefix
 ):
-    _rel, tree = release
+    _rel, tree = v1_release  # the first SDK with the v2 file, staged: the oldest to read v2
     with psycopg.connect(database_url, autocommit=True) as conn:  # its handler's effects
         conn.execute("CREATE TABLE sdk_effects (run_id text PRIMARY KEY)")
         conn.execute(
@@ -173,7 +217,7 @@ def test_previous_sdk__handles_the_v2_records_this_release_writes(
         assert datum["traceparent"] == events.traceparent(datum["run_id"], datum["attempt"])
 
 
-def test_this_sdk__handles_the_v1_records_the_previous_release_writes(
+def test_this_sdk__handles_the_records_the_previous_release_writes(
     release, servers, kafka_bootstrap, topic_prefix
 ):
     _rel, tree = release
@@ -193,20 +237,7 @@ def test_this_sdk__handles_the_v1_records_the_previous_release_writes(
         platform(functools.partial(upgrade.start_previous, launch, tree)) as (base, tenant, api),
     ):
         topic, ids = two_runs(api)
-        kafka = tenant["kafka"]
-        worker = Worker(
-            topic, handle, api_url=base, api_key=tenant["api_key"], bootstrap=kafka_bootstrap,
-            kafka_username=kafka["username"], kafka_password=kafka["password"],
-            concurrency=2, drain_seconds=5,
-        )  # fmt: skip
-        thread = threading.Thread(target=worker.run, name="sdk-worker-this", daemon=True)
-        thread.start()
-        try:
-            done = finished(api, ids)
-        finally:
-            worker.stop()
-            thread.join(30)
-        assert not thread.is_alive()
+        done = this_sdk_handles(topic, handle, base, tenant, kafka_bootstrap, api, ids)
         assert [(r["state"], r["attempt"]) for r in done] == [("SUCCEEDED", 1), ("SUCCEEDED", 2)]
         assert done[1]["result"] == {"attempt": 2}
 
@@ -226,6 +257,73 @@ def test_this_sdk__handles_the_v1_records_the_previous_release_writes(
         assert {(r.traceparent, r.cell) for r in seen} == {(None, None)}
     else:  # a later previous release, which writes v2 itself
         assert all(r.traceparent == events.traceparent(r.run_id, r.attempt) for r in seen)
+
+
+# v0.1.0's events.run_ready, run from its tree: kwargs as JSON lines in, hex out.
+V1_WRITER = (
+    "import json, sys\n"
+    "from cronwheel.core import events\n"
+    "for line in sys.stdin:\n"
+    "    print(events.run_ready(**json.loads(line)).hex())\n"
+)
+
+
+def test_this_sdk__handles_v1_records_as_v0_1_0_writes_them(
+    v1_release, database_url, kafka_bootstrap, topic_prefix
+):
+    """Not v0.1.0's services (the upgrade guarantee holds between neighbour
+    releases only), its record writer: the run this release's gateway made,
+    announced again as v0.1.0 announced runs, on the queue topic; no relay or
+    dispatcher runs, so this release's own v2 record stays in the outbox."""
+    _rel, tree = v1_release
+    seen: list[Run] = []
+
+    def seen_and_done(run: Run) -> dict:
+        seen.append(run)
+        return {"attempt": run.attempt}
+
+    with (
+        launcher(database_url, kafka_bootstrap, topic_prefix, lease_ttl_ms=3000) as launch,
+        platform(lambda name, **env: name == "gateway" and launch.start(name, **env))
+        as (base, tenant, api),
+    ):  # fmt: skip
+        topic, ids = two_runs(api)
+        with psycopg.connect(database_url) as conn:
+            outbox = dict(conn.execute("SELECT key, value FROM outbox").fetchall())
+        kwargs = []
+        for run_id in ids:
+            _, d = default_registry().decode(bytes(outbox[run_id.encode()]))
+            kwargs.append(json.dumps({
+                "run_id": d["run_id"], "tenant_id": d["tenant_id"], "job_id": d["job_id"],
+                "partition_id": d["partition_id"], "attempt": d["attempt"],
+                "scheduled_ms": d["scheduled_at"], "created_ms": d["created_at"],
+                "priority": d["priority"], "target_type": d["target_type"],
+                "queue": d["queue"], "payload": d["payload"],
+            }))  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", V1_WRITER], input="\n".join(kwargs) + "\n",
+            cwd=tree, env=previous.env(tree), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        values = [bytes.fromhex(h) for h in out.stdout.split()]
+        assert [v[2:10] for v in values] == [V1, V1]
+
+        cwkafka.ensure_topics(
+            [topic], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher"
+        )
+        producer = cwkafka.producer(kafka_bootstrap, principal="dispatcher")
+        for run_id, value in zip(ids, values, strict=True):
+            producer.produce(topic, key=run_id.encode(), value=value)
+        assert producer.flush(15) == 0
+
+        done = this_sdk_handles(topic, seen_and_done, base, tenant, kafka_bootstrap, api, ids)
+        assert [r["state"] for r in done] == ["SUCCEEDED", "SUCCEEDED"]
+    assert sorted(r.run_id for r in seen) == sorted(ids)
+    assert {(r.traceparent, r.cell) for r in seen} == {(None, None)}
+    assert {json.dumps(r.payload, sort_keys=True) for r in seen} == {
+        '{"n": 1}',
+        '{"fail": "retry"}',
+    }
 
 
 def test_schemas__every_file_of_the_previous_release__is_here_unchanged(release):
