@@ -115,6 +115,11 @@ class Dozing:
         self.dozing: set[Where] = set()
         self._last: dict[Where, float] = {}  # a record read or a wake, per partition
         self._by_topic: dict[str, set[Where]] = {}
+        # Woken and not read since: the record the wake announced may be on
+        # the broker while the watermark the last fetch brought is older
+        # (a partition assigned again is not fetched at once), so "caught
+        # up" is asked of the broker before such a partition dozes again.
+        self.unread: set[Where] = set()
         self._next_check = 0.0
         self._next_sweep = time.monotonic() + self.sweep_s
         self.missed_total = 0  # wakes the sweep made up for
@@ -138,6 +143,7 @@ class Dozing:
     def forget(self, key: Where) -> None:
         self._last.pop(key, None)
         self.dozing.discard(key)
+        self.unread.discard(key)
         same = self._by_topic.get(key[0])
         if same is not None:
             same.discard(key)
@@ -148,6 +154,7 @@ class Dozing:
 
     def read(self, key: Where) -> None:
         self._last[key] = time.monotonic()
+        self.unread.discard(key)
 
     def woken(self, topic: str) -> list[Where]:
         """A wake for `topic`: its partitions are awake for `after_ms` again;
@@ -156,16 +163,23 @@ class Dozing:
         back = []
         for key in self._by_topic.get(topic, ()):
             self._last[key] = now
+            self.unread.add(key)
             if key in self.dozing:
                 self.dozing.discard(key)
                 back.append(key)
         return back
 
     def to_doze(
-        self, caught_up: Callable[[Where], bool], busy: Callable[[Where], bool]
+        self,
+        caught_up: Callable[[Where], bool],
+        busy: Callable[[Where], bool],
+        admin: AdminClient | None = None,
+        position: Callable[[Where], int | None] = lambda _key: None,
     ) -> list[Where]:
         """At most once per `check_ms`: the partitions to doze now (quiet for
-        `after_ms`, caught up, and not paused or held for another reason)."""
+        `after_ms`, caught up, and not paused or held for another reason).
+        One woken and not read since is caught up only if the broker's end
+        offset (asked through `admin`) is not past `position`."""
         now = time.monotonic()
         if now < self._next_check:
             return []
@@ -176,6 +190,16 @@ class Dozing:
             for key, last in self._last.items()
             if last <= quiet and key not in self.dozing and not busy(key) and caught_up(key)
         ]
+        unsure = [key for key in out if key in self.unread]
+        if unsure:
+            past = self._ends_past(admin, unsure, position) if admin else None
+            behind = set(unsure if past is None else past)  # unknown: stays awake
+            for key in unsure:
+                if key in behind:
+                    self._last[key] = now  # awake: its record is on the way
+                else:
+                    self.unread.discard(key)
+            out = [key for key in out if key not in behind]
         self.dozing.update(out)
         return out
 
@@ -186,27 +210,36 @@ class Dozing:
         if now < self._next_sweep or not self.dozing:
             return []
         self._next_sweep = now + self.sweep_s
-        asked = {TopicPartition(t, p): (t, p) for t, p in self.dozing}
-        try:
-            futures = admin.list_offsets(
-                {tp: OffsetSpec.latest() for tp in asked}, request_timeout=5
-            )
-        except KafkaException as exc:
-            log.warning("sweep of %d dozing partitions failed: %s", len(asked), exc)
-            return []
-        moved = []
-        for tp, fut in futures.items():
-            key = asked[tp]
-            try:
-                end = fut.result().offset
-            except KafkaException:
-                moved.append(key)  # unknown: fetch it again rather than guess
-                continue
-            at = position(key)  # None or < 0: not known, so from the start
-            if end > max(at or 0, 0):
-                moved.append(key)
+        moved = self._ends_past(admin, list(self.dozing), position) or []
         for key in moved:
             self.dozing.discard(key)
             self._last[key] = now
         self.missed_total += len(moved)
         return moved
+
+    @staticmethod
+    def _ends_past(
+        admin: AdminClient, keys: list[Where], position: Callable[[Where], int | None]
+    ) -> list[Where] | None:
+        """Those of `keys` whose end offset on the broker is past `position`
+        (one ListOffsets request per broker); None if it cannot be asked."""
+        asked = {TopicPartition(t, p): (t, p) for t, p in keys}
+        try:
+            futures = admin.list_offsets(
+                {tp: OffsetSpec.latest() for tp in asked}, request_timeout=5
+            )
+        except KafkaException as exc:
+            log.warning("end offsets of %d partitions unavailable: %s", len(asked), exc)
+            return None
+        past = []
+        for tp, fut in futures.items():
+            key = asked[tp]
+            try:
+                end = fut.result().offset
+            except KafkaException:
+                past.append(key)  # unknown: fetch it again rather than guess
+                continue
+            at = position(key)  # None or < 0: not known, so from the start
+            if end > max(at or 0, 0):
+                past.append(key)
+        return past

@@ -650,7 +650,14 @@ class Dispatcher(ConsumerService):
         def busy(key: tuple[str, int]) -> bool:
             return key in self._class_paused or key in self._held
 
-        quiet = self.dozing.to_doze(caught_up, busy)
+        def position(key: tuple[str, int]) -> int | None:
+            # Where it was consumed to; else its start, as `caught_up` reads it.
+            if key in self._next:
+                return self._next[key]
+            low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            return low
+
+        quiet = self.dozing.to_doze(caught_up, busy, self._admin, position)
         if quiet:
             self._fall_asleep(consumer, quiet)
         moved = self.dozing.sweep(self._admin, self._dozed_at.get)
