@@ -108,10 +108,10 @@ def produce(
                 raise
             make_topic(record["topic"])
             make_topic = None
-            _learn_topic(producer, record["topic"])
+            learn_topic(producer, record["topic"])
 
 
-def _learn_topic(producer: Producer, topic: str, timeout: float = 10.0) -> None:
+def learn_topic(producer: Producer, topic: str, timeout: float = 10.0) -> None:
     """Refresh the producer's metadata of a topic just made: it remembers the
     topic as unknown, and refuses a produce to it, until its metadata says
     otherwise. Bounded by `timeout` (then the produce's error stands)."""
@@ -139,6 +139,7 @@ class DeadLetters:
     ):
         self.producer = producer
         self.make_topic = make_topic  # for a dead-letter topic not made yet (`produce`)
+        self._made = False  # make_topic called and the topic learned
         self.topic = topic
         self.consumer = consumer
         self.log = log
@@ -172,9 +173,14 @@ class DeadLetters:
     def produce(self, m: Message, p: Poison, on_delivery: Callable | None = None) -> None:
         """Produce `m`'s dead letter; `on_delivery(err, msg)` says whether the
         broker has it (only then may `m`'s offset be committed)."""
-        produce(
-            self.producer, make_topic=self.make_topic, **self.record(m, p), on_delivery=on_delivery
-        )
+        if self.make_topic is not None and not self._made:
+            # Made, and learned by the producer, before the first dead letter:
+            # a producer not yet told the topic is missing takes the record
+            # and holds it 30 s before failing it (the relay's wake topic).
+            self.make_topic(self.topic)
+            learn_topic(self.producer, self.topic)
+            self._made = True
+        produce(self.producer, **self.record(m, p), on_delivery=on_delivery)
 
     def count(self, p: Poison) -> None:
         self.total += 1

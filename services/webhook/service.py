@@ -248,7 +248,7 @@ class WebhookService:
     def _make_topic(self, name: str) -> None:
         """The dead-letter topic, where it does not exist yet (its ACLs allow it)."""
         kafka.ensure_topics([name], bootstrap=self.bootstrap, principal=CONSUMER)
-        log.info("created %s: it did not exist", name)
+        log.info("%s made before the first dead letter (or there already)", name)
 
     def _subscribe(self) -> Consumer:
         self._consumer = kafka.consumer(
