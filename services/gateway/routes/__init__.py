@@ -5,11 +5,13 @@ out. Validation belongs to the core; these modules add only what HTTP knows."""
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from cronwheel.core.errors import NotFound
+from services.gateway import accounts
 from services.gateway.transactions import Gateway
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -28,3 +30,14 @@ def ident(value: str, what: str) -> str:
     if not _ID.match(value):
         raise NotFound(what)
     return value
+
+
+def of_tenant(gw: Gateway, who, tenant_id: str, fn: Callable[[Any, str], Any]):
+    """An operator request on one tenant: 404 for an unknown one, else `fn(tx, tid)`."""
+    tid = ident(tenant_id, "tenant")
+
+    def run(tx):
+        accounts.get_tenant(tx.conn, tid)
+        return fn(tx, tid)
+
+    return gw.as_operator(who, run)

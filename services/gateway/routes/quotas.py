@@ -23,7 +23,7 @@ from services.gateway import accounts
 from services.gateway import openapi as oa
 from services.gateway.auth import AnyCaller
 from services.gateway.bodies import JsonObject
-from services.gateway.routes import Gw, ident
+from services.gateway.routes import Gw, ident, of_tenant
 from services.gateway.routes.tenants import TENANT
 
 router = APIRouter(tags=["tenants"])
@@ -151,24 +151,13 @@ def put_priority_classes(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObjec
     return gw.as_operator(who, lambda tx: set_classes(tx.conn, tid, body))
 
 
-def _of_tenant(gw, who, tenant_id: str, fn: Callable[[Any, str], Any]):
-    """An operator request on one tenant: 404 for an unknown one, else `fn(tx, tid)`."""
-    tid = ident(tenant_id, "tenant")
-
-    def run(tx):
-        accounts.get_tenant(tx.conn, tid)
-        return fn(tx, tid)
-
-    return gw.as_operator(who, run)
-
-
 @router.get(
     "/v1/tenants/{tenant_id}/quotas",
     responses=oa.ok(QUOTAS, 200, 403, 404),
     summary="A tenant's fire and dispatch rate quotas and what they held back (operator)",
 )
 def get_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
-    return _of_tenant(gw, who, tenant_id, lambda tx, tid: quotas.get_quotas(tx.conn, tid, tx.now))
+    return of_tenant(gw, who, tenant_id, lambda tx, tid: quotas.get_quotas(tx.conn, tid, tx.now))
 
 
 @router.put(
@@ -178,7 +167,7 @@ def get_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
     summary="Set or remove a tenant's token buckets on firing and dispatch rates (operator)",
 )
 def put_quotas(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObject):
-    return _of_tenant(
+    return of_tenant(
         gw, who, tenant_id, lambda tx, tid: quotas.set_quotas(tx.conn, tid, body, tx.now)
     )
 
@@ -190,7 +179,7 @@ def put_quotas(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObject):
 )
 def get_object_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
     defaults = accounts.object_defaults(who.request.app)
-    return _of_tenant(
+    return of_tenant(
         gw, who, tenant_id, lambda tx, tid: quotas.object_limits(tx.conn, tid, defaults)
     )
 
@@ -203,7 +192,7 @@ def get_object_quotas(gw: Gw, who: AnyCaller, tenant_id: str):
 )
 def put_object_quotas(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObject):
     defaults = accounts.object_defaults(who.request.app)
-    return _of_tenant(
+    return of_tenant(
         gw,
         who,
         tenant_id,

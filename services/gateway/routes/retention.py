@@ -15,7 +15,7 @@ from cronwheel.store import retention
 from services.gateway import openapi as oa
 from services.gateway.auth import AnyCaller
 from services.gateway.bodies import JsonObject
-from services.gateway.routes import Gw, ident
+from services.gateway.routes import Gw, of_tenant
 
 router = APIRouter(tags=["tenants"])
 
@@ -55,8 +55,9 @@ def _default_days() -> int:
     summary="How many days a tenant's runs are kept (operator)",
 )
 def get_retention(gw: Gw, who: AnyCaller, tenant_id: str):
-    tid = ident(tenant_id, "tenant")
-    return gw.as_operator(who, lambda tx: retention.get(tx.conn, tid, _default_days()))
+    return of_tenant(
+        gw, who, tenant_id, lambda tx, tid: retention.get(tx.conn, tid, _default_days())
+    )
 
 
 @router.put(
@@ -66,10 +67,8 @@ def get_retention(gw: Gw, who: AnyCaller, tenant_id: str):
     summary="Set a tenant's run retention in days; null returns it to the default (operator)",
 )
 def put_retention(gw: Gw, who: AnyCaller, tenant_id: str, body: JsonObject):
-    tid = ident(tenant_id, "tenant")
-
-    def put(tx):
+    def put(tx, tid: str):
         days = retention.checked_days(body, config.MAX_RUN_RETENTION_DAYS)  # 422 naming the field
         return retention.set_days(tx.conn, tid, days, _default_days())
 
-    return gw.as_operator(who, put)
+    return of_tenant(gw, who, tenant_id, put)
