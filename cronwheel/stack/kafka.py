@@ -155,6 +155,9 @@ class LocalKafka:
     def up(self) -> None:
         if self.running():
             wait_until(self._answers, 60, "Kafka", on_fail=self._log_tail)
+            # A broker already up gets them too: the topic prefix or the
+            # roles may have changed since it started.
+            self.grant()
             return
         java = require_command("java", "install a JDK (17+) or set KAFKA_BOOTSTRAP")
         libs = ensure_jars()
