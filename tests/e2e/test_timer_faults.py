@@ -235,7 +235,7 @@ def _pause_between_claim_and_verify(conn, timer: ServiceProc, app: str, seconds:
         )
         # Landed only if the claim took something: a claim that found nothing
         # commits on resume with nothing to fence.
-        mine = list(_epochs(conn, timer.owner()))
+        mine = list(lease_epochs(conn, timer.owner()))
         if _claiming(conn, app, ("idle in transaction",)) and _locked_timers(conn, mine) > 0:
             return True
         timer.resume()
@@ -270,7 +270,8 @@ def _unlocked_leases_of(conn, owner: str) -> int:
         )
 
 
-def _epochs(conn, owner: str) -> dict[int, int]:
+def lease_epochs(conn, owner: str) -> dict[int, int]:
+    """{partition: epoch} of the timer leases `owner` holds or last held."""
     return dict(
         conn.execute(
             "SELECT partition_id, epoch FROM partition_leases"
@@ -300,7 +301,7 @@ def test_timer__paused_past_its_lease__taken_over_and_fenced__one_run_per_instan
     fenced_before = _fenced_total(port)
 
     for _ in range(3):
-        a_epochs = _epochs(conn, a.owner())
+        a_epochs = lease_epochs(conn, a.owner())
         b_had = owned_count(conn, "timer", b_owner)
         landed = _pause_between_claim_and_verify(conn, a, "timer-a", seconds=3)
 
@@ -320,7 +321,7 @@ def test_timer__paused_past_its_lease__taken_over_and_fenced__one_run_per_instan
         raise AssertionError("a's partitions were never taken over while it was paused")
 
     # Every partition b took from a got a higher epoch: a's known epochs are stale.
-    now_b = _epochs(conn, b_owner)
+    now_b = lease_epochs(conn, b_owner)
     taken = {p: e for p, e in now_b.items() if p in a_epochs}
     assert taken, "b took none of a's partitions"
     assert all(e > a_epochs[p] for p, e in taken.items())
@@ -334,7 +335,7 @@ def test_timer__paused_past_its_lease__taken_over_and_fenced__one_run_per_instan
     # lease a's paused transaction held locked was not taken, SKIP LOCKED,
     # and stays a's at its epoch: that is not a take-over.)
     wait_for(lambda: owned_count(conn, "timer", a.owner()) > 0, 15, 0.05, "a to rejoin")
-    back = {p: e for p, e in _epochs(conn, a.owner()).items() if p in taken}
+    back = {p: e for p, e in lease_epochs(conn, a.owner()).items() if p in taken}
     assert all(e > a_epochs[p] for p, e in back.items())
     wait_caught_up(conn, now_ms())
     fenced = _fenced_total(port) - fenced_before

@@ -29,8 +29,9 @@ DECLARES = re.compile(r"^\w+ = (?:Prom)?(?:Counter|Gauge|Histogram|Summary)\(", 
 METRIC = re.compile(r"\bcronwheel_[a-z0-9_]+\b")
 GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 MATCHER = re.compile(r"[{,]\s*([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)\s*\"")
-# Labels a scrape adds to every series (`cell`: by the scrape configuration,
-# docs/observability.md) and a histogram's buckets carry.
+# Labels every series carries beside its own: `job` and `instance` added by
+# the scrape, `cell` by the exposition (metrics.CellLabelled); and a
+# histogram's buckets carry `le`.
 TARGET_LABELS = {"job", "instance", "cell"}
 SUFFIXES = {
     "counter": ("_total", "_created"),

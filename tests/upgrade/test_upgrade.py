@@ -34,13 +34,13 @@ import pytest
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store import migrate as migrations
-from tests.e2e.test_timer_faults import _epochs as leases  # {partition: epoch} of an owner
 from tests.e2e.test_timer_faults import (
     assert_one_run_per_instant,
     create_interval_jobs,
     owned_count,
     wait_caught_up,
 )
+from tests.e2e.test_timer_faults import lease_epochs as leases
 from tests.support import db as dbsupport
 from tests.support.kafka import read_all
 from tests.support.procs import Launcher, ServiceProc, launcher
