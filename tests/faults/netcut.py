@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
+
+from services.executor.egress import find_tool
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -32,7 +33,7 @@ def available() -> str | None:
     """None when a cut can be made here; else why not."""
     if os.geteuid() != 0:
         return "network cuts need root (cgroups and nftables)"
-    if not shutil.which("nft"):
+    if not find_tool("nft"):
         return "network cuts need nft (apt-get install nftables)"
     if _cgroup2_mount() is None:
         return "network cuts need a cgroup2 hierarchy"
@@ -47,8 +48,14 @@ def _cgroup2_mount() -> Path | None:
     return None
 
 
+def _nft_path() -> str:
+    """nft where a CI job's PATH without the sbin directories still finds it
+    (the executor's egress does the same)."""
+    return find_tool("nft") or "nft"
+
+
 def _nft(script: str) -> None:
-    out = subprocess.run(["nft", "-f", "-"], input=script, text=True, capture_output=True)
+    out = subprocess.run([_nft_path(), "-f", "-"], input=script, text=True, capture_output=True)
     if out.returncode != 0:
         raise RuntimeError(f"nft refused: {out.stderr.strip()}")
 
@@ -118,7 +125,7 @@ class Cut:
     def dropped(self) -> int:
         """Packets the rule has dropped so far (the proof the cut landed)."""
         out = subprocess.run(
-            ["nft", "list", "table", "inet", self.table], text=True, capture_output=True
+            [_nft_path(), "list", "table", "inet", self.table], text=True, capture_output=True
         )
         words = out.stdout.split()
         return sum(int(n) for word, n in zip(words, words[1:], strict=False) if word == "packets")
