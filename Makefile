@@ -87,9 +87,11 @@ unit: install ## the pure tests, no servers
 # halve the wall time on two cores. A test file stays on one worker (loadfile),
 # so a file's tests that share a fixed resource never overlap.
 TEST_WORKERS ?= 3
+# --durations: every run (and CI's log) names its slowest tests, where the
+# 15-minute budget goes.
 
 test: install lint check-schemas check-migrations check-api migrate ## install, bring the stack up, run the whole suite
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # In make test too: the suite's pytest collects tests/upgrade with the rest.
 test-upgrade: migrate ## the previous release (RELEASES) on this release's expand schema; its timer beside this release's services
