@@ -39,7 +39,7 @@ number of times, asserts each time that the fault landed (e.g. the broker was
 dead while the outbox grew: the relay's produces had nowhere to go), measures
 the seconds from the server's return until the platform has caught up, and
 ends with the checker. The short version runs in `make test`
-(tests/faults/test_faults.py), the long one in `make chaos` (python -m
+(tests/faults/short.py, in two halves on two stacks), the long one in `make chaos` (python -m
 tests.faults). docs/reliability.md has the table and what each fault can lose.
 """
 
@@ -77,13 +77,22 @@ from tests.support.procs import PYTHON, ROOT, Launcher, ServiceProc
 from tests.support.wait import wait_for
 
 PORTS = {
-    "CRONWHEEL_PG_PORT": "26432",
-    "CRONWHEEL_KAFKA_PORT": "29392",
-    "CRONWHEEL_KAFKA_CONTROLLER_PORT": "29393",
+    "CRONWHEEL_PG_PORT": 26432,
+    "CRONWHEEL_KAFKA_PORT": 29392,
+    "CRONWHEEL_KAFKA_CONTROLLER_PORT": 29393,
 }
+# Two private stacks may run at once, each on its slot's ports (PORTS + 10 *
+# slot) under its own lock: `make test` runs the short scenarios in two halves
+# on two pytest workers, as they mostly wait on outages and recoveries.
+SLOTS = 2
 # Variables that would point `cronwheel up` (or the owner's URL) at other servers.
 _FOREIGN = ("DATABASE_URL", "KAFKA_BOOTSTRAP", "CRONWHEEL_ADMIN_DATABASE_URL", "CRONWHEEL_HOME")
-_LOCK = Path(tempfile.gettempdir()) / "cronwheel-faults.lock"
+
+
+def _lock_path(slot: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"cronwheel-faults-{slot}.lock"
+
+
 OPERATOR_KEY = "cwop_faults_" + uuid.uuid4().hex
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED")
 CATCHUP = {"window_ms": 120_000, "policy": "all", "max_runs": 1000}
@@ -95,13 +104,15 @@ SERVICES = ("gateway", "timer", "relay", "dispatcher")  # a scenario's default l
 class PrivateStack:
     """PostgreSQL and Kafka of the harness's own, which its faults may crash."""
 
-    def __init__(self) -> None:
-        self._lock = open(_LOCK, "w")  # noqa: SIM115 - held for the stack's life
+    def __init__(self, slot: int = 0) -> None:
+        assert 0 <= slot < SLOTS, f"slot {slot}: the harness has {SLOTS}"
+        self.ports = {name: port + 10 * slot for name, port in PORTS.items()}
+        self._lock = open(_lock_path(slot), "w")  # noqa: SIM115 - held for the stack's life
         fcntl.flock(self._lock, fcntl.LOCK_EX)  # another harness holds the ports: wait
         self.home = Path(tempfile.mkdtemp(prefix="cw-faults-"))
         self.home.chmod(0o755)  # PostgreSQL's user (we may be root) reaches home/pg
         self.env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
-        self.env.update(PORTS, CRONWHEEL_HOME=str(self.home))
+        self.env.update({k: str(v) for k, v in self.ports.items()}, CRONWHEEL_HOME=str(self.home))
         self.pg_data = data_root(self.home) / "data"
         self.admin_url = ""
         self.kafka_bootstrap = ""
@@ -191,8 +202,8 @@ class PrivateStack:
 
 
 @contextlib.contextmanager
-def private_stack():
-    st = PrivateStack()
+def private_stack(slot: int = 0):
+    st = PrivateStack(slot)
     try:
         st.up()
         yield st

@@ -50,7 +50,6 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from tests.faults import clockskew, diskfull, netcut, outbox_order, storm
 from tests.faults.harness import (
-    PORTS,
     SERVICES,
     Load,
     Platform,
@@ -309,7 +308,7 @@ def _pg_partition(stack: PrivateStack, platform: Platform, plan: Plan, report: R
     with platform.connect() as conn:
         wait_for(lambda: _balanced(conn, owners), 60, 0.2, "both timers to hold 512 partitions")
         held = {p: e for p, (o, e) in _timer_leases(conn).items() if o == cut_one.owner()}
-        with netcut.Cut(cut_one.pid, int(PORTS["CRONWHEEL_PG_PORT"])) as cut:
+        with netcut.Cut(cut_one.pid, stack.ports["CRONWHEEL_PG_PORT"]) as cut:
             t0 = time.monotonic()
 
             def taken() -> bool:
@@ -355,7 +354,7 @@ def _kafka_partition(stack: PrivateStack, platform: Platform, plan: Plan, report
     broker = stack.kafka_pid()
     with (
         platform.connect() as conn,
-        netcut.Cut(relay.pid, int(PORTS["CRONWHEEL_KAFKA_PORT"])) as cut,
+        netcut.Cut(relay.pid, stack.ports["CRONWHEEL_KAFKA_PORT"]) as cut,
     ):
         t0 = time.monotonic()
         # Landed: rows due for publishing well before now are still in the
