@@ -89,29 +89,28 @@ def expect_owned(m: Message, record: str, topic_of: Callable[[str], str]) -> dic
     return datum
 
 
-def produce(
-    producer: Producer, *, make_topic: Callable[[str], None] | None = None, **record
-) -> None:
+def produce(producer: Producer, **record) -> None:
     """`producer.produce(**record)`; while its local queue is full
-    (BufferError), let deliveries drain and try again: never drop a record.
-    A topic the broker does not have is made with `make_topic(name)`, once,
-    where the caller's role may create it (the broker creates no topic on a
-    produce: cronwheel/principals.py); without it that is the caller's error."""
+    (BufferError), let deliveries drain and try again: never drop a record."""
     while True:
         try:
             producer.produce(**record)
             return
         except BufferError:
             producer.poll(0.05)
-        except KafkaException as exc:
-            if make_topic is None or exc.args[0].code() != KafkaError._UNKNOWN_TOPIC:
-                raise
-            make_topic(record["topic"])
-            make_topic = None
-            learn_topic(producer, record["topic"])
 
 
-def learn_topic(producer: Producer, topic: str, timeout: float = 10.0) -> None:
+def make_known(producer: Producer, topic: str, make: Callable[[str], None]) -> None:
+    """Make `topic` (`make`: where the caller's role may create it; the broker
+    creates none on a produce) and have `producer` learn it, before its first
+    record there: a producer not yet told a topic is missing takes the record,
+    holds it 30 s and fails it, and a flush waits that long (the relay's first
+    wake once held its whole batch so)."""
+    make(topic)
+    _learn_topic(producer, topic)
+
+
+def _learn_topic(producer: Producer, topic: str, timeout: float = 10.0) -> None:
     """Refresh the producer's metadata of a topic just made: it remembers the
     topic as unknown, and refuses a produce to it, until its metadata says
     otherwise. Bounded by `timeout` (then the produce's error stands)."""
@@ -138,7 +137,7 @@ class DeadLetters:
         make_topic: Callable[[str], None] | None = None,
     ):
         self.producer = producer
-        self.make_topic = make_topic  # for a dead-letter topic not made yet (`produce`)
+        self.make_topic = make_topic  # for a dead-letter topic not made yet (`make_known`)
         self._made = False  # make_topic called and the topic learned
         self.topic = topic
         self.consumer = consumer
@@ -174,11 +173,7 @@ class DeadLetters:
         """Produce `m`'s dead letter; `on_delivery(err, msg)` says whether the
         broker has it (only then may `m`'s offset be committed)."""
         if self.make_topic is not None and not self._made:
-            # Made, and learned by the producer, before the first dead letter:
-            # a producer not yet told the topic is missing takes the record
-            # and holds it 30 s before failing it (the relay's wake topic).
-            self.make_topic(self.topic)
-            learn_topic(self.producer, self.topic)
+            make_known(self.producer, self.topic, self.make_topic)
             self._made = True
         produce(self.producer, **self.record(m, p), on_delivery=on_delivery)
 

@@ -37,7 +37,7 @@ import psycopg
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Firing
-from cronwheel.consumer import learn_topic, produce
+from cronwheel.consumer import make_known, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.dozing import Waker
 from cronwheel.store import outbox
@@ -254,18 +254,18 @@ class Relay:
         produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))
 
     def _produce_wake(self, producer, **record) -> None:
-        """A wake, produced as any record (a full local queue waited out). The
-        wake topic is made, and learned by the producer, before its first
-        wake from this process: a producer not yet told a topic is missing
-        accepts the record and holds it 30 s before failing it, and the
-        relay's next flush waited that long (the relay fault test, with no
-        dispatcher to have made the topic, drained its backlog 30 s late)."""
+        """A wake, produced as any record (a full local queue waited out); the
+        wake topic is made before this process's first wake to it (make_known:
+        with no dispatcher to have made it, the first wake held the relay's
+        whole backlog 30 s)."""
         wake = record["topic"]
         if wake not in self._wake_topics:
-            kafka.ensure_topics([wake], partitions=1, client=self._placement.admin)
-            learn_topic(producer, wake)
+            make_known(producer, wake, self._make_wake_topic)
             self._wake_topics.add(wake)
         produce(producer, **record)
+
+    def _make_wake_topic(self, name: str) -> None:
+        kafka.ensure_topics([name], partitions=1, client=self._placement.admin)
 
     def _release_due(self) -> int:
         """Produce the held rows whose time has come (by time, then class)."""
