@@ -214,16 +214,21 @@ def cmd_secrets_new_key(args) -> None:
 
 
 def cmd_secrets_reseal(args) -> None:
-    """Seal every webhook secret with the first key of CRONWHEEL_SECRET_KEYS:
-    rows from before migration 0016, and rows of a key being rotated out."""
+    """Seal every webhook secret and every tenant's kept Kafka credential with
+    the first key of CRONWHEEL_SECRET_KEYS: rows from before migrations 0016
+    and 0027, and rows of a key being rotated out."""
     import psycopg
 
-    from cronwheel.store import webhooks
+    from cronwheel.store import tenant_credentials, webhooks
 
     keyring = config.secret_keyring()
     with psycopg.connect(config.database_url(), autocommit=True) as conn:
         n = webhooks.reseal(conn, batch=args.batch)
-    print(f"resealed {n} webhook secrets with key {keyring.current_id}")
+        m = tenant_credentials.reseal(conn, batch=args.batch)
+    print(
+        f"resealed {n} webhook secrets and {m} tenants' Kafka credentials"
+        f" with key {keyring.current_id}"
+    )
 
 
 def cmd_kafka_grant(args) -> None:
@@ -322,7 +327,9 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
     sp = verbs.add_parser("new-key", help="print a new key for CRONWHEEL_SECRET_KEYS")
     sp.add_argument("--id", default=None, help="its key id (default kYYYYMMDD)")
     sp.set_defaults(func=cmd_secrets_new_key)
-    sp = verbs.add_parser("reseal", help="seal every webhook secret with the first key")
+    sp = verbs.add_parser(
+        "reseal", help="seal every webhook secret and tenant Kafka credential with the first key"
+    )
     sp.add_argument("--batch", type=int, default=500)
     sp.set_defaults(func=cmd_secrets_reseal)
     kafka_verbs = sub.add_parser("kafka", help="the broker's principals and ACLs").add_subparsers(

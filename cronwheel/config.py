@@ -451,6 +451,14 @@ def secret_keyring() -> Keyring:
     return _keyring
 
 
+def deployment_secret_keys() -> str:
+    """The keys every process of this deployment seals with, as text:
+    CRONWHEEL_SECRET_KEYS, else the local stack's key file. A local cell's
+    services are given these (cronwheel/stack/cells.py), not their cell home's:
+    the router's mover opens what a cell's gateway sealed."""
+    return os.environ.get("CRONWHEEL_SECRET_KEYS", "").strip() or _local_secret_keys()
+
+
 def _local_secret_keys() -> str:
     """The local stack's key file, made (mode 0600) with one fresh key if absent."""
     sealing = _sealing()

@@ -38,7 +38,7 @@ from datetime import timedelta
 import psycopg
 from confluent_kafka import KafkaException
 
-from cronwheel import moves_kafka, scram
+from cronwheel import moves_kafka
 from cronwheel.kafka import Topics
 from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cells
@@ -304,8 +304,7 @@ class Mover:
         the source's broker has it), ACLs and queue topics."""
         if not self._kafka(move):
             return
-        row = cells.kafka_credential(src, move.tenant_id)
-        kept = scram.Verifier(**row) if row else None
+        kept = cells.kafka_credential(src, move.tenant_id)
         if kept is None:
             log.warning(
                 "move %s: tenant %s has no kept Kafka credential (made before they were"

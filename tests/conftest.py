@@ -77,3 +77,16 @@ def new_topic_prefix(servers: Servers):
     """topic_prefix for fixtures wider than a test: call it for a prefix whose
     topics are deleted when the session ends."""
     return lambda: _new_topic_prefix(servers)
+
+
+@pytest.fixture
+def keyring():
+    """A keyring of the test's own (one key, "test-a"), which the store seals
+    and opens secrets at rest with until the test ends."""
+    from cronwheel.core.sealing import Keyring, new_key, parse_keys
+    from cronwheel.store import webhooks
+
+    ring = Keyring(parse_keys(f"test-a:{new_key()}"))
+    webhooks.use_keyring(ring)
+    yield ring
+    webhooks.use_keyring(None)

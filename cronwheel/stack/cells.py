@@ -5,9 +5,9 @@ database. docs/cells.md.
 Each cell is the single-cell stack unchanged, run with the cell's settings: a
 child process (`python -m cronwheel.stack.cells up`) whose environment names
 the cell's state directory `<home>/cells/<name>/` (CRONWHEEL_HOME: its
-cluster, its broker's storage and principals file, its secret keys) and the
-cell's ports. The cells start side by side (a broker takes most of its start
-waiting on the JVM). Cell i (0-based, in the order `--cells` named them) takes
+cluster, its broker's storage and principals file) and the cell's ports; the
+secret keys are the deployment's (Cell.service_env). The cells start side by
+side (a broker takes most of its start waiting on the JVM). Cell i (0-based, in the order `--cells` named them) takes
 the base ports plus STEP * (i + 1): with the defaults
 
     cell 0  PostgreSQL 25442  Kafka 29102 (controller 29103)  gateway 8090
@@ -102,8 +102,9 @@ class Cell:
     def service_env(self, base: dict[str, str]) -> dict[str, str]:
         """`base` (a process's environment) made this cell's services': its stack,
         its name (CRONWHEEL_CELL), its gateway's address, its metrics ports, the
-        directory, and the operator key of the whole deployment (the router
-        forwards the operator's requests to every cell)."""
+        directory, and the operator key and secret keys of the whole deployment
+        (the router forwards the operator's requests to every cell, and its
+        mover opens the credentials a cell's gateway sealed)."""
         from cronwheel.demo import operator_key
 
         env = {k: v for k, v in base.items() if k not in _FOREIGN}
@@ -112,6 +113,7 @@ class Cell:
         env["CRONWHEEL_HTTP_ADDR"] = f"127.0.0.1:{self.http_port}"
         env["CRONWHEEL_DIRECTORY_URL"] = directory_url()
         env["CRONWHEEL_OPERATOR_KEY"] = operator_key()
+        env["CRONWHEEL_SECRET_KEYS"] = config.deployment_secret_keys()
         if self.metrics_port is not None:
             env["CRONWHEEL_METRICS_PORT"] = str(self.metrics_port)
         return env

@@ -11,9 +11,9 @@ import functools
 from datetime import datetime
 
 import psycopg
-from psycopg.rows import dict_row
 
-from cronwheel.store import timers
+from cronwheel.scram import Verifier
+from cronwheel.store import tenant_credentials, timers
 from cronwheel.store.sql_loader import queries
 
 # Every table that holds a tenant's rows, parents before children (the copy
@@ -203,9 +203,8 @@ def outbox_left(conn: psycopg.Connection, tenant_id: str, upto: int) -> int:
     return row[0]
 
 
-def kafka_credential(conn: psycopg.Connection, tenant_id: str) -> dict | None:
-    """The tenant's Kafka credential as its broker keeps it (sql/kafka_scram.sql:
-    mechanism, iterations, salt, salted_password), or None for a tenant made
-    before they were kept."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(queries("kafka_scram")["kept"], {"t": tenant_id}).fetchone()
+def kafka_credential(conn: psycopg.Connection, tenant_id: str) -> Verifier | None:
+    """The tenant's Kafka credential as its broker keeps it, opened
+    (cronwheel/store/tenant_credentials.py), or None for a tenant made before
+    they were kept."""
+    return tenant_credentials.kept(conn, tenant_id)

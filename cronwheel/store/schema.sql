@@ -515,7 +515,8 @@ CREATE TABLE public.tenants (
     kafka_scram_iterations integer,
     kafka_scram_salt bytea,
     kafka_scram_salted_password bytea,
-    run_retention_days integer
+    run_retention_days integer,
+    kafka_scram_key_id text
 );
 
 --

@@ -51,6 +51,11 @@ def use_keyring(keyring: Keyring | None) -> None:
     _keyring = config.secret_keyring if keyring is None else (lambda: keyring)
 
 
+def keyring() -> Keyring:
+    """The keyring secrets at rest are sealed and opened with (use_keyring)."""
+    return _keyring()
+
+
 def _context(owner_id: str, secret_id: str) -> str:
     """What a sealed secret is bound to: a copy in another row does not open."""
     return f"webhook_secrets|{owner_id}|{secret_id}"
@@ -269,29 +274,40 @@ def reseal(conn: psycopg.Connection, batch: int = 500) -> int:
     (after a rotation). Returns how many rows it changed. A row whose key is
     not in the keyring is left as it is (logged). Idempotent; call it with a
     connection in autocommit mode."""
+
+    def one(row, keyring: Keyring) -> bool:
+        p, owner_id, secret_id, plain, sealed, key_id = row
+        secret = _open(owner_id, secret_id, plain, sealed, key_id)
+        if secret is None:
+            return False
+        new, new_key = keyring.seal(secret, _context(owner_id, secret_id))
+        conn.execute(
+            Q["reseal"],
+            {
+                "p": p,
+                "owner_id": owner_id,
+                "secret_id": secret_id,
+                "sealed": new,
+                "key_id": new_key,
+            },
+        )
+        return True
+
+    return resealing(conn, Q["to_reseal"], batch, one, after_of=lambda row: row[2])
+
+
+def resealing(conn: psycopg.Connection, to_reseal: str, batch: int, one, after_of) -> int:
+    """Walk the rows `to_reseal` selects (params: current, after, batch; in
+    the order of `after_of(row)`), `batch` per transaction, calling
+    `one(row, keyring)` for each; returns how many it said it changed."""
     keyring = _keyring()
     changed, after = 0, ""
     while True:
         with conn.transaction():
             rows = conn.execute(
-                Q["to_reseal"], {"current": keyring.current_id, "after": after, "batch": batch}
+                to_reseal, {"current": keyring.current_id, "after": after, "batch": batch}
             ).fetchall()
-            for p, owner_id, secret_id, plain, sealed, key_id in rows:
-                secret = _open(owner_id, secret_id, plain, sealed, key_id)
-                if secret is None:
-                    continue
-                new, new_key = keyring.seal(secret, _context(owner_id, secret_id))
-                conn.execute(
-                    Q["reseal"],
-                    {
-                        "p": p,
-                        "owner_id": owner_id,
-                        "secret_id": secret_id,
-                        "sealed": new,
-                        "key_id": new_key,
-                    },
-                )
-                changed += 1
+            changed += sum(1 for row in rows if one(row, keyring))
         if len(rows) < batch:
             return changed
-        after = rows[-1][2]
+        after = after_of(rows[-1])

@@ -8,8 +8,9 @@ leaves a principal with no tenant, which can read nothing (no topic of its
 prefix exists) and is replaced by the retry's. The password is in the answer
 only: the idempotency store blanks `kafka.password` (idempotency.SECRET_PATHS)
 and the database never holds it; the broker keeps only its salted SCRAM hash.
-That credential (salt, iterations, SaltedPassword) is kept in the tenant's row
-too, so a move can make the same one in another cell's broker (cronwheel/scram.py).
+That credential (salt, iterations, SaltedPassword, the last sealed) is kept in
+the tenant's row too, so a move can make the same one in another cell's broker
+(cronwheel/store/tenant_credentials.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 
 from cronwheel import config, kafka, principals
-from cronwheel.store.sql_loader import queries
+from cronwheel.store import tenant_credentials
 from services.gateway.problems import Problem
 from services.gateway.transactions import Gateway
 
@@ -55,16 +56,7 @@ def provision(gw: Gateway, tenant_id: str, conn) -> dict | None:
     password, kept = _ask_broker(
         lambda: principals.provision_tenant_kept(admin, gw.topics, tenant_id)
     )
-    conn.execute(
-        queries("kafka_scram")["keep"],
-        {
-            "t": tenant_id,
-            "mechanism": kept.mechanism,
-            "iterations": kept.iterations,
-            "salt": kept.salt,
-            "salted_password": kept.salted_password,
-        },
-    )
+    tenant_credentials.keep(conn, tenant_id, kept)
     return credentials(gw, tenant_id, password)
 
 

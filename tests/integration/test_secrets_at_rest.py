@@ -67,15 +67,6 @@ def app(database_url, kafka_bootstrap, topic_prefix):
     )
 
 
-@pytest.fixture
-def keyring():
-    """A keyring of the test's own, and the store using it."""
-    ring = Keyring(parse_keys(f"test-a:{new_key()}"))
-    webhooks.use_keyring(ring)
-    yield ring
-    webhooks.use_keyring(None)
-
-
 def idem(headers: dict | None = None) -> dict:
     return {**(headers or {}), "Idempotency-Key": uuid.uuid4().hex}
 
