@@ -85,7 +85,8 @@ unit: install ## the pure tests, no servers
 
 # Tests wait on servers and services far more than they compute: three workers
 # halve the wall time on two cores. A test file stays on one worker (loadfile),
-# so a file's tests that share a fixed resource never overlap.
+# so a file's tests that share a fixed resource never overlap; the longest
+# files start first (tests/conftest.py, LONGEST_FIRST).
 TEST_WORKERS ?= 3
 # --durations: every run (and CI's log) names its slowest tests, where the
 # 15-minute budget goes.

@@ -100,7 +100,7 @@ CLASS_PAUSES = Counter(
 
 SERVICE_PORT_OFFSET = {
     "gateway": 0, "timer": 1, "relay": 2, "dispatcher": 3, "workflow": 4, "webhook": 5,
-    "executor": 6,
+    "executor": 6, "router": 7,
 }  # fmt: skip
 
 

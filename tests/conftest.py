@@ -10,6 +10,51 @@ from tests.support import db as dbsupport
 from tests.support import kafka as kafkasupport
 from tests.support.servers import Servers, provide
 
+# The files (or a package, a shared fixture's unit) that take minutes, longest
+# first, per make test's --durations in a clean clone: started before the rest
+# so that none of them is the last thing a worker does while the others idle.
+# xdist alone would start them last (it orders files by their count of tests,
+# and each of these has few). A file missing here is only started later.
+LONGEST_FIRST = (
+    "tests/faults/test_faults.py",
+    "tests/faults/test_faults_second.py",
+    "tests/e2e/cells/",
+    "tests/integration/test_gateway_schemathesis.py",
+    "tests/integration/test_dispatcher_leases.py",
+    "tests/e2e/test_tenant_churn.py",
+    "tests/upgrade/test_upgrade.py",
+    "tests/e2e/test_timer_faults.py",
+    "tests/integration/test_dozing.py",
+    "tests/e2e/test_sdk_worker.py",
+    "tests/e2e/test_stack.py",
+    "tests/e2e/test_tenant_burst.py",
+    "tests/e2e/test_sdk_slim_install.py",
+)
+# Packages whose tests share one package-scoped stack: one unit, one worker.
+_ONE_UNIT = ("tests/e2e/cells/",)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile` (make test): a file per worker as before, a
+    package of _ONE_UNIT as one unit, and the LONGEST_FIRST units first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((p for p in _ONE_UNIT if path.startswith(p)), path)
+
+        def _assign_work_unit(self, node) -> None:
+            first = next((u for u in LONGEST_FIRST if u in self.workqueue), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
 # The topic prefixes this session's tests were given (see topic_prefix).
 _prefixes: list[str] = []
 

@@ -15,8 +15,8 @@ the base ports plus STEP * (i + 1): with the defaults
 
 so every port stays below Linux's ephemeral range (config.Stack says why) and
 a private home on other base ports (a test's) moves its cells with it. A
-service's metrics port (CRONWHEEL_METRICS_PORT, offsets 0-6) moves by the same
-step.
+service's metrics port (CRONWHEEL_METRICS_PORT, offsets 0-6) moves by the
+same step; the router's (offset 7) is the deployment's and stays.
 
 The directory (cronwheel/store/directory.py) lives in a database
 `cronwheel_directory` on the default stack's cluster (25432): that cluster is

@@ -24,7 +24,9 @@ does not answer is a 502 for its tenants alone; a 502 / 503 / 504 a cell's
 gateway answers itself (its database down: 503 with Retry-After) comes back
 with `cell` added to its problem document, so a tenant sees which cell is
 down. A 421 from a cell (a move flipped the tenant since the cache read it)
-drops the cache's entry, so the next request reads the directory again.
+drops the cache's entry and the directory is read again: a request whose
+body the router kept (no body, or a declared length up to 1 MiB) goes once
+to the cell it names now, so a client does not see the move.
 With the directory away, routing goes on from the cache
 (cronwheel/directory.py); a tenant it never saw gets 503 with Retry-After.
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from http import HTTPStatus
 from typing import Any
 
@@ -46,11 +49,12 @@ from starlette.routing import Route
 
 from cronwheel.directory import Directory, DirectoryUnavailable, tenant_of_key, tenant_of_path
 from cronwheel.moves import Mover
+from services.router import metrics
 from services.router.moves import MOVE_PATH as _MOVE_PATH
 from services.router.moves import Moves
 
 MEDIA_TYPE = "application/problem+json"
-MAX_CREATE_BODY = 1 << 20  # POST /v1/tenants is read whole to find its `cell`
+MAX_KEPT_BODY = 1 << 20  # POST /v1/tenants is read whole to find its `cell`; a body kept for a 421
 MAX_PAGE = 200  # GET /v1/tenants: as the gateway's limit
 # A cell's answers that say the cell is in trouble: the router names the cell in them.
 CELL_TROUBLE = frozenset({502, 503, 504})
@@ -132,8 +136,15 @@ class Router:
 
     # -- the request ---------------------------------------------------------
     async def handle(self, request: Request) -> Response:
+        began = time.perf_counter()
+        response, cell = await self._route(request)
+        metrics.observe(cell, response.status_code, time.perf_counter() - began)
+        return response
+
+    async def _route(self, request: Request) -> tuple[Response, str | None]:
+        """The answer, and the cell it came from (None: the router's own)."""
         if request.url.path in ("/healthz", "/readyz"):
-            return await self._health(request.url.path)
+            return await self._health(request.url.path), None
         try:
             token = _bearer(request)
             tenant_id = None
@@ -143,9 +154,9 @@ class Router:
             ):
                 path = request.url.path
                 if path == "/v1/tenants" and request.method == "GET":
-                    return await self._list_tenants(request)
+                    return await self._list_tenants(request), metrics.EVERY
                 if self.moves is not None and (moving := _MOVE_PATH.match(path)):
-                    return await self.moves.handle(request, moving.group(1))
+                    return await self.moves.handle(request, moving.group(1)), None
                 if path == "/v1/tenants" and request.method == "POST":
                     body = await _read_whole(request)
                     cell = await self._cell_asked(body)
@@ -154,18 +165,43 @@ class Router:
                 else:
                     cell = await self._default()
             elif self.moves is not None and _MOVE_PATH.match(request.url.path):
-                return problem(403, "FORBIDDEN", "moving a tenant needs the operator key")
+                forbidden = problem(403, "FORBIDDEN", "moving a tenant needs the operator key")
+                return forbidden, None
             elif token is not None and (tenant_id := tenant_of_key(token)) is not None:
                 cell = await self._cell_of_tenant(tenant_id)
             else:
                 cell = await self._default()
+            if tenant_id is not None and body is None and _replayable(request):
+                body = await _read_whole(request)  # kept, to send again after a 421
             base = (await self._cells())[cell].api_url
         except Routing as r:
-            return r.response
+            return r.response, None
         response = await self._forward(request, base, cell, body)
         if response.status_code == 421 and tenant_id is not None:
-            self.directory.forget(tenant_id)
-        return response
+            return await self._misdirected(request, tenant_id, cell, body, response)
+        return response, cell
+
+    async def _misdirected(
+        self, request: Request, tenant_id: str, cell: str, body: bytes | None, answer: Response
+    ) -> tuple[Response, str | None]:
+        """A cell's 421: the tenant is homed elsewhere now (a move flipped it
+        since the cache read it). The cache's entry goes and the directory is
+        read again; when it names another cell, the request goes there, once.
+        Safe for every method: a gateway answers 421 before any transaction
+        (services/gateway/cells.py). Otherwise the 421 goes back as it came."""
+        self.directory.forget(tenant_id)
+        try:
+            now = await self._cell_of_tenant(tenant_id)
+            base = (await self._cells())[now].api_url
+        except Routing:
+            now = cell  # the directory is away: the 421 (with the home cell) is the answer
+        if now == cell or body is None:
+            metrics.MISDIRECTED.labels("returned").inc()
+            return answer, cell
+        if answer.background is not None:
+            await answer.background()  # the first cell's stream, closed unread
+        metrics.MISDIRECTED.labels("retried").inc()
+        return await self._forward(request, base, now, body), now
 
     async def _cell_asked(self, body: bytes) -> str:
         """The cell a new tenant is for, as the gateway reads it (422 naming `cell`)."""
@@ -297,11 +333,21 @@ def _bearer(request: Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+def _replayable(request: Request) -> bool:
+    """Whether the body is small enough to keep for sending again: a declared
+    length up to 1 MiB, or no body at all. A longer or chunked one is
+    streamed through, and a 421 for it goes back to the client."""
+    length = request.headers.get("content-length")
+    if length is None:
+        return "transfer-encoding" not in request.headers
+    return length.isdigit() and int(length) <= MAX_KEPT_BODY
+
+
 async def _read_whole(request: Request) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_CREATE_BODY:
+        if size > MAX_KEPT_BODY:
             raise Routing(problem(413, "PAYLOAD_TOO_LARGE", "the body is over 1 MiB"))
         chunks.append(chunk)
     return b"".join(chunks)

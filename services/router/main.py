@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cronwheel import config
-from cronwheel.config import Cells, Common, Serving, group, setting
+from cronwheel import config, metrics
+from cronwheel.config import Cells, Common, Metrics, Serving, group, setting
 from cronwheel.runtime import setup_logging, stop_on_signals
 
 
@@ -17,6 +17,7 @@ class RouterSettings:
     common: Common = group(Common)  # its log level
     serving: Serving = group(Serving)  # its address
     cells: Cells = group(Cells)  # the directory: required here
+    metrics: Metrics = group(Metrics)  # services/router/metrics.py
     # The operator's key, as every cell's gateway has it (unset: the local
     # stack's, cronwheel/demo.py); the router only compares it.
     operator_key: str | None = setting("CRONWHEEL_OPERATOR_KEY", None)
@@ -55,6 +56,7 @@ def main() -> None:
             "CRONWHEEL_DIRECTORY_URL", "", "the directory's database URL: the router routes by it"
         )
     log = setup_logging("router", settings.common.log_level)
+    metrics.serve("router", settings.metrics)
     directory = Directory(
         settings.cells.directory_url, ttl_s=settings.cells.directory_ttl_ms / 1000
     )

@@ -5,7 +5,7 @@ cell), a directory database, the real timer service firing in both cells and
 the real relay draining the source's outbox.
 
 The two-cell stack with the router and the move API is
-tests/e2e/test_cells_move.py."""
+tests/e2e/cells/test_move.py."""
 
 from __future__ import annotations
 

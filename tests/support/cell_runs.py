@@ -1,5 +1,5 @@
 """A job's runs across two cells while a move takes its tenant from one to the
-other (tests/e2e/test_cells_move.py, tests/e2e/test_cells_workers_follow.py):
+other (tests/e2e/cells/test_move.py, tests/e2e/cells/test_workers_follow.py):
 what each cell's database held at any time, since the move deletes the
 source's rows, and the check that every instant has exactly one run."""
 

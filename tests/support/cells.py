@@ -1,14 +1,14 @@
 """Two cells on this machine, as `cronwheel up --cells us,eu` makes them: each
 its own PostgreSQL cluster and Kafka broker, the directory's database on the
 default cluster, services per cell (`cronwheel serve --cell NAME ...`) and
-the router on the public address (docs/cells.md). Used by
-tests/e2e/test_cells_routing.py and tests/e2e/test_cells_move.py.
+the router on the public address (docs/cells.md). Used by the tests of
+tests/e2e/cells/, which share one (its conftest.py).
 
 Everything runs in a private CRONWHEEL_HOME on private ports (base 27432 /
 28092 / 28093, router 28080; the cells at +10 and +20), never the shared dev
 stack. Bringing up two more clusters and brokers takes about a minute on this
-machine, so a module does it once, and a file lock keeps two modules (or two
-runs) off the same ports.
+machine, so the package does it once, and a file lock keeps two runs off the
+same ports.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ BASE = {
     "CRONWHEEL_KAFKA_CONTROLLER_PORT": "28093",
     "CRONWHEEL_HTTP_ADDR": "127.0.0.1:28080",
 }
-PORTS = (27432, 27442, 27452, 28102, 28103, 28112, 28113, 28080, 28090, 28100)
+PORTS = (27432, 27442, 27452, 28102, 28103, 28112, 28113, 28080, 28090, 28100, 28081, 28077)
 ROUTER = "http://127.0.0.1:28080"
 OPERATOR_KEY = "cwop_cells_" + uuid.uuid4().hex
 _FOREIGN = (
@@ -87,13 +87,14 @@ class Cells:
         assert migrated.returncode == 0, migrated.stderr
         self.status = json.loads(self.cli("status", "--json").stdout)
 
-    def serve(self, *args: str) -> None:
+    def serve(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`cronwheel serve *args` in this stack's home (`env`: settings beside)."""
         name = "-".join(args)
         with (self.logs / f"{name}.log").open("ab") as log:
             self.procs.append(
                 subprocess.Popen(
                     [PYTHON, "-m", "services.entrypoints", "serve", *args],
-                    env=self.env,
+                    env={**self.env, **(env or {})},
                     cwd=ROOT,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -101,15 +102,17 @@ class Cells:
                     start_new_session=True,
                 )  # fmt: skip
             )
+        return self.procs[-1]
 
     def start_services(self, services: tuple[str, ...] = ("gateway", "dispatcher")) -> None:
+        """Per cell one `serve --cell NAME *services`: with more than one, the
+        supervisor's, which starts a service again if it dies."""
         for cell in ("us", "eu"):
-            for service in services:
-                self.serve("--cell", cell, service)
+            self.serve("--cell", cell, *services)
         self.serve("router")
         self.router = self.procs[-1]
         for url in [ROUTER, *(c["api_url"] for c in self.status["cells"].values())]:
-            wait_for(lambda u=url: _ready(u), 120, 0.2, f"{url} to be ready")
+            wait_for(lambda u=url: ready(u), 120, 0.2, f"{url} to be ready")
 
     def restart_router(self) -> None:
         """kill -9 the router (and a move it was running with it), then start
@@ -118,7 +121,7 @@ class Cells:
         self.router.wait(10)
         self.serve("router")
         self.router = self.procs[-1]
-        wait_for(lambda: _ready(ROUTER), 60, 0.2, "the new router to be ready")
+        wait_for(lambda: ready(ROUTER), 60, 0.2, "the new router to be ready")
 
     def cell(self, name: str) -> dict:
         return self.status["cells"][name]
@@ -169,7 +172,7 @@ def new_tenant(cell: str, name: str = "tenant") -> dict:
     return answer.json()
 
 
-def _ready(base: str) -> bool:
+def ready(base: str) -> bool:
     try:
         return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
@@ -190,3 +193,16 @@ def two_cells(logs: Path, services: tuple[str, ...] = ("gateway", "dispatcher"))
             yield st
         finally:
             st.close()
+
+
+def tenant_rows(url: str, tenant_id: str, tables: tuple[str, ...]) -> dict[str, int]:
+    """How many of the tenant's rows each of `tables` has in one cell's database."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {
+            table: conn.execute(
+                f"SELECT count(*) FROM {table} WHERE tenant_id = %s", [tenant_id]
+            ).fetchone()[0]
+            for table in tables
+        }

@@ -1,6 +1,6 @@
 """A cell's outage touches its own tenants only (issue 24; docs/cells.md,
-"A cell's outage"): two real cells (tests/support/cells.py, each its own
-PostgreSQL and Kafka, a gateway and a timer per cell, the router in front),
+"A cell's outage"): two real cells (the package's stack, conftest.py: each
+its own PostgreSQL and Kafka, its services, the router in front),
 `eu`'s PostgreSQL stopped with `pg_ctl stop` as the stack stops it.
 
 - `us`'s tenant fires on: every instant of its 500 ms job has exactly one
@@ -29,19 +29,13 @@ from cronwheel import config
 from cronwheel.core.clock import now_ms, to_ms
 from cronwheel.stack.postgres import SERVICE_USER, LocalPostgres, ensure_installed
 from cronwheel.stack.process import as_user, is_root, port_open
-from tests.support.cells import ROUTER, bearer, new_tenant, two_cells
+from tests.support.cells import ROUTER, bearer, new_tenant
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 EVERY_MS = 500
 OUTAGE_MIN_S = 8.0  # eu's database stays down at least this long
-
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    with two_cells(tmp_path_factory.mktemp("cell-outage-logs"), ("gateway", "timer")) as st:
-        yield st
 
 
 def _job(tenant: dict, name: str, catchup: dict | None = None) -> str:

@@ -1,13 +1,11 @@
 """Two cells on this machine, as `cronwheel up --cells us,eu` makes them: each
 its own PostgreSQL cluster and Kafka broker, the directory's database on the
-default cluster, a gateway and a dispatcher per cell (`cronwheel serve --cell
-NAME ...`) and the router on the public address (docs/cells.md).
+default cluster, each cell's services (`cronwheel serve --cell NAME ...`) and
+the router on the public address (docs/cells.md).
 
 Everything runs in a private CRONWHEEL_HOME on private ports (base 27432 /
 28092 / 28093, router 28080; the cells at +10 and +20), never the shared dev
-stack. Bringing up two more clusters and brokers takes about a minute on this
-machine, so the module does it once, and a file lock keeps two runs of the
-module off the same ports (tests/support/cells.py).
+stack: the package's stack (conftest.py).
 """
 
 from __future__ import annotations
@@ -15,21 +13,14 @@ from __future__ import annotations
 import uuid
 
 import httpx
-import psycopg
 import pytest
 
 from cronwheel import kafka
 from cronwheel.stack.process import port_open
-from tests.support.cells import OPERATOR_KEY, ROUTER, two_cells
+from tests.support.cells import OPERATOR_KEY, ROUTER, tenant_rows
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    with two_cells(tmp_path_factory.mktemp("cells-logs")) as st:
-        yield st
 
 
 def _as(key: str) -> dict:
@@ -58,14 +49,7 @@ def _queue_job(key: str) -> dict:
 
 
 def _rows(url: str, tenant_id: str) -> dict[str, int]:
-    """How many of the tenant's rows each of its tables has in one cell's database."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        return {
-            table: conn.execute(
-                f"SELECT count(*) FROM {table} WHERE tenant_id = %s", [tenant_id]
-            ).fetchone()[0]
-            for table in ("tenants", "api_keys", "jobs", "timers")
-        }
+    return tenant_rows(url, tenant_id, ("tenants", "api_keys", "jobs", "timers"))
 
 
 def _topics_of(admin, tenant_id: str) -> set[str]:

@@ -1,7 +1,7 @@
 """Workers follow a moved tenant (issue 24, step 5 and 6; docs/cells.md
 "Workers follow", docs/workers.md "When the tenant moves"): two real cells,
-each its own PostgreSQL and Kafka with gateway, timer, relay and dispatcher,
-the router running the move; the tenant's worker is the SDK's, in a thread of
+each its own PostgreSQL and Kafka with its services (conftest.py), the
+router running the move; the tenant's worker is the SDK's, in a thread of
 this process, with an effect log that records every execution (duplicates
 included).
 """
@@ -26,22 +26,15 @@ from confluent_kafka.admin import (
 
 from cronwheel import principals
 from cronwheel.sdk import Worker
-from tests.e2e.test_cells_move import _as, _tenant
+from tests.e2e.cells.test_move import _as, _tenant
 from tests.support.cell_runs import RunsSeen, assert_each_instant_once, runs_of
-from tests.support.cells import OPERATOR_KEY, ROUTER, two_cells
+from tests.support.cells import OPERATOR_KEY, ROUTER
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_KEY}"}
 EVERY_MS = 150
-
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("cells-follow-logs")
-    with two_cells(logs, ("gateway", "timer", "relay", "dispatcher")) as st:
-        yield st
 
 
 def _states(url: str, job_id: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Moving a tenant between two real cells (issue 24; docs/cells.md "Moving a
-tenant"): each cell its own PostgreSQL and Kafka with its gateway, timer and
-relay, the router on the public address running the moves (the stack of
-tests/support/cells.py, on private ports).
+tenant"): each cell its own PostgreSQL and Kafka with its services, the
+router on the public address running the moves (the package's stack,
+conftest.py).
 
 The protocol's steps one by one (a mover that dies after the copy, a
 rollback) are proved in-process by tests/integration/test_tenant_move.py.
@@ -9,28 +9,23 @@ rollback) are proved in-process by tests/integration/test_tenant_move.py.
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cronwheel.moves import Mover
 from cronwheel.store import directory as dirstore
 from tests.support.cell_runs import RunsSeen, assert_each_instant_once, runs_of
-from tests.support.cells import OPERATOR_KEY, ROUTER, two_cells
+from tests.support.cells import OPERATOR_KEY, ROUTER, ready, tenant_rows
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("cells-move-logs")
-    with two_cells(logs, ("gateway", "timer", "relay")) as st:
-        yield st
 
 
 def _as(key: str) -> dict:
@@ -45,13 +40,7 @@ def _tenant(cell: str) -> dict:
 
 
 def _rows(url: str, tenant_id: str) -> dict[str, int]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        return {
-            t: conn.execute(
-                f"SELECT count(*) FROM {t} WHERE tenant_id = %s", [tenant_id]
-            ).fetchone()[0]
-            for t in ("tenants", "api_keys", "jobs", "runs", "timers")
-        }
+    return tenant_rows(url, tenant_id, ("tenants", "api_keys", "jobs", "runs", "timers"))
 
 
 def test_move__refused__same_cell_422__unknown_tenant_404(cells):
@@ -225,3 +214,72 @@ def test_move__router_killed__the_next_router_resumes_the_open_move(cells):
     assert wait_for(ended, 60, 0.2, "the new router to finish the move")["state"] == "done"
     assert set(_rows(dsns["us"], tid).values()) == {0}
     assert _rows(dsns["eu"], tid)["tenants"] == 1
+
+
+STALE_ROUTER = "127.0.0.1:28081"
+STALE_METRICS_PORT = 28070  # the router's metrics at + 7 (cronwheel/metrics.py)
+
+
+def _retried(metrics_url: str) -> float:
+    """cronwheel_router_misdirected_total{outcome="retried"} as the router exposes it."""
+    text = httpx.get(metrics_url, timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "cronwheel_router_misdirected_total" and (
+                sample.labels.get("outcome") == "retried"
+            ):
+                return sample.value
+    raise AssertionError("the router exposes no cronwheel_router_misdirected_total")
+
+
+def test_move__a_router_still_routing_to_us__sends_the_421_on_to_eu__the_client_sees_none(cells):
+    """A second router whose cache keeps a tenant's cell for ten minutes
+    routes it to `us` after the move to `eu`; `us`'s gateway answers 421 (the
+    proof that the stale route landed) and the router sends the request, its
+    body with it, to `eu`: the client gets `eu`'s answer, never the 421."""
+    stale = f"http://{STALE_ROUTER}"
+    metrics_url = f"http://127.0.0.1:{STALE_METRICS_PORT + 7}/metrics"
+    proc = cells.serve(
+        "router",
+        env={
+            "CRONWHEEL_HTTP_ADDR": STALE_ROUTER,
+            "CRONWHEEL_DIRECTORY_TTL_MS": "600000",
+            "CRONWHEEL_METRICS_PORT": str(STALE_METRICS_PORT),
+        },
+    )
+    try:
+        wait_for(lambda: ready(stale), 60, 0.2, "the second router to be ready")
+        tenant = _tenant("us")
+        tid, key = tenant["tenant_id"], _as(tenant["api_key"])
+        before = httpx.get(f"{stale}/v1/tenant", headers=key, timeout=10)
+        assert before.status_code == 200 and before.json()["cell"] == "us", before.text
+        retried_before = _retried(metrics_url)
+
+        started = httpx.post(
+            f"{ROUTER}/v1/tenants/{tid}/move", json={"cell": "eu"}, headers=OPERATOR, timeout=30
+        )
+        assert started.status_code == 202, started.text
+        wait_for(
+            lambda: httpx.get(f"{ROUTER}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10)
+            .json()["state"] == "done",
+            120, 0.2, "the move to end",
+        )  # fmt: skip
+        us_gateway = cells.cell("us")["api_url"]
+        wait_for(
+            lambda: httpx.get(f"{us_gateway}/v1/tenant", headers=key, timeout=10).status_code
+            == 421,
+            30, 0.2, "us's gateway to refuse the moved tenant with 421",
+        )  # fmt: skip
+
+        body = {"name": "after", "schedule": {"cron": "0 4 * * *"},
+                "target": {"type": "queue", "queue": "q"}}  # fmt: skip
+        made = httpx.post(f"{stale}/v1/jobs", json=body, headers=key, timeout=30)
+        assert made.status_code == 201, made.text
+        assert _retried(metrics_url) == retried_before + 1, "the router did not meet a 421"
+        eu = cells.cell("eu")["admin_database_url"]
+        assert tenant_rows(eu, tid, ("jobs",)) == {"jobs": 1}  # the tenant's one job: this one
+        after = httpx.get(f"{stale}/v1/tenant", headers=key, timeout=10)
+        assert after.status_code == 200 and after.json()["cell"] == "eu", after.text
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
