@@ -36,6 +36,7 @@ them, so a crash reads them again.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -92,6 +93,14 @@ def destination(topics: Topics, tenant: str, target_type: str, queue: str | None
     if target_type == "managed":
         return topics.managed(tenant)
     raise Poison("unknown_target", f"unknown target_type {target_type!r}")
+
+
+class Pause(enum.Enum):
+    """Why a run-topic partition is paused; it resumes when no reason is left."""
+
+    CLASS = "a class above it has records waiting"
+    HELD = "records held for the tenant's quota"
+    DOZE = "idle: it dozes until a wake (cronwheel/dozing.py)"
 
 
 @dataclass
@@ -567,7 +576,9 @@ class Dispatcher(ConsumerService):
                 consumer.pause(awake)
             metrics.CLASS_PAUSES.inc()
         if resume:
-            back = [TopicPartition(t, p) for t, p in resume if not self._paused_else(t, p, "class")]
+            back = [
+                TopicPartition(t, p) for t, p in resume if not self._paused_else(t, p, Pause.CLASS)
+            ]
             if back:
                 consumer.resume(back)
         self._class_paused = want
@@ -610,15 +621,14 @@ class Dispatcher(ConsumerService):
     def _dozes(self, key: tuple[str, int]) -> bool:
         return self.dozing is not None and key in self.dozing.dozing
 
-    def _paused_else(self, topic: str, partition: int, reason: str) -> bool:
-        """Whether the partition stays paused for a reason other than `reason`
-        (a class above it waits, records held for its quota, it dozes): a
-        partition resumes only when none is left."""
+    def _paused_else(self, topic: str, partition: int, reason: Pause) -> bool:
+        """Whether the partition stays paused for a reason other than `reason`:
+        a partition resumes only when none is left."""
         key = (topic, partition)
         return (
-            (reason != "class" and key in self._class_paused)
-            or (reason != "held" and key in self._held)
-            or (reason != "doze" and self._dozes(key))
+            (reason is not Pause.CLASS and key in self._class_paused)
+            or (reason is not Pause.HELD and key in self._held)
+            or (reason is not Pause.DOZE and self._dozes(key))
         )
 
     def _wakes(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
@@ -689,13 +699,13 @@ class Dispatcher(ConsumerService):
         if not tps:
             return
         consumer.incremental_assign(tps)
-        still = [tp for tp in tps if self._paused_else(tp.topic, tp.partition, "doze")]
+        still = [tp for tp in tps if self._paused_else(tp.topic, tp.partition, Pause.DOZE)]
         if still:
             consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in still])
 
     def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
         self._wake_up(consumer, keys)
-        back = [key for key in keys if not self._paused_else(*key, "doze")]
+        back = [key for key in keys if not self._paused_else(*key, Pause.DOZE)]
         if back:
             # Ends the fetch outstanding now, which does not name them
             # (cronwheel.dozing): the next one does.
@@ -773,7 +783,7 @@ class Dispatcher(ConsumerService):
         for key in due:
             del self._held_until[key]
             out.extend(self._held.pop(key, []))
-            if not self._paused_else(*key, "held"):
+            if not self._paused_else(*key, Pause.HELD):
                 consumer.resume([TopicPartition(*key)])
         if due:
             metrics.QUOTA_HELD.labels("dispatch").set(sum(len(v) for v in self._held.values()))
