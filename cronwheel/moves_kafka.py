@@ -63,6 +63,45 @@ class CellBrokers:
     topics: Topics
 
 
+def deployment_brokers(text: str) -> dict[str, Broker]:
+    """CRONWHEEL_CELL_BROKERS: `NAME=USER:PASSWORD@BOOTSTRAP,...`, each cell's
+    broker and a principal that may alter it (the password percent-encoded
+    where it holds `:`, `@`, `,` or `%`). The security protocol, mechanism and
+    CA are the router's own (CRONWHEEL_KAFKA_SECURITY_PROTOCOL, ..._SASL_MECHANISM,
+    ..._CA_FILE), as every cell's brokers are configured alike. ValueError
+    (no password in it) for a malformed entry."""
+    from urllib.parse import unquote
+
+    from cronwheel import config
+
+    auth = config.load(config.KafkaAuth)
+    out = {}
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        name, eq, rest = item.partition("=")
+        who, at, bootstrap = rest.rpartition("@")
+        user, colon, password = who.partition(":")
+        name, user, bootstrap = name.strip() if eq else "", user.strip(), bootstrap.strip()
+        if not (at and colon and name and user and bootstrap):
+            raise ValueError(  # the cell's name only: the rest may hold a password
+                f"NAME=USER:PASSWORD@HOST:PORT[;HOST:PORT...] per cell, comma-separated"
+                f" (the entry of cell {name or '?'!r} is not)"
+            )
+        conf = {
+            # several bootstrap servers are `;`-separated: `,` separates cells
+            "bootstrap.servers": bootstrap.replace(";", ","),
+            "security.protocol": auth.security_protocol or "SASL_SSL",
+            "sasl.mechanism": auth.mechanism,
+            "sasl.username": unquote(user),
+            "sasl.password": unquote(password),
+        }
+        if auth.ca_file:
+            conf["ssl.ca.location"] = auth.ca_file
+        out[name] = Broker(name, conf)
+    return out
+
+
 def local_brokers() -> dict[str, Broker]:
     """The local stack's cells' brokers (cells.json), each as its admin
     principal (the password `cronwheel up` wrote in the cell's home)."""

@@ -25,6 +25,11 @@ class RouterSettings:
     # (services/router/moves.py): `us=postgresql://...,eu=postgresql://...`.
     # Unset: the local stack's cells (cells.json), or no moves without them.
     cell_databases: str | None = setting("CRONWHEEL_CELL_DATABASES", None, secret=True)
+    # Each cell's broker and a principal that may alter it, for the move's
+    # Kafka side (cronwheel/moves_kafka.py): `us=USER:PASSWORD@HOST:PORT,...`.
+    # Unset: the local stack's cells' brokers when CRONWHEEL_CELL_DATABASES is
+    # unset too, else none (a move leaves Kafka alone).
+    cell_brokers: str | None = setting("CRONWHEEL_CELL_BROKERS", None, secret=True)
 
 
 def cell_databases(text: str | None) -> dict[str, str]:
@@ -47,7 +52,7 @@ def main() -> None:
     from cronwheel.directory import Directory
     from cronwheel.kafka import Topics
     from cronwheel.moves import Mover, MoveSettings
-    from cronwheel.moves_kafka import CellBrokers, local_brokers
+    from cronwheel.moves_kafka import CellBrokers, deployment_brokers, local_brokers
     from services.router.app import create_app
 
     settings = config.load(RouterSettings)
@@ -61,9 +66,21 @@ def main() -> None:
         settings.cells.directory_url, ttl_s=settings.cells.directory_ttl_ms / 1000
     )
     dsns = cell_databases(settings.cell_databases)
-    # The cells' brokers for the move's Kafka side: the local cells' (a
-    # deployment's, named by a setting, is not done yet: docs/cells.md).
-    brokers = None if settings.cell_databases else local_brokers()
+    # The cells' brokers for the move's Kafka side: the setting's, else the
+    # local cells' beside the local cells' databases.
+    if settings.cell_brokers:
+        try:
+            brokers = deployment_brokers(settings.cell_brokers)
+        except ValueError as e:
+            raise config.SettingsError("CRONWHEEL_CELL_BROKERS", "(secret)", str(e)) from e
+        if missing := sorted(set(dsns) - set(brokers)):
+            raise config.SettingsError(
+                "CRONWHEEL_CELL_BROKERS",
+                "(secret)",
+                f"a broker for every cell of CRONWHEEL_CELL_DATABASES (none for {missing[0]!r})",
+            )
+    else:
+        brokers = None if settings.cell_databases else local_brokers()
     kafka = CellBrokers(brokers, Topics(settings.common.topic_prefix)) if brokers else None
     ttl_s = settings.cells.directory_ttl_ms / 1000
     moving = MoveSettings(kafka=kafka, directory_ttl_s=ttl_s)

@@ -22,8 +22,17 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from cronwheel import kafka, principals
 from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
@@ -114,12 +123,13 @@ class Cells:
         for url in [ROUTER, *(c["api_url"] for c in self.status["cells"].values())]:
             wait_for(lambda u=url: ready(u), 120, 0.2, f"{url} to be ready")
 
-    def restart_router(self) -> None:
+    def restart_router(self, env: dict[str, str] | None = None) -> None:
         """kill -9 the router (and a move it was running with it), then start
-        another, which resumes the open moves (services/router/moves.py)."""
+        another (`env`: settings beside), which resumes the open moves
+        (services/router/moves.py)."""
         os.killpg(self.router.pid, 9)
         self.router.wait(10)
-        self.serve("router")
+        self.serve("router", env=env)
         self.router = self.procs[-1]
         wait_for(lambda: ready(ROUTER), 60, 0.2, "the new router to be ready")
 
@@ -128,10 +138,50 @@ class Cells:
 
     def kafka_admin(self, name: str):
         """The cell's broker as its admin (the password from the cell's own file)."""
-        home = Path(self.cell(name)["home"])
-        password = json.loads((home / "kafka" / "principals.json").read_text())["passwords"]
-        who = kafka.Credentials(principals.ADMIN, password["admin"])
+        who = kafka.Credentials(principals.ADMIN, self.kafka_admin_password(name))
         return kafka.admin(self.cell(name)["kafka_bootstrap"], principal=who)
+
+    def kafka_admin_password(self, name: str) -> str:
+        home = Path(self.cell(name)["home"])
+        return json.loads((home / "kafka" / "principals.json").read_text())["passwords"]["admin"]
+
+    def kafka_of(self, cell: str, tenant_id: str) -> dict:
+        """What the cell's broker holds of the tenant: its topics, its
+        principal's SCRAM credentials and how many ACLs name it."""
+        admin = self.kafka_admin(cell)
+        topics = sorted(t for t in admin.list_topics(timeout=10).topics if f".{tenant_id}" in t)
+        user = principals.tenant_username(tenant_id)
+        try:
+            described = admin.describe_user_scram_credentials([user])[user].result()
+            creds = [user] if described.scram_credential_infos else []
+        except KafkaException as e:  # RESOURCE_NOT_FOUND: the broker has no such user
+            assert "RESOURCE_NOT_FOUND" in str(e) or "not found" in str(e).lower(), e
+            creds = []
+        acl_filter = AclBindingFilter(
+            ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
+            AclOperation.ANY, AclPermissionType.ANY,
+        )  # fmt: skip
+        acls = admin.describe_acls(acl_filter, request_timeout=10).result()
+        return {"topics": topics, "credentials": creds, "acls": len(acls)}
+
+    def deployment_router_env(self) -> dict[str, str]:
+        """The settings a deployment's router names the cells with (no
+        cells.json read): each cell's database as its owner and its broker as
+        its admin (CRONWHEEL_CELL_DATABASES, CRONWHEEL_CELL_BROKERS)."""
+        names = ("us", "eu")
+        admin = principals.ADMIN
+        brokers = (
+            f"{c}={admin}:{quote(self.kafka_admin_password(c), safe='')}"
+            f"@{self.cell(c)['kafka_bootstrap']}"
+            for c in names
+        )
+        return {
+            "CRONWHEEL_CELL_DATABASES": ",".join(
+                f"{c}={self.cell(c)['admin_database_url']}" for c in names
+            ),
+            "CRONWHEEL_CELL_BROKERS": ",".join(brokers),
+            "CRONWHEEL_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        }
 
     def directory_pg(self, verb: str) -> None:
         """`pg_ctl stop` the directory's cluster (the default one, no cell's);

@@ -198,14 +198,17 @@ def test_frozen_tenant__writes_get_503_with_retry_after__reads_go_on(cells):
 def test_move__router_killed__the_next_router_resumes_the_open_move(cells):
     """A move left open by a mover that died (here: copied, then nobody
     advanced it) is finished by the next router to start, after the running
-    one is killed with -9."""
+    one is killed with -9. The next router is configured as a deployment's
+    is (CRONWHEEL_CELL_DATABASES, CRONWHEEL_CELL_BROKERS; no cells.json read),
+    and it carries the tenant's Kafka side: its principal ends in eu alone."""
     dsns = {c: cells.cell(c)["admin_database_url"] for c in ("us", "eu")}
     tenant = _tenant("us")
     tid = tenant["tenant_id"]
     mover = Mover(cells.status["directory_url"], dsns)
     move = mover.start(tid, "eu")
     assert mover.advance(move.move_id).state == "freezing"
-    cells.restart_router()
+    assert cells.kafka_of("us", tid)["credentials"] and not cells.kafka_of("eu", tid)["credentials"]
+    cells.restart_router(cells.deployment_router_env())
 
     def ended() -> dict | None:
         doc = httpx.get(f"{ROUTER}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10).json()
@@ -214,6 +217,8 @@ def test_move__router_killed__the_next_router_resumes_the_open_move(cells):
     assert wait_for(ended, 60, 0.2, "the new router to finish the move")["state"] == "done"
     assert set(_rows(dsns["us"], tid).values()) == {0}
     assert _rows(dsns["eu"], tid)["tenants"] == 1
+    assert cells.kafka_of("eu", tid)["credentials"], "the tenant's principal was not carried to eu"
+    wait_for(lambda: not cells.kafka_of("us", tid)["credentials"], 60, 0.5, "us's principal to go")
 
 
 STALE_ROUTER = "127.0.0.1:28081"

@@ -15,14 +15,6 @@ from collections import Counter
 import httpx
 import psycopg
 import pytest
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import (
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    ResourcePatternType,
-    ResourceType,
-)
 
 from cronwheel import principals
 from cronwheel.sdk import Worker
@@ -41,26 +33,6 @@ def _states(url: str, job_id: str) -> dict[str, str]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute("SELECT run_id, state FROM runs WHERE job_id = %s", [job_id])
         return {r[0]: r[1] for r in rows.fetchall()}
-
-
-def _kafka_of(cells, cell: str, tenant_id: str) -> dict:
-    """What the cell's broker holds of the tenant: its topics, its principal's
-    SCRAM credentials and ACLs."""
-    admin = cells.kafka_admin(cell)
-    topics = sorted(t for t in admin.list_topics(timeout=10).topics if f".{tenant_id}" in t)
-    user = principals.tenant_username(tenant_id)
-    try:
-        described = admin.describe_user_scram_credentials([user])[user].result()
-        creds = [user] if described.scram_credential_infos else []
-    except KafkaException as e:  # RESOURCE_NOT_FOUND: the broker has no such user
-        assert "RESOURCE_NOT_FOUND" in str(e) or "not found" in str(e).lower(), e
-        creds = []
-    acl_filter = AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
-        AclOperation.ANY, AclPermissionType.ANY,
-    )  # fmt: skip
-    acls = admin.describe_acls(acl_filter, request_timeout=10).result()
-    return {"topics": topics, "credentials": creds, "acls": len(acls)}
 
 
 def test_move__a_worker_follows_to_eu__each_instant_one_run__each_run_once__us_left_clean(cells):
@@ -99,7 +71,7 @@ def test_move__a_worker_follows_to_eu__each_instant_one_run__each_run_once__us_l
         try:
             wait_for(lambda: len(effects) >= 10, 60, what="the worker to run the job in us")
             assert worker.cell == "us"
-            assert _kafka_of(cells, "eu", tid)["topics"] == []  # nothing of it in eu before
+            assert cells.kafka_of("eu", tid)["topics"] == []  # nothing of it in eu before
 
             started = httpx.post(
                 f"{ROUTER}/v1/tenants/{tid}/move", json={"cell": "eu"}, headers=OPERATOR, timeout=30
@@ -150,10 +122,10 @@ def test_move__a_worker_follows_to_eu__each_instant_one_run__each_run_once__us_l
 
     # Nothing of the tenant left on us's broker; its topic and principal in eu.
     def us_clean() -> dict | None:
-        left = _kafka_of(cells, "us", tid)
+        left = cells.kafka_of("us", tid)
         return left if left == {"topics": [], "credentials": [], "acls": 0} else None
 
     wait_for(us_clean, 30, 0.5, "the tenant's topics and principal to leave us")
-    in_eu = _kafka_of(cells, "eu", tid)
+    in_eu = cells.kafka_of("eu", tid)
     assert topic in in_eu["topics"]
     assert in_eu["credentials"] == [principals.tenant_username(tid)] and in_eu["acls"] > 0
