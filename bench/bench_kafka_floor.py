@@ -5,16 +5,16 @@ cronwheel code, no database and no Python work per record beyond the client.
 Each stage is its own process, as the services are:
 
 - one hop (issue 3's steady case: 1k runs/s, p99 lateness <= 25 ms): a
-  producer sends 1,000 records/s to 10 topics of 8 partitions (10 tenants'
-  run topics), `spread` evenly over each second or `aligned` (all 1,000 at
-  the top of the second); one consumer reads all 80 partitions, as the
-  bench's reader does. Latency: the producer's produce() call -> the
+  producer sends 1,000 records/s to 10 topics of PARTITIONS partitions (10
+  tenants' run topics), `spread` evenly over each second or `aligned` (all
+  1,000 at the top of the second); one consumer reads all their partitions,
+  as the bench's reader does. Latency: the producer's produce() call -> the
   consumer's poll returning the record.
 - two hops (issue 4's dispatch latency: 200 runs/s, p99 <= 50 ms): the same
-  producer at 200/s spread; a forwarder (consumer of the 80 partitions and
+  producer at 200/s spread; a forwarder (consumer of those partitions and
   producer, like the dispatcher, without its database) sends each record on
-  to 10 queue topics of 8 partitions; a last consumer reads those 80, as the
-  tenants' SDK workers do between them. Latency: first produce() -> last poll.
+  to 10 queue topics as many; a last consumer reads those, as the tenants'
+  SDK workers do between them. Latency: first produce() -> last poll.
 
 Producers are cronwheel.kafka.producer() (idempotent, acks=all, lz4) with the
 relay's linger of 1 ms; consumers are cronwheel.kafka.consumer() polled the
@@ -61,16 +61,21 @@ from cronwheel import kafka
 from cronwheel.core.clock import now_ms
 
 TOPICS = 10
+# Per topic: the layout the floor's figures in docs/ were measured on (run
+# topics had 8 then); `--partitions 1` is a tenant's run and queue topic now
+# (kafka.RUN_PARTITIONS, QUEUE_PARTITIONS; docs/dispatcher.md).
 PARTITIONS = 8
 WARMUP_S = 20  # past the fresh partitions' one-time stall (docstring)
 WINDOW_S = 30
 PAD = b"x" * 190  # the record: "<produce ms>|" + padding, about 200 bytes
 
 
-def _produce_loop(topics: list[str], rate: int, aligned: bool, until: float) -> None:
+def _produce_loop(
+    topics: list[str], rate: int, aligned: bool, until: float, partitions: int
+) -> None:
     producer = kafka.producer(principal="relay", **{"linger.ms": 1})
     topics_ready(producer, topics)
-    targets = [(t, p) for t in topics for p in range(PARTITIONS)]
+    targets = [(t, p) for t in topics for p in range(partitions)]
     i = 0
     start = time.time()
     while time.time() < until:
@@ -91,8 +96,9 @@ def _produce_loop(topics: list[str], rate: int, aligned: bool, until: float) -> 
 
 
 def _consume_loop(
-    topics: list[str], until: float, out, forward_to: list[str] | None, prefix: str
-) -> None:
+    topics: list[str], until: float, out, forward_to: list[str] | None, prefix: str,
+    partitions: int,
+) -> None:  # fmt: skip
     """Read every partition of `topics`; with forward_to, produce each record on
     (same value, partition by its index) and report nothing, as the dispatcher
     (its principal and consumer group); else report (sent ms, read ms) pairs,
@@ -120,7 +126,7 @@ def _consume_loop(
             if producer is not None:
                 out_topic = forward_to[n % len(forward_to)]
                 producer.produce(
-                    out_topic, m.value(), partition=(n // len(forward_to)) % PARTITIONS
+                    out_topic, m.value(), partition=(n // len(forward_to)) % partitions
                 )
                 n += 1
             else:
@@ -133,22 +139,28 @@ def _consume_loop(
     out.put((producer is not None, seen))
 
 
-def case(label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1) -> float:
+def case(
+    label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1,
+    partitions: int = PARTITIONS,
+) -> float:  # fmt: skip
     prefix = f"floor{uuid.uuid4().hex[:8]}"
     first = [f"{prefix}.runs.t{i}" for i in range(TOPICS)]
     second = [f"{prefix}.q.t{i}" for i in range(TOPICS)] if hops == 2 else []
     grant(prefix)
-    kafka.ensure_topics(first + second, partitions=PARTITIONS, principal="dispatcher")
+    kafka.ensure_topics(first + second, partitions=partitions, principal="dispatcher")
     topics_ready(kafka.admin(principal="observer"), first + second)
     ctx = mp.get_context("spawn")  # no librdkafka handle crosses a fork
     out = ctx.Queue()
     t0 = time.time() + 3  # the processes' start-up, then the warm-up
     window = (t0 + WARMUP_S, t0 + WARMUP_S + window_s)
     end = window[1] + 2
-    procs = [ctx.Process(target=_consume_loop, args=(second or first, end, out, None, prefix))]
+    last = (second or first, end, out, None, prefix, partitions)
+    procs = [ctx.Process(target=_consume_loop, args=last)]
     if hops == 2:
-        procs.append(ctx.Process(target=_consume_loop, args=(first, end, out, second, prefix)))
-    procs.append(ctx.Process(target=_produce_loop, args=(first, rate, aligned, window[1])))
+        forwarder = (first, end, out, second, prefix, partitions)
+        procs.append(ctx.Process(target=_consume_loop, args=forwarder))
+    producing = (first, rate, aligned, window[1], partitions)
+    procs.append(ctx.Process(target=_produce_loop, args=producing))
     broker = kafka_broker_pid()
 
     def cpu() -> dict[int, float]:
@@ -193,17 +205,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=["spread", "aligned", "two-hops"], action="append")
     parser.add_argument("--window", type=int, default=WINDOW_S, help="seconds measured per case")
+    parser.add_argument(
+        "--partitions", type=int, default=PARTITIONS, help=f"per topic ({PARTITIONS})"
+    )
     args = parser.parse_args()
-    w = args.window
+    w, n = args.window, args.partitions
     cases = args.case or ["spread", "aligned", "two-hops"]
     header("bench_kafka_floor: Kafka alone, the stages as processes")
+    say(f"setup: {TOPICS} topics of {n} partitions per hop")
     figures = []
     if "spread" in cases:
-        figures.append(("one hop, 1,000/s spread", case("spread", 1000, w), 25))
+        figures.append(("one hop, 1,000/s spread", case("spread", 1000, w, partitions=n), 25))
     if "aligned" in cases:
-        figures.append(("one hop, 1,000/s aligned", case("aligned", 1000, w, aligned=True), 25))
+        figures.append(
+            ("one hop, 1,000/s aligned", case("aligned", 1000, w, aligned=True, partitions=n), 25)
+        )
     if "two-hops" in cases:
-        figures.append(("two hops, 200/s spread", case("two hops", 200, w, hops=2), 50))
+        figures.append(
+            ("two hops, 200/s spread", case("two hops", 200, w, hops=2, partitions=n), 50)
+        )
     say(f"machine after: {machine_load()}")
     for label, p99, target in figures:
         say(

@@ -11,8 +11,9 @@ Which cell, by the caller's key and nothing else of the cell's:
   tenants are;
 - the operator key: `POST /v1/tenants` goes to the cell its body names (the
   default cell when it names none; an unknown one is a 422 naming `cell`
-  here), `/v1/tenants/{id}...` to that tenant's cell, `GET /v1/tenants` to
-  every cell (one page merged by tenant id), anything else to the default cell;
+  here), `GET /v1/system?cell=NAME` to that cell (likewise), `/v1/tenants/{id}...`
+  to that tenant's cell, `GET /v1/tenants` to every cell (one page merged by
+  tenant id), anything else to the default cell;
 - no key: the default cell (its gateway answers 401, or serves what needs no
   key: /openapi.json, /ui/).
 
@@ -160,6 +161,8 @@ class Router:
                 if path == "/v1/tenants" and request.method == "POST":
                     body = await _read_whole(request)
                     cell = await self._cell_asked(body)
+                elif path == "/v1/system" and (named := request.query_params.get("cell")):
+                    cell = await self._known_cell(named)
                 elif (tenant_id := tenant_of_path(path)) is not None:
                     cell = await self._cell_of_tenant(tenant_id)
                 else:
@@ -212,6 +215,10 @@ class Router:
         cell = doc.get("cell") if isinstance(doc, dict) else None
         if cell is None:
             return await self._default()
+        return await self._known_cell(cell)
+
+    async def _known_cell(self, cell: object) -> str:
+        """`cell` if the directory has it; else a 422 naming the field `cell`."""
         cells = await self._cells()
         if cell not in cells:
             raise Routing(

@@ -70,6 +70,16 @@ def test_system__operator_only__tenant_key_403__bad_window_422_naming_it(api):
     assert "/v1/system" in api.get("/openapi.json").json()["paths"]
 
 
+def test_system__cell_asked__its_own_answers__another_421__a_bad_name_422(api):
+    """One cell, no directory: the gateway's cell is `local` (config.cell())."""
+    assert system(api, cell="local")["cell"] == "local"
+    r = api.get("/v1/system", headers=OP, params={"cell": "eu"})
+    assert r.status_code == 421 and r.json()["code"] == "MISDIRECTED", r.text
+    assert r.json()["cell"] == "eu"
+    r = api.get("/v1/system", headers=OP, params={"cell": "Not A Cell"})
+    assert r.status_code == 422 and r.json()["field"] == "cell", r.text
+
+
 def test_system__lateness_from_known_runs__backlogs__leases(api, database_url):
     tid, _ = new_tenant(api, "acme")
     expected = platform_state.known_runs(database_url, tid)

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query
 
 from services.gateway import openapi as oa
 from services.gateway.auth import AnyCaller
+from services.gateway.cells import homing_of
 from services.gateway.routes import Gw
 from services.gateway.system import SystemHealth
 
@@ -166,15 +167,27 @@ def _health(gw, app) -> SystemHealth:
 
 @router.get(
     "/v1/system",
-    responses=oa.ok(SYSTEM, 200, 403),
+    responses=oa.ok(SYSTEM, 200, 403, 421),
     summary="The platform's health (operator): services, lag, dead letters, lateness, backlogs",
 )
 def get_system(
     gw: Gw,
     who: AnyCaller,
     minutes: Annotated[int, Query(ge=1, le=MAX_MINUTES)] = 5,
+    cell: Annotated[
+        str | None,
+        Query(
+            description="the cell whose health is asked for (through the router, any cell;"
+            " a cell's gateway answers for its own and 421 for another)",
+            pattern=r"^[a-z0-9-]{1,50}$",
+        ),
+    ] = None,
 ):
     """`minutes`: the window of the lateness figures and of `reannounced_recently`."""
+    if cell is not None:
+        homing = homing_of(who.request.app)
+        if cell != homing.cell:
+            raise homing.misdirected(cell, "the health asked for is of cell")
     health = _health(gw, who.request.app)
     # The broker first, and only for the operator key: no pool connection
     # waits on the broker, and no other key makes the gateway ask it.

@@ -172,6 +172,22 @@ def test_gateway__another_cell_s_tenant__421_with_its_home_cell(cells):
     assert answer.status_code == 421 and answer.json()["cell"] == "eu"
 
 
+def test_router__system_of_each_cell__by_its_name__an_unknown_one_422(cells):
+    """The operator's GET /v1/system?cell=NAME through the router is that
+    cell's health (the console's cell switch); its /readyz names the cells."""
+    assert set(httpx.get(f"{ROUTER}/readyz").json()["cells"]) == {"us", "eu"}
+    for cell in ("us", "eu"):
+        got = httpx.get(f"{ROUTER}/v1/system", params={"cell": cell}, headers=OPERATOR, timeout=30)
+        assert got.status_code == 200, got.text
+        assert got.json()["cell"] == cell
+        assert not got.json()["services"].get("error"), got.json()["services"]
+    plain = httpx.get(f"{ROUTER}/v1/system", headers=OPERATOR, timeout=30)
+    assert plain.status_code == 200 and plain.json()["cell"] in ("us", "eu")
+    unknown = httpx.get(f"{ROUTER}/v1/system", params={"cell": "mars"}, headers=OPERATOR)
+    assert unknown.status_code == 422, unknown.text
+    assert unknown.json()["field"] == "cell"
+
+
 def test_router__directory_stopped__routes_on_from_its_cache(cells):
     """Last in the module: it stops the directory's cluster (and starts it again)."""
     eu_tenant = _tenant("cached", "eu")

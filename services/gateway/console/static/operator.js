@@ -244,8 +244,11 @@ export const systemPage = {
       return { ready, system: null };
     }
     const minutes = WINDOWS.includes(Number(query.get("minutes"))) ? Number(query.get("minutes")) : 5;
-    const system = await get(`/v1/system${q({ minutes })}`);
-    return { ready, system, minutes };
+    // Through the router, /readyz names every cell, and ?cell= asks for one's health.
+    const cells = Array.isArray(ready.cells) ? ready.cells : [];
+    const cell = cells.includes(query.get("cell")) ? query.get("cell") : null;
+    const system = await get(`/v1/system${q({ minutes, cell })}`);
+    return { ready, system, minutes, cells };
   },
   render(d) {
     const readiness = el("p", { id: "readiness", class: d.ready.status === "ready" ? "ok" : "error", "data-status": d.ready.status },
@@ -253,11 +256,15 @@ export const systemPage = {
       Object.entries(d.ready.checks || {}).map(([k, v]) => `${k} ${v}`).join(", ") || d.ready.error || "");
     if (!d.system) return el("div", {}, el("h1", {}, "System"), readiness);
     const s = d.system;
+    const link = (params) => `#/system${q({ minutes: d.minutes, cell: s.cell, ...params })}`;
     return el("div", {},
       el("div", { class: "page-head" },
         el("h1", {}, "System"),
         el("p", { class: "muted" }, `Cell ${s.cell}. Figures as of `, when(s.as_of), `, at most ${s.cache_ms / 1000} s old.`)),
       readiness,
+      d.cells.length > 1 ? el("p", { class: "pager", id: "cells" }, "Cell: ", d.cells.map((c) => (c === s.cell
+        ? el("strong", { "aria-current": "true" }, c)
+        : el("a", { href: link({ cell: c }) }, c)))) : null,
       summary(s),
       el("h2", {}, "Services"),
       failed(s.services, "The partition leases") || readinessTable(s.services, s.consumers),
@@ -269,7 +276,7 @@ export const systemPage = {
       el("h2", {}, `Lateness, last ${d.minutes} min`),
       el("p", { class: "pager", id: "windows" }, "Window: ", WINDOWS.map((m) => (m === d.minutes
         ? el("strong", { "aria-current": "true" }, `${m} min`)
-        : el("a", { href: `#/system?minutes=${m}` }, `${m} min`)))),
+        : el("a", { href: link({ minutes: m }) }, `${m} min`)))),
       latenessFacts(s.lateness, d.minutes),
       el("p", { class: "muted" }, "Runs of jobs whose scheduled instant is in the window, from the runs table; the timer's own histogram (cronwheel_firing_lateness_seconds) is on the Grafana dashboard in deploy/."),
       el("h2", {}, "Backlogs"),
