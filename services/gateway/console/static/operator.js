@@ -262,7 +262,7 @@ export const systemPage = {
         el("h1", {}, "System"),
         el("p", { class: "muted" }, `Cell ${s.cell}. Figures as of `, when(s.as_of), `, at most ${s.cache_ms / 1000} s old.`)),
       readiness,
-      d.cells.length > 1 ? el("p", { class: "pager", id: "cells" }, "Cell: ", d.cells.map((c) => (c === s.cell
+      d.cells.length > 1 ? el("p", { class: "pager", id: "cell-switch" }, "Cell: ", d.cells.map((c) => (c === s.cell
         ? el("strong", { "aria-current": "true" }, c)
         : el("a", { href: link({ cell: c }) }, c)))) : null,
       summary(s),
