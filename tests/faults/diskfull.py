@@ -100,10 +100,28 @@ def _on_tmpfs(data: Path, stop: Callable[[], None], start: Callable[[], None]):
         shutil.rmtree(aside)
         aside.mkdir()
         _copy(data, aside)
-        subprocess.run(["umount", str(data)], check=True, capture_output=True)
+        _unmount(data)
         data.rmdir()
         aside.rename(data)
         start()
+
+
+def _unmount(mount: Path) -> None:
+    """umount `mount`; while it is busy (a process of the private server still
+    has a file open there: seen once in CI, the broker just stopped), those
+    processes are named on stderr and killed (`fuser -km`: nothing but the
+    stack's own server uses this tmpfs), and it is tried again, for 30 s."""
+
+    def unmounted() -> bool:
+        done = subprocess.run(["umount", str(mount)], capture_output=True, text=True)
+        if done.returncode == 0:
+            return True
+        holders = subprocess.run(["fuser", "-vm", str(mount)], capture_output=True, text=True)
+        print(f"umount {mount}: {done.stderr.strip()}; holders: {holders.stderr.strip()}")
+        subprocess.run(["fuser", "-km", str(mount)], capture_output=True)
+        return False
+
+    wait_for(unmounted, 30, 0.5, f"{mount} to unmount")
 
 
 def kafka_on_small_disk(stack: PrivateStack):
