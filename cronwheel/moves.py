@@ -42,6 +42,7 @@ from cronwheel import moves_kafka
 from cronwheel.kafka import Topics
 from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cells
+from cronwheel.store import tenant_credentials
 from cronwheel.store.directory import Move, Placement
 
 log = logging.getLogger("cronwheel.moves")
@@ -304,7 +305,7 @@ class Mover:
         the source's broker has it), ACLs and queue topics."""
         if not self._kafka(move):
             return
-        kept = cells.kafka_credential(src, move.tenant_id)
+        kept = tenant_credentials.kept(src, move.tenant_id)
         if kept is None:
             log.warning(
                 "move %s: tenant %s has no kept Kafka credential (made before they were"

@@ -12,8 +12,7 @@ from datetime import datetime
 
 import psycopg
 
-from cronwheel.scram import Verifier
-from cronwheel.store import tenant_credentials, timers
+from cronwheel.store import timers
 from cronwheel.store.sql_loader import queries
 
 # Every table that holds a tenant's rows, parents before children (the copy
@@ -201,10 +200,3 @@ def outbox_left(conn: psycopg.Connection, tenant_id: str, upto: int) -> int:
     has not published yet (its topics name it: cronwheel/kafka.py Topics)."""
     row = conn.execute(_q()["outbox_left"], {"upto": upto, "needle": "." + tenant_id}).fetchone()
     return row[0]
-
-
-def kafka_credential(conn: psycopg.Connection, tenant_id: str) -> Verifier | None:
-    """The tenant's Kafka credential as its broker keeps it, opened
-    (cronwheel/store/tenant_credentials.py), or None for a tenant made before
-    they were kept."""
-    return tenant_credentials.kept(conn, tenant_id)
