@@ -219,14 +219,26 @@ t AS (
 -- partition_id alone (or the table scanned), and every timer of the partition
 -- -- all the leases of a busy job -- was read for each run; the materialized
 -- list keeps the planner from folding the ids back in as a filter.
+-- A timer another transaction holds is left to it (SKIP LOCKED): that is the
+-- firing loop, which claimed the timer (FOR UPDATE) and will lock this run
+-- next (runs_to_end), so waiting for it here, with the run locked, was a
+-- deadlock (a CompleteRun answered 503 once PostgreSQL broke it after
+-- deadlock_timeout). The firing loop then finds the attempt ended and drops
+-- the timer (Lifecycle.on_expiry); a timer left by a claim that rolled back
+-- fires later and is dropped the same way.
 ended_timers AS MATERIALIZED (
     SELECT u.partition_id, k.timer_id
       FROM u CROSS JOIN LATERAL (VALUES ('lease:' || u.run_id), ('timeout:' || u.run_id))
            AS k(timer_id)),
+free_timers AS MATERIALIZED (
+    SELECT t.partition_id, t.timer_id
+      FROM timers t JOIN ended_timers e
+           ON t.partition_id = e.partition_id AND t.timer_id = e.timer_id
+       FOR UPDATE OF t SKIP LOCKED),
 d AS (
     DELETE FROM timers t
-     USING ended_timers e
-     WHERE t.partition_id = e.partition_id AND t.timer_id = e.timer_id)
+     USING free_timers f
+     WHERE t.partition_id = f.partition_id AND t.timer_id = f.timer_id)
 
 -- name: park_timers
 -- Moving a tenant between cells (cronwheel/store/moves.py, docs/cells.md):

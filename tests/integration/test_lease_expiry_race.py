@@ -1,0 +1,130 @@
+"""A CompleteRun that lands while the firing loop holds the run's lease timer.
+
+The firing loop claims due timers (FOR UPDATE SKIP LOCKED) and then locks
+their runs (runs_to_end); a CompleteRun locks the run and then deletes its
+lease and timeout timers. Were the completion to wait for the claimed timer,
+each would wait for the other: PostgreSQL breaks the deadlock after
+deadlock_timeout by failing one of them, and a failed completion is a 503 to
+the worker (seen in CI: test_contract_worker, lease 1 s, heartbeats). The
+completion leaves a claimed timer to its claimer, which drops it."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from cronwheel.kafka import Topics
+from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.timers import FireReport, Timer
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_900_000_000_000
+CLAIM = """SELECT partition_id, timer_id, kind, owner_id, attempt, tenant_id, priority
+             FROM timers WHERE owner_id = %s AND kind = %s FOR UPDATE"""
+
+
+@pytest.fixture
+def conn(database_url):
+    with psycopg.connect(database_url, autocommit=True) as c:
+        yield c
+
+
+def _running(conn, topic_prefix: str) -> tuple[Lifecycle, str, str, dict]:
+    """A RUNNING run with a lease and a timeout timer: (lifecycle, tenant,
+    run id, its start)."""
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "racer")
+    job = Jobs(topics).create(
+        conn,
+        tenant,
+        {"name": "work", "schedule": {"cron": "0 0 1 1 *", "timezone": "UTC"},
+         "target": {"type": "queue", "queue": "q"}, "lease_ms": 1000, "timeout_ms": 60_000},
+        T0,
+    )  # fmt: skip
+    run_id = Jobs(topics).trigger(conn, tenant, job["job_id"], T0)["run_id"]
+    life = Lifecycle(topics)
+    started = life.start(conn, tenant["tenant_id"], run_id, "w1", T0 + 10)
+    kinds = conn.execute("SELECT kind FROM timers WHERE owner_id = %s ORDER BY kind", [run_id])
+    assert [k for (k,) in kinds] == ["lease", "timeout"]
+    return life, tenant["tenant_id"], run_id, started
+
+
+def _complete_in_thread(life, database_url, tenant_id, run_id, started) -> dict:
+    answer: dict = {}
+
+    def complete() -> None:
+        with psycopg.connect(database_url, autocommit=True) as c:
+            try:
+                answer["ok"] = life.complete(
+                    c, tenant_id, run_id, 1, started["start_token"], "SUCCEEDED", T0 + 2000
+                )
+            except Exception as e:  # noqa: BLE001 - what the worker would be answered
+                answer["error"] = e
+
+    threading.Thread(target=complete, daemon=True).start()
+    return answer
+
+
+def test_complete__firing_loop_holds_the_lease_timer__answered_at_once__timer_dropped_by_it(
+    conn, database_url, topic_prefix
+):
+    life, tenant_id, run_id, started = _running(conn, topic_prefix)
+    with psycopg.connect(database_url) as firing:  # one transaction, as the firing loop's
+        claimed = firing.execute(CLAIM, [run_id, "lease"]).fetchone()
+        assert claimed is not None
+
+        # Answered while the claim is held: the completion does not wait for it.
+        answer = _complete_in_thread(life, database_url, tenant_id, run_id, started)
+        wait_for(lambda: answer, 10, 0.02, "the completion to be answered")
+        assert answer == {"ok": {"state": "SUCCEEDED", "attempt": 1}}, answer
+        left = conn.execute("SELECT kind FROM timers WHERE owner_id = %s", [run_id]).fetchall()
+        assert left == [("lease",)], "the free timeout timer went; the claimed lease stays"
+
+        # The firing loop goes on as it would: the run has ended, so the timer goes.
+        p, timer_id, kind, owner_id, attempt, tenant, priority = claimed
+        timer = Timer(p, timer_id, kind, owner_id, T0 + 1010, attempt, tenant, priority)
+        assert life.on_expiry(firing, [timer], T0 + 2100, FireReport()) == []
+        firing.commit()
+
+    assert (
+        conn.execute("SELECT count(*) FROM timers WHERE owner_id = %s", [run_id]).fetchone()[0] == 0
+    )
+    state = conn.execute("SELECT state, attempt FROM runs WHERE run_id = %s", [run_id]).fetchone()
+    assert state == ("SUCCEEDED", 1)
+    ended = conn.execute(
+        "SELECT outcome FROM run_attempts WHERE run_id = %s ORDER BY attempt", [run_id]
+    ).fetchall()
+    assert ended == [("SUCCEEDED",)]
+
+
+def test_complete__a_claim_that_rolled_back__leaves_a_timer_that_fires_and_is_dropped(
+    conn, database_url, topic_prefix
+):
+    """The claimer died after the completion skipped its timer: the timer is
+    still there, fires, and ends nothing (the attempt it names is over)."""
+    life, tenant_id, run_id, started = _running(conn, topic_prefix)
+    with psycopg.connect(database_url) as firing:
+        claimed = firing.execute(CLAIM, [run_id, "lease"]).fetchone()
+        answer = _complete_in_thread(life, database_url, tenant_id, run_id, started)
+        wait_for(lambda: answer, 10, 0.02, "the completion to be answered")
+        firing.rollback()  # the claim is gone, its timer kept
+    assert "ok" in answer, answer
+
+    p, timer_id, kind, owner_id, attempt, tenant, priority = claimed
+    with psycopg.connect(database_url) as later:
+        relocked = later.execute(CLAIM, [run_id, "lease"]).fetchone()
+        assert relocked == claimed
+        timer = Timer(p, timer_id, kind, owner_id, T0 + 1010, attempt, tenant, priority)
+        life.on_expiry(later, [timer], T0 + 5000, FireReport())
+        later.commit()
+    assert (
+        conn.execute("SELECT count(*) FROM timers WHERE owner_id = %s", [run_id]).fetchone()[0] == 0
+    )
+    assert conn.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone() == (
+        "SUCCEEDED",
+    )
