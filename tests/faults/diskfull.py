@@ -2,11 +2,15 @@
 fills up, then gets its space back: the broker's log directory
 (kafka_disk_full) and PostgreSQL's data directory, WAL included (pg_disk_full).
 
-How: for the scenario's life the directory (CRONWHEEL_HOME/kafka/data, or the
-private cluster's data directory) is a tmpfs of its own, sized to what the
-server already holds plus SMALL_MB (`kafka_on_small_disk`, `pg_on_small_disk`:
-the server stopped cleanly, the directory copied onto the tmpfs, and back at
-the end). A fault fills the filesystem with a file of the harness's own
+How: a private stack's two data directories (CRONWHEEL_HOME/kafka/data and
+the cluster's data directory) are each a tmpfs of their own for the stack's
+life (`own_filesystem`, from PrivateStack.up). For the scenario the
+filesystem is shrunk online to what the server holds plus SMALL_MB
+(`kafka_on_small_disk`, `pg_on_small_disk`: `mount -o remount,size=`), and
+grown back at the end; neither server stops for it. (Until 2026-12-03 the
+directory was moved onto a tmpfs and back for each scenario, stopping and
+starting the server twice: most of kafka_disk_full's 72-247 s.) A fault
+fills the filesystem with a file of the harness's own
 (`.filler`: Kafka reads only directories in a log directory, PostgreSQL only
 the names it knows) and waits until the server's log says a write failed
 ("No space left on device"); it stays full for down_s. Space returns when the
@@ -28,11 +32,9 @@ import errno
 import functools
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from tests.faults.scenarios import Plan
 
 SMALL_MB = 64  # room beyond what the server holds when the scenario starts
+LARGE_MB = 4096  # a private stack's data directory otherwise
 FILLER = ".filler"
 NO_SPACE = "No space left on device"
 
@@ -66,47 +69,46 @@ def available() -> str | None:
         probe.rmdir()
 
 
-def _du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+def _used_mb(mount: Path) -> int:
+    st = os.statvfs(mount)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize // 2**20
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """src's contents into dst, owners and modes kept (cp -a)."""
-    subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True, capture_output=True)
+def own_filesystem(path: Path) -> bool:
+    """Make the empty directory `path` a tmpfs of its own (LARGE_MB at most,
+    taken from memory only as it fills); False where that cannot be done here
+    (`available`), and the directory stays as it is."""
+    path.mkdir(parents=True, exist_ok=True)
+    if available() is not None:
+        return False
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={LARGE_MB}m", "tmpfs", str(path)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return True
+
+
+def _resize(mount: Path, size_mb: int) -> None:
+    subprocess.run(
+        ["mount", "-o", f"remount,size={size_mb}m", str(mount)], check=True, capture_output=True
+    )
 
 
 @contextlib.contextmanager
-def _on_tmpfs(data: Path, stop: Callable[[], None], start: Callable[[], None]):
-    """Server directory `data` on a tmpfs of its own (what it holds plus
-    SMALL_MB) for the block: the server stopped, the directory copied in, the
-    server started; at the end stopped, copied back, started again."""
-    aside = data.with_name(data.name + ".disk")
-    stop()
-    size_mb = _du(data) // 2**20 + SMALL_MB
-    data.rename(aside)
-    data.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(data)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+def _small(data: Path):
+    """The tmpfs at `data` shrunk to what it holds plus SMALL_MB for the block,
+    then its filler gone and its size back; the server runs throughout."""
+    assert os.path.ismount(data), f"{data} is not a filesystem of its own (own_filesystem)"
+    _resize(data, _used_mb(data) + SMALL_MB)
     try:
-        _copy(aside, data)  # the directory's owner and mode too
-        start()
         yield data
     finally:
         with contextlib.suppress(FileNotFoundError):
             (data / FILLER).unlink()
-        stop()
-        shutil.rmtree(aside)
-        aside.mkdir()
-        _copy(data, aside)
-        _unmount(data)
-        data.rmdir()
-        aside.rename(data)
-        start()
+        _resize(data, LARGE_MB)
 
 
-def _unmount(mount: Path) -> None:
+def unmount(mount: Path) -> None:
     """umount `mount`; while it is busy (a process of the private server still
     has a file open there: seen once in CI, the broker just stopped), those
     processes are named on stderr and killed (`fuser -km`: nothing but the
@@ -125,23 +127,13 @@ def _unmount(mount: Path) -> None:
 
 
 def kafka_on_small_disk(stack: PrivateStack):
-    """The private broker's log directory on a small tmpfs for the block."""
-
-    def stop() -> None:
-        if stack.kafka_pid():
-            stack.stop_kafka()
-
-    return _on_tmpfs(stack.home / "kafka" / "data", stop, stack.up)
+    """The private broker's log directory on a small filesystem for the block."""
+    return _small(stack.home / "kafka" / "data")
 
 
 def pg_on_small_disk(stack: PrivateStack):
-    """The private PostgreSQL's data directory (WAL included) on a small tmpfs."""
-
-    def stop() -> None:
-        if stack.pg_pid():
-            stack.pg_ctl_stop("fast")
-
-    return _on_tmpfs(stack.pg_data, stop, stack.up)
+    """The private PostgreSQL's data directory (WAL included) the same way."""
+    return _small(stack.pg_data)
 
 
 def fill(mount: Path) -> int:

@@ -70,6 +70,7 @@ from cronwheel.core.ids import run_id_for_instant, run_id_for_node
 from cronwheel.core.workflows import workflow_run_id_for_instant
 from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
 from cronwheel.stack.process import as_user, is_root, pid_alive, read_pid, stop_pid
+from tests.faults import diskfull
 from tests.faults.receiver import Receiver
 from tests.support import db as dbsupport
 from tests.support.kafka import worker_env
@@ -116,6 +117,11 @@ class PrivateStack:
         self.pg_data = data_root(self.home) / "data"
         self.admin_url = ""
         self.kafka_bootstrap = ""
+        # Each server's data directory a filesystem of its own where this
+        # machine allows (tests/faults/diskfull.py fills and shrinks them).
+        self.mounts = [
+            d for d in (self.home / "kafka" / "data", self.pg_data) if diskfull.own_filesystem(d)
+        ]
 
     def up(self) -> None:
         """Start whichever server is down (`cronwheel up` is idempotent)."""
@@ -196,6 +202,9 @@ class PrivateStack:
         with contextlib.suppress(Exception):
             if self.pg_pid():
                 self.pg_ctl_stop("fast")
+        for mount in self.mounts:
+            with contextlib.suppress(Exception):
+                diskfull.unmount(mount)
         shutil.rmtree(self.pg_data.parent, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
         self._lock.close()
