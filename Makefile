@@ -18,7 +18,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-install: system-deps $(STAMP) ## create .venv and install cronwheel with its test tools
+install: system-deps $(STAMP) $(BIN)/promtool ## create .venv and install cronwheel with its test tools
+
+# promtool, Prometheus's rule checker, for tests/unit/test_observability.py
+# (the alert rules parsed and unit-tested, the dashboard's queries parsed):
+# the one binary taken out of Debian's prometheus package, which is not
+# installed (it would bring a server, a user and web assets). Where it cannot
+# be had, those tests skip and the rules are checked against the metric names.
+$(BIN)/promtool: | $(STAMP)
+	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; \
+	elif command -v apt-get >/dev/null && d=$$(mktemp -d) && (cd $$d && apt-get download -q prometheus >/dev/null 2>&1); then \
+	  dpkg-deb --fsys-tarfile $$d/prometheus_*.deb | tar -xO ./usr/bin/promtool > $@.tmp \
+	    && chmod 755 $@.tmp && mv $@.tmp $@; rm -rf $$d $@.tmp; \
+	else echo "hint: the alert rules' promtool tests need promtool; run: sudo apt-get install prometheus"; fi
 
 system-deps: ## Debian packages: bubblewrap for the managed executor, chromium for the console's browser tests
 	@# nft: the egress rules of managed runs with network (docs/managed-execution.md)

@@ -13,6 +13,7 @@ import pkgutil
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,15 +206,19 @@ def test_alerts__every_metric_and_label_is_exported__each_waits_and_says_what_to
 
 # -- promtool ----------------------------------------------------------------------
 
+# On PATH, or beside this interpreter (`make install` puts it in .venv/bin).
+PROMTOOL = shutil.which("promtool") or shutil.which(
+    "promtool", path=str(Path(sys.executable).parent)
+)
 needs_promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None,
-    reason="promtool is not installed (Debian: apt-get install prometheus); the names are"
-    " checked above without it",
+    PROMTOOL is None,
+    reason="promtool is not installed (make install takes it from Debian's prometheus"
+    " package); the names are checked above without it",
 )
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60)
 
 
 @needs_promtool
