@@ -37,6 +37,7 @@ from datetime import timedelta
 
 import psycopg
 from confluent_kafka import KafkaException
+from prometheus_client import Counter, Histogram
 
 from cronwheel import moves_kafka
 from cronwheel.kafka import Topics
@@ -48,6 +49,44 @@ from cronwheel.store.directory import Move, Placement
 log = logging.getLogger("cronwheel.moves")
 
 FINAL = ("done", "failed", "rolled_back")
+
+# Counted by the mover whose compare-and-set took the move to its final state
+# (so once per move, however many movers took part), served with the router's
+# metrics (docs/observability.md).
+MOVES = Counter("cronwheel_moves_total", "Moves finished, by how they ended", ["outcome"])
+MOVE_SECONDS = Histogram(
+    "cronwheel_move_seconds",
+    "A finished move's length, from its start to its final state",
+    ["outcome"],
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+FROZEN_SECONDS = Histogram(
+    "cronwheel_move_frozen_seconds",
+    "How long a move refused its tenant's writes (503) in the source: freeze to unfreeze",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+STALLS = Counter(
+    "cronwheel_move_stalls_total",
+    "Move steps that stalled (a server away, the placement changed under the move)",
+)
+for _outcome in FINAL:
+    MOVES.labels(_outcome)
+    MOVE_SECONDS.labels(_outcome)
+
+
+def _finished(move: Move | None) -> None:
+    """Count `move` if it is final (the row the final compare-and-set returned)."""
+    if move is None or move.state not in FINAL:
+        return
+    MOVES.labels(move.state).inc()
+    if move.started_at and move.finished_at:
+        MOVE_SECONDS.labels(move.state).observe(
+            (move.finished_at - move.started_at).total_seconds()
+        )
+    if move.frozen_ms is not None:
+        FROZEN_SECONDS.observe(move.frozen_ms / 1000)
+
+
 # A broker that does not answer, or refuses: the step stalls (moves_kafka).
 KAFKA_ERRORS = (KafkaException, RuntimeError, TimeoutError, OSError)
 
@@ -164,6 +203,7 @@ class Mover:
                 move = self.advance(move_id)
             except MoveStalled as e:
                 stalls += 1
+                STALLS.inc()
                 log.warning("move %s stalled (%d/%d): %s", move_id, stalls, attempts, e)
                 if stalls >= attempts:
                     return self.rollback(move_id, str(e))
@@ -187,10 +227,11 @@ class Mover:
             return move
         return step(move)
 
-    def rollback(self, move_id: str, why: str) -> Move:
+    def rollback(self, move_id: str, why: str, *, final: str = "rolled_back") -> Move:
         """Undo a move that has not flipped: the source active with its timers
         back, the target's copy removed, the directory's placement active in
-        the source. A move that flipped is finished instead (`advance`)."""
+        the source; the move ends `final` (`failed` when the move could never
+        succeed). A move that flipped is finished instead (`advance`)."""
         move = self.get(move_id)
         if move is None:
             raise KeyError(move_id)
@@ -210,10 +251,9 @@ class Mover:
             placed = dirstore.placement(d, move.tenant_id)
             if placed is not None and placed.epoch == move.epoch and placed.cell == move.source:
                 dirstore.compare_and_set(d, move.tenant_id, move.epoch, move.source, "active")
-            done = dirstore.step_move(
-                d, move.move_id, move.state, "rolled_back", error=why, unfrozen=True
-            )
-        log.warning("move %s rolled back: %s", move_id, why)
+            done = dirstore.step_move(d, move.move_id, move.state, final, error=why, unfrozen=True)
+        _finished(done)
+        log.warning("move %s %s: %s", move_id, final.replace("_", " "), why)
         return done or self.get(move_id)  # type: ignore[return-value]
 
     # -- the steps -----------------------------------------------------------
@@ -393,13 +433,11 @@ class Mover:
         if stepped is None:  # another mover took this step: carry on from where it is
             return self.get(move.move_id)  # type: ignore[return-value]
         log.info("move %s: %s -> %s", move.move_id, move.state, to)
+        _finished(stepped)
         return stepped
 
     def _fail(self, move: Move, why: str) -> Move:
-        self.rollback(move.move_id, why)
-        with self._directory() as d:
-            dirstore.step_move(d, move.move_id, "rolled_back", "failed", error=why)
-        return self.get(move.move_id)  # type: ignore[return-value]
+        return self.rollback(move.move_id, why, final="failed")
 
     def _directory(self) -> psycopg.Connection:
         return psycopg.connect(self.directory_dsn, autocommit=True, connect_timeout=10)

@@ -55,9 +55,9 @@ class LeasedMover(Mover):
         self.lease.check()
         return super().advance(move_id)
 
-    def rollback(self, move_id: str, why: str) -> Move:
+    def rollback(self, move_id: str, why: str, *, final: str = "rolled_back") -> Move:
         self.lease.check()
-        return super().rollback(move_id, why)
+        return super().rollback(move_id, why, final=final)
 
     def _sleep(self, seconds: float) -> None:
         self.lease.check()

@@ -343,3 +343,42 @@ def test_catch_up__copies_what_changed_since__the_checksums_find_what_it_cannot(
     assert cellstore.checksums(src, tid) == cellstore.checksums(dst, tid)
     src.close()
     dst.close()
+
+
+def _metric(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_move__metrics__each_final_move_counted_once__its_length_and_freeze_observed(
+    cells, topic_prefix
+):
+    topics = Topics(topic_prefix)
+    done_before = _metric("cronwheel_moves_total", outcome="done")
+    back_before = _metric("cronwheel_moves_total", outcome="rolled_back")
+    lengths_before = _metric("cronwheel_move_seconds_count", outcome="done")
+    frozen_before = _metric("cronwheel_move_frozen_seconds_count")
+    frozen_sum_before = _metric("cronwheel_move_frozen_seconds_sum")
+
+    moving = cells.tenant(topics, "us")
+    cells.job(topics, "us", moving, 86_400_000)
+    move = cells.mover().start(moving["tenant_id"], "eu")
+    cells.mover().advance(move.move_id)  # one mover copies, another finishes
+    done = cells.mover().run(move.move_id)
+    assert done.state == "done", done.error
+    assert cells.mover().run(move.move_id).state == "done"  # run again: nothing to count
+
+    staying = cells.tenant(topics, "us")
+    back = cells.mover().start(staying["tenant_id"], "eu")
+    cells.mover().advance(back.move_id)
+    assert cells.mover().rollback(back.move_id, "changed my mind").state == "rolled_back"
+
+    assert _metric("cronwheel_moves_total", outcome="done") == done_before + 1
+    assert _metric("cronwheel_moves_total", outcome="rolled_back") == back_before + 1
+    assert _metric("cronwheel_move_seconds_count", outcome="done") == lengths_before + 1
+    # The move that switched froze its tenant's writes; the rollback before
+    # any freeze adds no window.
+    assert _metric("cronwheel_move_frozen_seconds_count") == frozen_before + 1
+    frozen_s = _metric("cronwheel_move_frozen_seconds_sum") - frozen_sum_before
+    assert frozen_s == pytest.approx(done.frozen_ms / 1000, abs=0.01)
