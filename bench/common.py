@@ -494,7 +494,7 @@ def grant(prefix: str) -> None:
 
 def _revoke(prefix: str) -> None:
     """The bindings `grant` made on the prefix's own resources, each exactly.
-    Not principals.delete_acls_on_prefix: it also deletes the bindings every
+    Not principals.delete_acls_on_prefixes: it also deletes the bindings every
     prefix's grant shares (the observer's consumer groups, `cronwheel-observer.`),
     which the stack's `cw` and every other user of the broker still need."""
     mine = [

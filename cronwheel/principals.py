@@ -246,24 +246,32 @@ def create_acls(admin: AdminClient, bindings: list[AclBinding], timeout: float =
 
 
 def _await_acls(admin: AdminClient, bindings: list[AclBinding], timeout: float) -> None:
+    """Until the broker lists every binding: one DescribeAcls per resource,
+    which answers with that resource's bindings only. (By principal, each
+    answer held every binding of the principal: a platform role's grows with
+    every topic prefix granted, and a test session's grants slowed from 90 to
+    350 ms each.)"""
+
     def key(b: AclBinding) -> tuple:
         return (b.restype, b.name, b.resource_pattern_type, b.principal, b.operation)
 
-    want: dict[str, set[tuple]] = {}
+    want: dict[tuple, set[tuple]] = {}
     for b in bindings:
-        want.setdefault(b.principal, set()).add(key(b))
+        want.setdefault((b.restype, b.name, b.resource_pattern_type), set()).add(key(b))
     deadline = time.monotonic() + timeout
     while want:
-        for principal in list(want):
+        for resource in list(want):
+            restype, name, pattern = resource
             f = AclBindingFilter(
-                ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,
-                AclOperation.ANY, AclPermissionType.ANY,
-            )  # fmt: skip
+                restype, name, pattern, None, None, AclOperation.ANY, AclPermissionType.ANY
+            )
             have = admin.describe_acls(f, request_timeout=timeout).result(timeout)
-            if want[principal] <= {key(b) for b in have}:
-                del want[principal]
+            if want[resource] <= {key(b) for b in have}:
+                del want[resource]
         if want and time.monotonic() > deadline:
-            raise TimeoutError(f"ACLs of {sorted(want)} not in force after {timeout}s")
+            raise TimeoutError(
+                f"ACLs on {sorted(str(r) for r in want)} not in force after {timeout}s"
+            )
         if want:
             time.sleep(0.02)
 
@@ -287,11 +295,10 @@ def delete_acls_of(admin: AdminClient, principals: list[str], timeout: float = 3
             fut.result(timeout)
 
 
-def delete_acls_on_prefix(admin: AdminClient, prefix: str, timeout: float = 30) -> None:
-    """Remove the platform's ACLs for topic prefix `prefix` (a test's, when it ends)."""
-    # Only the bindings on this prefix's resources: the observer's group
-    # prefix and the gateway's cluster grant are shared by every prefix.
-    bindings = [b for b in platform_bindings(prefix) if b.name.startswith(f"{prefix}.")]
+def delete_acls_on_prefixes(admin: AdminClient, prefixes: list[str], timeout: float = 30) -> None:
+    """Remove the platform's ACLs for topic prefixes `prefixes` (tests', when
+    they end), in one request per 500 filters: one request per prefix took
+    70 ms each, 14 s for 200 prefixes, at the end of every test worker."""
     filters = list(
         {
             AclBindingFilter(
@@ -303,11 +310,16 @@ def delete_acls_on_prefix(admin: AdminClient, prefix: str, timeout: float = 30) 
                 AclOperation.ANY,
                 AclPermissionType.ANY,
             )  # fmt: skip
-            for b in bindings
+            for prefix in prefixes
+            # Only the bindings on this prefix's resources: the observer's group
+            # prefix and the gateway's cluster grant are shared by every prefix.
+            for b in platform_bindings(prefix)
+            if b.name.startswith(f"{prefix}.")
         }
     )
-    for fut in admin.delete_acls(filters, request_timeout=timeout).values():
-        fut.result(timeout)
+    for i in range(0, len(filters), 500):
+        for fut in admin.delete_acls(filters[i : i + 500], request_timeout=timeout).values():
+            fut.result(timeout)
 
 
 def grant_platform(admin: AdminClient, prefix: str, passwords: dict[str, str] | None = None):

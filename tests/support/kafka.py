@@ -67,9 +67,7 @@ def worker_env(creds: dict | kafka.Credentials | None) -> dict[str, str]:
 def revoke(bootstrap: str, prefixes: list[str]) -> None:
     """The ACLs `grant` made for these prefixes. Best effort, as delete_topics."""
     try:
-        admin = kafka.admin(bootstrap, principal="admin")
-        for prefix in prefixes:
-            principals.delete_acls_on_prefix(admin, prefix)
+        principals.delete_acls_on_prefixes(kafka.admin(bootstrap, principal="admin"), prefixes)
     except Exception as exc:  # teardown must not fail a green session
         logging.getLogger("tests").warning("could not delete test ACLs: %s", exc)
 
