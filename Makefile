@@ -85,6 +85,7 @@ check-schemas: install ## every Avro schema version reads and is read by every o
 
 check-migrations: install ## squawk: no migration takes a blocking lock or rewrites a table unless it says why (.squawk.toml)
 	$(BIN)/python -m cronwheel.store.migration_lint
+	$(BIN)/python -m cronwheel.store.migration_lint cronwheel/store/directory_migrations
 
 check-api: install ## the OpenAPI document only grows against the previous release's (oasdiff, installed with Go)
 	$(BIN)/python -m services.gateway.api_check

@@ -121,9 +121,12 @@ class MoveSettings:
     forward_timeout_s: float = 10.0
     # After the flip, how long the source's topics and principal wait for the
     # tenant's workers to read them to the end before they are removed
-    # anyway (what is left is the pending deadline's, as above). Retention
-    # beyond that: none (removed as soon as read).
+    # anyway (what is left is the pending deadline's, as above).
     linger_s: float = 30.0
+    # How long the source keeps the tenant's copy (rows, frozen: nothing of
+    # it fires or is served there; topics and principal) after the switch,
+    # before remove_kept_sources removes it; 0: removed at the switch.
+    source_retention_s: float = 0.0
     # The directory caches' time to live (CRONWHEEL_DIRECTORY_TTL_MS; the
     # router passes its own): the source keeps the tenant's rows, frozen, this
     # long after the flip, so a request that a cache not yet aware of the flip
@@ -271,6 +274,7 @@ class Mover:
                     move, f"the cells' migrations differ: {move.source} {mine[-1:]}, "
                     f"{move.target} {theirs[-1:]}"
                 )  # fmt: skip
+            self._drop_kept_in(move.tenant_id, move.target)
             if cells.tenant_state(dst, move.tenant_id) not in (None, "standby"):
                 return self._fail(move, f"cell {move.target} already serves the tenant")
             try:
@@ -279,6 +283,15 @@ class Mover:
                 return self._fail(move, f"cell {move.target} holds a conflicting row: {e}")
             self._carry_kafka(move, src)
         return self._step(move, "freezing")
+
+    def _drop_kept_in(self, tenant_id: str, cell: str) -> None:
+        """A move back into `cell`: the copy an earlier move kept there goes
+        first, whatever its age."""
+        with self._directory() as d:
+            kept = dirstore.kept_sources(d, 0, tenant_id=tenant_id, cell=cell)
+        for earlier in kept:
+            if self._drop_kept(earlier) is None:
+                raise MoveStalled(f"the tenant's earlier copy in {cell} is not removed yet")
 
     def _freeze(self, move: Move) -> Move:
         """Freeze the source (the placement `frozen`: writes get 503; in the
@@ -334,10 +347,54 @@ class Mover:
         with self._directory() as d:
             dirstore.step_move(d, move.move_id, "switching", "switching", unfrozen=True)
         self.sleep(self.settings.directory_ttl_s)  # every cache has seen the flip
+        if self.settings.source_retention_s > 0:  # kept, frozen, until remove_kept_sources
+            return self._step(move, "done")
+        self._remove_source(move)
+        done = self._step(move, "done")
+        with self._directory() as d:
+            return dirstore.mark_source_removed(d, move.move_id) or done
+
+    # -- after the switch: the source's copy ----------------------------------
+    def remove_kept_sources(self) -> list[Move]:
+        """Remove the source copies that moves done have kept past
+        `source_retention_s` (the router calls this periodically; any number
+        of routers may). Returns the moves whose copy went."""
+        with self._directory() as d:
+            due = dirstore.kept_sources(d, self.settings.source_retention_s)
+        return [gone for move in due if (gone := self._drop_kept(move)) is not None]
+
+    def _drop_kept(self, move: Move) -> Move | None:
+        """The kept copy of `move`'s tenant in its source, gone, and recorded;
+        None when it could not be removed now (the next sweep tries again).
+        Under the tenant's lock in the directory, which a move back into the
+        source takes too (`_drop_kept_in`), so a sweep never removes what
+        such a move has begun to copy and carry there."""
+        try:
+            with self._directory() as d, dirstore.tenant_lock(d, move.tenant_id):
+                current = dirstore.move(d, move.move_id)
+                if current is None or current.source_removed_at is not None:
+                    return current  # removed meanwhile (a sweep of another router)
+                self._remove_source(move)
+                gone = dirstore.mark_source_removed(d, move.move_id)
+        except (MoveStalled, psycopg.Error) as e:
+            log.warning("move %s: the tenant's copy in %s not removed: %s", move.move_id,
+                        move.source, e)  # fmt: skip
+            return None
+        log.info("move %s: the tenant's copy in %s removed", move.move_id, move.source)
+        return gone
+
+    def _remove_source(self, move: Move) -> None:
+        """The tenant's topics, principal and rows in `move.source`, where it is
+        frozen (the copy the move left). Kafka first: the rows say, while they
+        last, that Kafka is still to go. A tenant active or standby there
+        again (moved back) is not touched."""
         with self._cell(move.source) as src:
-            cells.remove(src, move.tenant_id)  # retention: none on the local stack
-        self._remove_kafka(move)
-        return self._step(move, "done")
+            state = cells.tenant_state(src, move.tenant_id)
+            if state not in (None, "frozen"):
+                return
+            if state == "frozen":
+                self._remove_kafka(move)
+            cells.remove(src, move.tenant_id, only_state="frozen")
 
     # -- the tenant's Kafka side (cronwheel/moves_kafka.py) -------------------
     def _carry_kafka(self, move: Move, src: psycopg.Connection) -> None:

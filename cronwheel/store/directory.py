@@ -7,6 +7,7 @@ gateways read it through cronwheel/directory.py's cache, never directly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class Move:
     frozen_at: datetime | None
     unfrozen_at: datetime | None
     finished_at: datetime | None
+    source_removed_at: datetime | None = None  # NULL: the source's copy is kept
 
     @property
     def frozen_ms(self) -> int | None:
@@ -166,6 +168,40 @@ def latest_move(conn: psycopg.Connection, tenant_id: str) -> Move | None:
 
 def open_moves(conn: psycopg.Connection) -> list[str]:
     return [r[0] for r in conn.execute(_q()["open_moves"]).fetchall()]
+
+
+def kept_sources(
+    conn: psycopg.Connection,
+    retention_s: float,
+    *,
+    tenant_id: str | None = None,
+    cell: str | None = None,
+) -> list[Move]:
+    """Moves done whose source copy is kept and past `retention_s`; with
+    `tenant_id`, that tenant's kept in `cell` whatever their age."""
+    params = {"retention_s": retention_s, "tenant_id": tenant_id, "cell": cell}
+    with conn.cursor(row_factory=class_row(Move)) as cur:
+        return cur.execute(_q()["kept_sources"], params).fetchall()
+
+
+@contextlib.contextmanager
+def tenant_lock(conn: psycopg.Connection, tenant_id: str):
+    """A session lock on the tenant in the directory for the block (an
+    advisory lock: the removal of a move's kept copy, and a move back into
+    that cell, one at a time)."""
+    key = "cronwheel.tenant:" + tenant_id
+    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [key])
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+
+
+def mark_source_removed(conn: psycopg.Connection, move_id: str) -> Move | None:
+    """Record that the move's source copy is gone, as the operator."""
+    with conn.transaction(), conn.cursor(row_factory=class_row(Move)) as cur:
+        cur.execute(_q()["operator_role"])
+        return cur.execute(_q()["mark_source_removed"], {"move_id": move_id}).fetchone()
 
 
 def step_move(

@@ -267,12 +267,15 @@ class Router:
     async def _list_tenants(self, request: Request) -> Response:
         """GET /v1/tenants across every cell: each cell's page after the same
         cursor, merged by tenant id (the order each cell pages in), cut to the
-        limit; the next cursor is the last id shown when any cell had more."""
+        limit; the next cursor is the last id shown when any cell had more.
+        A tenant two cells list (a move's copy in its target, or the copy a
+        move kept in the cell it left) is shown once, as its home cell has it."""
         try:
             cells = await self._cells()
         except Routing as r:
             return r.response
         pages = []
+        listed_by: dict[str, list[str]] = {}
         for cell, info in cells.items():
             answer = await self._forward(request, info.api_url, cell, b"")
             if isinstance(answer, StreamingResponse):
@@ -281,13 +284,32 @@ class Router:
                 text = bytes(answer.body)
             if answer.status_code != 200:
                 return Response(text, answer.status_code, media_type=MEDIA_TYPE)
-            pages.append(json.loads(text))
+            page = json.loads(text)
+            for item in page["items"]:
+                listed_by.setdefault(item["tenant_id"], []).append(cell)
+            pages.append((cell, page))
+        try:
+            homes = {
+                tenant_id: await self._cell_of_tenant(tenant_id)
+                for tenant_id, by in listed_by.items()
+                if len(by) > 1
+            }
+        except Routing as r:
+            return r.response
         try:
             limit = min(MAX_PAGE, max(1, int(request.query_params.get("limit", "50"))))
         except ValueError:
             limit = 50  # the cells answered 200, so they read it so too
-        items = sorted((i for p in pages for i in p["items"]), key=lambda i: i["tenant_id"])
-        more = len(items) > limit or any(p.get("next_cursor") for p in pages)
+        items = sorted(
+            (
+                item
+                for cell, page in pages
+                for item in page["items"]
+                if homes.get(item["tenant_id"], cell) == cell
+            ),
+            key=lambda i: i["tenant_id"],
+        )
+        more = len(items) > limit or any(p.get("next_cursor") for _cell, p in pages)
         items = items[:limit]
         doc = {"items": items, "next_cursor": items[-1]["tenant_id"] if more and items else None}
         return Response(json.dumps(doc), 200, media_type="application/json")

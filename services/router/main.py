@@ -30,6 +30,10 @@ class RouterSettings:
     # Unset: the local stack's cells' brokers when CRONWHEEL_CELL_DATABASES is
     # unset too, else none (a move leaves Kafka alone).
     cell_brokers: str | None = setting("CRONWHEEL_CELL_BROKERS", None, secret=True)
+    # How long a moved tenant's copy (rows, topics, principal) stays in the
+    # cell it left, frozen, before it is removed (docs/cells.md, "After the
+    # switch"). 0: at the switch.
+    move_source_retention_s: float = setting("CRONWHEEL_MOVE_SOURCE_RETENTION_S", 0.0, minimum=0)
 
 
 def cell_databases(text: str | None) -> dict[str, str]:
@@ -83,11 +87,14 @@ def main() -> None:
         brokers = None if settings.cell_databases else local_brokers()
     kafka = CellBrokers(brokers, Topics(settings.common.topic_prefix)) if brokers else None
     ttl_s = settings.cells.directory_ttl_ms / 1000
-    moving = MoveSettings(kafka=kafka, directory_ttl_s=ttl_s)
+    moving = MoveSettings(
+        kafka=kafka, directory_ttl_s=ttl_s, source_retention_s=settings.move_source_retention_s
+    )
     mover = Mover(settings.cells.directory_url, dsns, moving) if dsns else None
     app = create_app(directory, settings.operator_key or operator_key(), mover)
     if app.state.router.moves is not None:
         app.state.router.moves.resume()
+        app.state.router.moves.sweep_kept_sources()
     host, _, port = settings.serving.http_addr.rpartition(":")
     server = uvicorn.Server(
         uvicorn.Config(

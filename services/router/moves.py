@@ -81,6 +81,27 @@ class Moves:
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
+    def sweep_kept_sources(self, every_s: float | None = None) -> None:
+        """Remove, on a thread of this router, the copies moves kept in the
+        cells they left once past the retention: every `every_s` (a tenth of
+        the retention, between 1 s and 5 minutes). Every router may sweep.
+        Without a retention there is nothing to sweep: the switch removes the
+        source's copy (a move back into that cell clears what a mover that
+        died at the switch left, Mover._drop_kept_in)."""
+        retention_s = self.mover.settings.source_retention_s
+        if retention_s <= 0:
+            return
+        every_s = every_s or min(300.0, max(1.0, retention_s / 10))
+
+        def sweep() -> None:
+            while not self._stop.wait(every_s):
+                try:
+                    self.mover.remove_kept_sources()
+                except psycopg.Error as e:  # the directory away: the next round
+                    log.warning("kept sources not swept: %s", e)
+
+        threading.Thread(target=sweep, daemon=True, name="move-sweep").start()
+
     def resume(self) -> None:
         """Run every open move to its end (a router started after a mover died)."""
         for move_id in self.mover.open_moves():
@@ -179,6 +200,10 @@ def describe(move: Move) -> dict:
         "finished_at": move.finished_at.isoformat() if move.finished_at else None,
         "frozen_ms": move.frozen_ms,
         "error": move.error,
+        # When the tenant's copy left in the source went (null: kept, or not done).
+        "source_removed_at": (
+            move.source_removed_at.isoformat() if move.source_removed_at else None
+        ),
     }
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from cronwheel.core.clock import now_ms, to_dt, to_ms
 from cronwheel.kafka import Topics
-from cronwheel.moves import Mover, MoveRefused
+from cronwheel.moves import Mover, MoveRefused, MoveSettings
 from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cellstore
 from cronwheel.store.directory import CellInfo
@@ -382,3 +382,86 @@ def test_move__metrics__each_final_move_counted_once__its_length_and_freeze_obse
     assert _metric("cronwheel_move_frozen_seconds_count") == frozen_before + 1
     frozen_s = _metric("cronwheel_move_frozen_seconds_sum") - frozen_sum_before
     assert frozen_s == pytest.approx(done.frozen_ms / 1000, abs=0.01)
+
+
+def _kept(cells: Cells, settings: MoveSettings) -> Mover:
+    return cells.mover(settings=settings)
+
+
+def test_move__source_kept_for_the_retention__frozen__then_removed_by_the_sweep(
+    cells, topic_prefix
+):
+    """Step 6 of the move (docs/cells.md, "After the switch"): with a
+    retention, the source keeps the tenant's copy frozen (nothing of it fires
+    or is claimed there) until a sweep past the retention removes it."""
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    cells.job(topics, "us", tenant, 86_400_000)
+    before = cells.rows("us", tid)
+    keeping = _kept(cells, MoveSettings(source_retention_s=3600))
+    move = keeping.start(tid, "eu")
+    done = keeping.run(move.move_id)
+    assert done.state == "done", done.error
+    assert done.source_removed_at is None
+    # Kept in us as it was at the freeze: frozen, its timers parked there.
+    kept = cells.rows("us", tid)
+    assert (kept["tenants"], kept["jobs"], kept["timers"]) == (1, before["jobs"], 0)
+    assert kept["timers_parked"] == before["timers"]
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "frozen"
+    assert cells.rows("eu", tid)["jobs"] == before["jobs"]
+
+    # Within the retention, a sweep leaves it; past it (a retention of 0 for
+    # this mover, as if the hour had passed), the sweep removes it once.
+    assert keeping.remove_kept_sources() == []
+    assert cells.rows("us", tid) == kept
+    sweeper = _kept(cells, MoveSettings(source_retention_s=0.001))
+    (swept,) = sweeper.remove_kept_sources()
+    assert swept.move_id == move.move_id and swept.source_removed_at is not None
+    assert set(cells.rows("us", tid).values()) == {0}
+    assert sweeper.remove_kept_sources() == []
+    assert sweeper.get(move.move_id).source_removed_at == swept.source_removed_at
+    assert cells.rows("eu", tid)["tenants"] == 1  # the tenant's home untouched
+
+
+def test_move__back_into_a_cell_that_keeps_the_old_copy__it_goes_first__the_move_succeeds(
+    cells, topic_prefix
+):
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    cells.job(topics, "us", tenant, 86_400_000)
+    keeping = _kept(cells, MoveSettings(source_retention_s=3600))
+    there = keeping.run(keeping.start(tid, "eu").move_id)
+    assert there.state == "done", there.error
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "frozen"
+
+    back = keeping.run(keeping.start(tid, "us").move_id)
+    assert back.state == "done", back.error
+    assert keeping.get(there.move_id).source_removed_at is not None  # us's old copy went first
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "active"
+    with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "frozen"  # kept in eu now
+    us = cells.rows("us", tid)
+    assert (us["tenants"], us["jobs"], us["timers"], us["timers_parked"]) == (1, 1, 1, 0)
+
+    # A sweep removes eu's copy and never the tenant's home.
+    (swept,) = _kept(cells, MoveSettings(source_retention_s=0.001)).remove_kept_sources()
+    assert swept.move_id == back.move_id
+    assert set(cells.rows("eu", tid).values()) == {0}
+    assert cells.rows("us", tid) == us
+
+
+def test_move__without_retention__source_removed_at_the_switch__and_recorded(cells, topic_prefix):
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    cells.job(topics, "us", tenant, 86_400_000)
+    mover = cells.mover()
+    done = mover.run(mover.start(tid, "eu").move_id)
+    assert done.state == "done" and done.source_removed_at is not None
+    assert set(cells.rows("us", tid).values()) == {0}
+    assert mover.remove_kept_sources() == []

@@ -45,16 +45,16 @@ ON CONFLICT (name) DO UPDATE
 INSERT INTO directory_moves (move_id, tenant_id, source, target, epoch)
 VALUES (%(move_id)s, %(tenant_id)s, %(source)s, %(target)s, %(epoch)s)
 RETURNING move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
-          unfrozen_at, finished_at;
+          unfrozen_at, finished_at, source_removed_at;
 
 -- name: move
 SELECT move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
-       unfrozen_at, finished_at
+       unfrozen_at, finished_at, source_removed_at
   FROM directory_moves WHERE move_id = %(move_id)s;
 
 -- name: latest_move
 SELECT move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
-       unfrozen_at, finished_at
+       unfrozen_at, finished_at, source_removed_at
   FROM directory_moves WHERE tenant_id = %(tenant_id)s
  ORDER BY started_at DESC, move_id DESC
  LIMIT 1;
@@ -63,6 +63,27 @@ SELECT move_id, tenant_id, source, target, epoch, state, error, started_at, froz
 SELECT move_id FROM directory_moves
  WHERE state IN ('copying', 'freezing', 'switching')
  ORDER BY started_at;
+
+-- name: kept_sources
+-- Moves done whose source copy is still kept: those past the retention
+-- (finished at least %(retention_s)s seconds ago, on the directory's clock),
+-- or, with %(tenant_id)s, that tenant's kept in cell %(cell)s whatever their
+-- age (a move back into a cell that keeps the tenant's old copy).
+SELECT move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
+       unfrozen_at, finished_at, source_removed_at
+  FROM directory_moves
+ WHERE state = 'done' AND source_removed_at IS NULL
+   AND CASE WHEN %(tenant_id)s::text IS NULL
+            THEN finished_at <= now() - make_interval(secs => %(retention_s)s)
+            ELSE tenant_id = %(tenant_id)s AND source = %(cell)s END
+ ORDER BY finished_at;
+
+-- name: mark_source_removed
+UPDATE directory_moves
+   SET source_removed_at = coalesce(source_removed_at, now()), updated_at = now()
+ WHERE move_id = %(move_id)s AND state = 'done'
+RETURNING move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
+          unfrozen_at, finished_at, source_removed_at;
 
 -- name: step_move
 -- The move's next state, from the one the mover read. frozen_at and
@@ -77,7 +98,7 @@ UPDATE directory_moves
        updated_at = now()
  WHERE move_id = %(move_id)s AND state = %(from)s
 RETURNING move_id, tenant_id, source, target, epoch, state, error, started_at, frozen_at,
-          unfrozen_at, finished_at;
+          unfrozen_at, finished_at, source_removed_at;
 
 -- name: mark_frozen
 -- When the source froze (the first time only): the start of the freeze window.

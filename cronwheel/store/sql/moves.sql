@@ -194,6 +194,11 @@ INSERT INTO workflow_run_nodes SELECT * FROM moved_workflow_run_nodes;
 -- name: tenant_state
 SELECT state FROM tenants WHERE tenant_id = %(t)s;
 
+-- name: lock_tenant
+-- remove's check: the tenant's state, its row locked until the deletes commit
+-- (a move back copying the tenant in waits, or finds it gone).
+SELECT state FROM tenants WHERE tenant_id = %(t)s FOR UPDATE;
+
 -- name: standby
 -- The target after a copy: the tenant's rows are here, it is not served or
 -- fired here yet (the claims skip a tenant that is not active).

@@ -288,3 +288,69 @@ def test_move__a_router_still_routing_to_us__sends_the_421_on_to_eu__the_client_
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(10)
+
+
+KEEPING_ROUTER = "127.0.0.1:28082"
+KEEPING_METRICS_PORT = 28060
+
+
+def test_move__source_kept_for_the_retention__listed_once__then_swept(cells):
+    """CRONWHEEL_MOVE_SOURCE_RETENTION_S: a router that keeps a moved
+    tenant's copy in the cell it left (frozen, its principal and topics
+    with it) until its sweep finds the retention passed. Meanwhile the
+    tenant is listed once, as its home cell has it."""
+    keeping = f"http://{KEEPING_ROUTER}"
+
+    def router(retention_s: str):
+        proc = cells.serve(
+            "router",
+            env={
+                "CRONWHEEL_HTTP_ADDR": KEEPING_ROUTER,
+                "CRONWHEEL_METRICS_PORT": str(KEEPING_METRICS_PORT),
+                "CRONWHEEL_MOVE_SOURCE_RETENTION_S": retention_s,
+            },
+        )
+        wait_for(lambda: ready(keeping), 60, 0.2, "the keeping router to be ready")
+        return proc
+
+    def move() -> dict:
+        return httpx.get(f"{keeping}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10).json()
+
+    us = cells.cell("us")["admin_database_url"]
+    proc = router("3600")
+    try:
+        tenant = _tenant("us")
+        tid = tenant["tenant_id"]
+        started = httpx.post(
+            f"{keeping}/v1/tenants/{tid}/move", json={"cell": "eu"}, headers=OPERATOR, timeout=30
+        )
+        assert started.status_code == 202, started.text
+        wait_for(lambda: move()["state"] == "done", 120, 0.2, "the move to end")
+        assert move()["source_removed_at"] is None
+        assert _rows(us, tid)["tenants"] == 1  # kept in us
+        assert cells.kafka_of("us", tid)["credentials"], "us's principal kept with the copy"
+        listed = []
+        cursor = None
+        while True:
+            params = {"limit": 50, **({"cursor": cursor} if cursor else {})}
+            page = httpx.get(f"{ROUTER}/v1/tenants", params=params, headers=OPERATOR).json()
+            listed += [t for t in page["items"] if t["tenant_id"] == tid]
+            if not (cursor := page["next_cursor"]):
+                break
+        assert [t["cell"] for t in listed] == ["eu"], listed
+        # The tenant's key works through the router: eu serves it.
+        got = httpx.get(f"{ROUTER}/v1/tenant", headers=_as(tenant["api_key"]), timeout=10)
+        assert got.status_code == 200 and got.json()["cell"] == "eu", got.text
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+
+    proc = router("1")  # the hour as good as passed: its sweep, each second, removes the copy
+    try:
+        wait_for(lambda: move()["source_removed_at"], 60, 0.2, "the sweep to remove us's copy")
+        assert set(_rows(us, tid).values()) == {0}
+        assert not cells.kafka_of("us", tid)["credentials"], "us's principal removed with it"
+        assert _rows(cells.cell("eu")["admin_database_url"], tid)["tenants"] == 1
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
