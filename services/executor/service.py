@@ -43,6 +43,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from cronwheel.consumer import ConsumerService, Poison, expect_owned
 from cronwheel.core.clock import now_ms
 from cronwheel.core.errors import Conflict, NotFound
+from cronwheel.core.events import traceparent
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
 from cronwheel.logs import run_fields
@@ -278,6 +279,9 @@ class Executor(ConsumerService):
                     "CRONWHEEL_RUN_ID": run.run_id,
                     "CRONWHEEL_ATTEMPT": str(run.attempt),
                     "CRONWHEEL_PAYLOAD_FILE": PAYLOAD_FILE,
+                    # The run's W3C trace, where OpenTelemetry's SDKs read a
+                    # parent from the environment (docs/events.md).
+                    "TRACEPARENT": traceparent(run.run_id, run.attempt),
                 },
             )
         except TargetRefused as e:

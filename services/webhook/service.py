@@ -59,6 +59,7 @@ from cronwheel.consumer import QUIET, DeadLetters, Poison, expect_owned, shut_do
 from cronwheel.consuming import TrackedOffsets
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
+from cronwheel.core.events import traceparent
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Placement, Topics
@@ -475,6 +476,9 @@ class WebhookService:
         headers["cronwheel-attempt"] = str(started["attempt"])
         headers["cronwheel-fencing-token"] = started["start_token"]
         headers["cronwheel-scheduled-at"] = iso(t.scheduled_ms)
+        # The run's W3C trace (docs/events.md, "The traceparent rule"): the
+        # endpoint's spans join the run's trace, this attempt their parent.
+        headers["traceparent"] = traceparent(t.run_id, started["attempt"])
         if t.job_id:
             headers["cronwheel-job-id"] = t.job_id
         return headers

@@ -125,7 +125,7 @@ def test_command_output__reaches_the_run__with_its_env_and_payload(platform):
     script = (
         "echo hello from $GREETING; echo to stderr >&2; cat $CRONWHEEL_PAYLOAD_FILE; echo;"
         " echo token=$API_TOKEN; echo home=$HOME pwd=$(pwd) attempt=$CRONWHEEL_ATTEMPT;"
-        " echo db=${DATABASE_URL:-unset}"
+        " echo db=${DATABASE_URL:-unset}; echo trace=$TRACEPARENT"
     )
     run_id = platform.trigger(
         tenant,
@@ -144,6 +144,7 @@ def test_command_output__reaches_the_run__with_its_env_and_payload(platform):
     assert '{"n":1}' in out
     assert "home=/scratch pwd=/scratch attempt=1" in out
     assert "db=unset" in out  # nothing of the executor's own environment
+    assert f"trace=00-{run_id}-{1:016x}-00\n" in out  # the run's W3C trace
     assert "token=***" in out and "tok-5f1e2d3c" not in out
 
 

@@ -265,6 +265,7 @@ def test_delivery__signed_standard_webhook_with_fencing_headers__run_succeeds_wi
     assert got.headers["webhook-id"] == run_id
     assert got.headers["cronwheel-run-id"] == run_id
     assert got.headers["cronwheel-attempt"] == "1"
+    assert got.headers["traceparent"] == f"00-{run_id}-{1:016x}-00"
     assert got.headers["cronwheel-fencing-token"] == run["start_token"]
     assert got.headers["cronwheel-job-id"] == job["job_id"]
     assert got.headers["x-team"] == "blue"

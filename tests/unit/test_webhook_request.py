@@ -56,6 +56,8 @@ def test_headers__job_headers_kept__reserved_and_framing_ones_dropped():
     assert got["cronwheel-attempt"] == "2"
     assert got["webhook-id"] == t.run_id == got["cronwheel-run-id"]
     assert got["cronwheel-scheduled-at"] == "2027-01-15T08:00:00.000Z"
+    # The run's trace, the attempt its parent span (docs/events.md).
+    assert got["traceparent"] == f"00-{t.run_id}-{2:016x}-00"
     assert "host" not in got and "content-length" not in got
     assert abs(int(got["webhook-timestamp"]) - time.time()) < 5
     Webhook(secret).verify(body, got)
