@@ -507,8 +507,46 @@ def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
         except psycopg.OperationalError:
             return False
 
-    wait_for(check, timeout, 0.1, "the platform to catch up after the fault")
+    try:
+        wait_for(check, timeout, 0.1, "the platform to catch up after the fault")
+    except AssertionError as e:
+        with platform.connect() as conn:
+            raise AssertionError(f"{e}; {_lagging(conn, check.since)}") from None
     return time.monotonic() - t0
+
+
+def _lagging(conn: psycopg.Connection, since_ms: int) -> str:
+    """What keeps `recovered` false: unfinished runs due by `since_ms` by
+    state (with the oldest few), running workflow runs, old outbox rows by
+    topic, and jobs behind."""
+    at = {"at": since_ms}
+    by_state = conn.execute(
+        "SELECT state, count(*) FROM runs WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
+        " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')"
+        " GROUP BY state",
+        at,
+    ).fetchall()
+    oldest = conn.execute(
+        "SELECT run_id, state, attempt, scheduled_at, updated_at, lease_expires_at FROM runs"
+        " WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
+        " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')"
+        " ORDER BY scheduled_at LIMIT 3",
+        at,
+    ).fetchall()
+    outbox = conn.execute(
+        "SELECT topic, count(*) FROM outbox WHERE created_at <= to_timestamp(%(at)s / 1000.0)"
+        " GROUP BY topic",
+        at,
+    ).fetchall()
+    flows = conn.execute(
+        "SELECT count(*) FROM workflow_runs WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
+        " AND state = 'RUNNING'",
+        at,
+    ).fetchone()[0]
+    return (
+        f"unfinished runs by state {dict(by_state)}, oldest {oldest}; outbox rows {dict(outbox)};"
+        f" workflow runs running {flows}; jobs behind {behind(conn, since_ms)}"
+    )
 
 
 @dataclass

@@ -33,6 +33,10 @@ applies on a schedule to its private stack, with the proof that it landed.
   replay_retention  replay, after the `processed` rows of the dispatcher and
                   the workflow service have passed their retention: the
                   dispatcher forwards its whole history again
+  service_cuts    in turn, the gateway and the dispatcher cut off from
+                  PostgreSQL, the dispatcher and the SDK worker from the
+                  broker, the relay from PostgreSQL, the worker from the
+                  gateway (tests/faults/service_cuts.py)
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-from tests.faults import clockskew, diskfull, netcut, outbox_order, storm
+from tests.faults import clockskew, diskfull, netcut, outbox_order, service_cuts, storm
 from tests.faults.harness import (
     SERVICES,
     Load,
@@ -93,6 +97,7 @@ SHORT = {
     "pg_disk_full": Plan(cycles=1, calm_s=1, down_s=4),
     "rebalance_storm": Plan(cycles=1, calm_s=1, down_s=10),
     "replay_retention": Plan(cycles=1, calm_s=2, down_s=0),
+    "service_cuts": Plan(cycles=1, calm_s=1, down_s=4),
 }
 LONG = {
     "kafka_kill": Plan(cycles=5, calm_s=10, down_s=8),
@@ -108,6 +113,7 @@ LONG = {
     "pg_disk_full": Plan(cycles=3, calm_s=10, down_s=15),
     "rebalance_storm": Plan(cycles=1, calm_s=10, down_s=60),
     "replay_retention": Plan(cycles=3, calm_s=10, down_s=0),
+    "service_cuts": Plan(cycles=1, calm_s=10, down_s=30),
 }
 SKEW_S = 2.0
 
@@ -444,6 +450,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, dict]]] = {
 NEEDS: dict[str, Callable[[], str | None]] = {
     "pg_partition": netcut.available,
     "kafka_partition": netcut.available,
+    "service_cuts": netcut.available,
     "clock_skew": clockskew.available,
     "clock_skew_gateway": clockskew.available,
     "kafka_disk_full": diskfull.available,
@@ -463,8 +470,9 @@ KNOWN_FAILURES: dict[str, str] = {}  # none today: clock_skew_gateway's cause is
 
 # Faults that keep the database away longer than a run's lease: the runs they
 # interrupt are expired and run again as their next attempt (docs/reliability.md).
-# A full database disk refuses the heartbeats and completions the same way.
-OUTLASTS_LEASES = {"pg_immediate", "pg_disk_full"}
+# A full database disk refuses the heartbeats and completions the same way,
+# and so does a worker, or a gateway, cut off for longer than the lease.
+OUTLASTS_LEASES = {"pg_immediate", "pg_disk_full", "service_cuts"}
 
 FAULTS = {
     "kafka_kill": _broker_down(PrivateStack.kill_kafka),
@@ -480,6 +488,7 @@ FAULTS = {
     "pg_disk_full": diskfull.pg_disk_full,
     "rebalance_storm": storm.storm,
     "replay_retention": _replay_after_retention,
+    "service_cuts": service_cuts.service_cuts,
 }
 # Faults that also take the load: they write runs of their own as its triggers.
 WITH_LOAD = {"outbox_order"}
