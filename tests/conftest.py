@@ -129,9 +129,9 @@ def keyring():
     """A keyring of the test's own (one key, "test-a"), which the store seals
     and opens secrets at rest with until the test ends."""
     from cronwheel.core.sealing import Keyring, new_key, parse_keys
-    from cronwheel.store import webhooks
+    from cronwheel.store import sealed
 
     ring = Keyring(parse_keys(f"test-a:{new_key()}"))
-    webhooks.use_keyring(ring)
+    sealed.use_keyring(ring)
     yield ring
-    webhooks.use_keyring(None)
+    sealed.use_keyring(None)

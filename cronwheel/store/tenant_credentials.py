@@ -5,7 +5,7 @@ a move makes the same credential in another cell's broker.
 SaltedPassword lets whoever holds it log in as the tenant (a SCRAM client's
 ClientKey is an HMAC of it), so it is sealed at rest with the operator's
 keyring, bound to the tenant (a copy in another tenant's row does not open),
-as webhook secrets are (cronwheel/core/sealing.py, cronwheel/store/webhooks.py).
+as webhook secrets are (cronwheel/core/sealing.py, cronwheel/store/sealed.py).
 Rows from before migration 0027 hold it in the clear with no key id; they are
 read as they are, and `reseal` (`cronwheel secrets reseal`) seals them.
 """
@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 
 from cronwheel.core.sealing import SealingError
 from cronwheel.scram import Verifier
-from cronwheel.store import webhooks
+from cronwheel.store import sealed as sealed_store
 from cronwheel.store.sql_loader import queries
 
 Q = queries("kafka_scram")
@@ -35,7 +35,7 @@ def keep(conn: psycopg.Connection, tenant_id: str, kept: Verifier) -> None:
     """Write the tenant's credential, its SaltedPassword sealed, in the
     caller's transaction."""
     text = base64.b64encode(kept.salted_password).decode()
-    sealed, key_id = webhooks.keyring().seal(text, _context(tenant_id))
+    sealed, key_id = sealed_store.keyring().seal(text, _context(tenant_id))
     conn.execute(
         Q["keep"],
         {
@@ -53,7 +53,7 @@ def _open(tenant_id: str, stored: bytes, key_id: str | None) -> bytes:
     """SaltedPassword from its column: sealed, or in the clear without a key id."""
     if key_id is None:
         return bytes(stored)
-    text = webhooks.keyring().open(bytes(stored), key_id, _context(tenant_id))
+    text = sealed_store.keyring().open(bytes(stored), key_id, _context(tenant_id))
     return base64.b64decode(text)
 
 
@@ -94,4 +94,4 @@ def reseal(conn: psycopg.Connection, batch: int = 500) -> int:
         conn.execute(Q["reseal"], {"t": tenant_id, "sealed": sealed, "key_id": new_key})
         return True
 
-    return webhooks.resealing(conn, Q["to_reseal"], batch, one, after_of=lambda row: row[0])
+    return sealed_store.resealing(conn, Q["to_reseal"], batch, one, after_of=lambda row: row[0])

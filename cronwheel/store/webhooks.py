@@ -11,7 +11,7 @@ The webhook service calls `delivery_targets` once per batch of records, and
 Retry-After) for a longer wait than the run's backoff.
 
 At rest the secrets are sealed (cronwheel/core/sealing.py, migration 0016) with
-the process's keyring (`config.secret_keyring()`, CRONWHEEL_SECRET_KEYS):
+the process's keyring (cronwheel/store/sealed.py, CRONWHEEL_SECRET_KEYS):
 written sealed, opened here when read. Rows from before 0016 hold plaintext
 and are still read; `reseal` seals them (and re-seals rows of an older key
 after a rotation) in batches.
@@ -23,37 +23,24 @@ import base64
 import json
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psycopg
 
-from cronwheel import config
 from cronwheel.core.clock import iso, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.ids import new_id, partition_of, partition_of_run
 from cronwheel.core.sealing import Keyring, SealingError
+from cronwheel.store import sealed as sealed_store
 from cronwheel.store.sql_loader import queries
 
 Q = queries("webhooks")
 log = logging.getLogger(__name__)
-# The keyring to seal and open with; tests may replace it (use_keyring).
-_keyring: Callable[[], Keyring] = config.secret_keyring
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32  # Standard Webhooks asks for 24 to 64
 DEFAULT_OVERLAP_MS = 24 * 3_600_000  # both signatures are sent for a day after a rotation
 MAX_OVERLAP_MS = 7 * 24 * 3_600_000
-
-
-def use_keyring(keyring: Keyring | None) -> None:
-    """Seal and open with `keyring` (None: the process's, from the environment)."""
-    global _keyring
-    _keyring = config.secret_keyring if keyring is None else (lambda: keyring)
-
-
-def keyring() -> Keyring:
-    """The keyring secrets at rest are sealed and opened with (use_keyring)."""
-    return _keyring()
 
 
 def _context(owner_id: str, secret_id: str) -> str:
@@ -68,7 +55,7 @@ def _open(owner_id: str, secret_id: str, plain, sealed, key_id) -> str | None:
     if sealed is None:
         return plain
     try:
-        return _keyring().open(sealed, key_id, _context(owner_id, secret_id))
+        return sealed_store.keyring().open(sealed, key_id, _context(owner_id, secret_id))
     except SealingError as e:
         log.error("webhook secret %s of %s cannot be opened: %s", secret_id, owner_id, e)
         return None
@@ -112,7 +99,7 @@ def _check_owner(conn: psycopg.Connection, tenant_id: str, owner_id: str) -> int
 
 def _issue(conn, p: int, tenant_id: str, owner_id: str, now: int) -> dict:
     secret, secret_id = new_secret(), new_id("whs")
-    sealed, key_id = _keyring().seal(secret, _context(owner_id, secret_id))
+    sealed, key_id = sealed_store.keyring().seal(secret, _context(owner_id, secret_id))
     row = conn.execute(
         Q["insert_secret"],
         {
@@ -293,21 +280,4 @@ def reseal(conn: psycopg.Connection, batch: int = 500) -> int:
         )
         return True
 
-    return resealing(conn, Q["to_reseal"], batch, one, after_of=lambda row: row[2])
-
-
-def resealing(conn: psycopg.Connection, to_reseal: str, batch: int, one, after_of) -> int:
-    """Walk the rows `to_reseal` selects (params: current, after, batch; in
-    the order of `after_of(row)`), `batch` per transaction, calling
-    `one(row, keyring)` for each; returns how many it said it changed."""
-    keyring = _keyring()
-    changed, after = 0, ""
-    while True:
-        with conn.transaction():
-            rows = conn.execute(
-                to_reseal, {"current": keyring.current_id, "after": after, "batch": batch}
-            ).fetchall()
-            changed += sum(1 for row in rows if one(row, keyring))
-        if len(rows) < batch:
-            return changed
-        after = after_of(rows[-1])
+    return sealed_store.resealing(conn, Q["to_reseal"], batch, one, after_of=lambda row: row[2])

@@ -22,7 +22,7 @@ from cronwheel.core.jobs import ENV_MASK
 from cronwheel.core.sealing import Key, Keyring, new_key, parse_keys
 from cronwheel.core.ssrf import allowed_networks
 from cronwheel.kafka import Topics
-from cronwheel.store import webhooks
+from cronwheel.store import sealed, webhooks
 from services.gateway import idempotency
 from services.gateway.app import create_app
 from tests.support.gateway import served
@@ -262,11 +262,11 @@ def test_webhook_secrets__sealed_at_rest__legacy_rows_read__reseal_rotates(
         # ...and a rotation to key b (first) re-seals them all, in batches.
         old = keyring.keys[0]
         b = Key("test-b", parse_keys(f"x:{new_key()}")[0].secret)
-        webhooks.use_keyring(Keyring((b, old)))
+        sealed.use_keyring(Keyring((b, old)))
         assert webhooks.reseal(conn, batch=2) == 5
         assert webhooks.reseal(conn, batch=2) == 0
         assert {(s, k) for _o, s, k, _h in stored(conn)} == {(None, "test-b")}
-        webhooks.use_keyring(Keyring((b,)))  # a is gone now
+        sealed.use_keyring(Keyring((b,)))  # a is gone now
         assert signing(conn) == {o: [s] for o, s in plain.items()}
 
         # A sealed value moved to another row does not open: that row signs
@@ -279,7 +279,7 @@ def test_webhook_secrets__sealed_at_rest__legacy_rows_read__reseal_rotates(
         )
         assert signing(conn)[thief] == []
         # Nor does any row under a keyring without its key.
-        webhooks.use_keyring(Keyring((old,)))
+        sealed.use_keyring(Keyring((old,)))
         assert signing(conn)[victim] == []
 
 

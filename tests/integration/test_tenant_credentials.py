@@ -13,7 +13,7 @@ import pytest
 
 from cronwheel import scram
 from cronwheel.core.sealing import Keyring, SealingError, new_key, parse_keys
-from cronwheel.store import tenant_credentials, webhooks
+from cronwheel.store import sealed, tenant_credentials
 from cronwheel.store.jobs import create_tenant
 
 pytestmark = pytest.mark.integration
@@ -74,9 +74,9 @@ def test_credential_in_the_clear_from_before_0027__read__then_resealed(conn, key
 
     # A new first key: reseal moves the row to it; the old key may then go.
     newer = Keyring((*parse_keys(f"test-b:{new_key()}"), *keyring.keys))
-    webhooks.use_keyring(newer)
+    sealed.use_keyring(newer)
     tenant_credentials.reseal(conn)
     assert stored(conn, tenant)[1] == "test-b"
-    webhooks.use_keyring(Keyring(newer.keys[:1]))
+    sealed.use_keyring(Keyring(newer.keys[:1]))
     assert tenant_credentials.kept(conn, tenant) == kept
     assert tenant_credentials.reseal(conn) == 0
