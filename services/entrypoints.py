@@ -131,7 +131,21 @@ def cmd_dev(args) -> None:
         if creds:
             print(f"demo kafka    CRONWHEEL_KAFKA_USERNAME={creds.username}"
                   f" CRONWHEEL_KAFKA_PASSWORD={creds.password}")  # fmt: skip
-    _supervise(_dev_services())
+    _supervise(_dev_services(), extra=dev_retention())
+
+
+# How often `cronwheel dev` runs run history's retention (a deployment's
+# schedule: deploy/docker-compose.yml, deploy/k8s/retention-cronjob.yaml).
+DEV_RETENTION_EVERY_S = 3600
+
+
+def dev_retention() -> dict[str, list[str]]:
+    """`cronwheel dev`'s retention process: `cronwheel retention --every`,
+    as the local stack's owner (config.database_url), supervised with the
+    services: the day partitions a week ahead, the days past the retention
+    dropped (docs/migrations.md, "Worked example: run retention")."""
+    me = [sys.executable, "-m", __spec__.name]
+    return {"retention": [*me, "retention", "--every", str(DEV_RETENTION_EVERY_S)]}
 
 
 def _dev_cells(args) -> None:
@@ -163,7 +177,7 @@ def _dev_cells(args) -> None:
     Supervisor(commands, config.project_home()).run(stop_on_signals())
 
 
-def _supervise(names: list[str]) -> None:
+def _supervise(names: list[str], extra: dict[str, list[str]] | None = None) -> None:
     """Run each service as its own process under the supervisor: a service
     that dies is started again (with backoff and a line saying why) while the
     others go on; SIGINT/SIGTERM stops them all. Each service's settings are
@@ -178,7 +192,7 @@ def _supervise(names: list[str]) -> None:
 
     # This module by its import name (`__name__` is "__main__" under `python -m`).
     commands = {n: [sys.executable, "-m", __spec__.name, "serve", n] for n in names}
-    Supervisor(commands, config.project_home()).run(stop_on_signals())
+    Supervisor({**commands, **(extra or {})}, config.project_home()).run(stop_on_signals())
 
 
 def add_verbs(sub: argparse._SubParsersAction) -> None:
