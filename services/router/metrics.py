@@ -39,7 +39,18 @@ for _outcome in ("retried", "returned"):
     MISDIRECTED.labels(_outcome)
 
 
+# The labelled children, looked up once per (cell, status): `labels()`
+# validates and locks on every call, as the gateway's HttpMetrics notes.
+_children: dict[tuple[str, int], tuple] = {}
+
+
 def observe(cell: str | None, status: int, seconds: float) -> None:
-    cell = cell or ITSELF
-    REQUESTS.labels(cell, str(status)).inc()
-    LATENCY.labels(cell).observe(seconds)
+    key = (cell or ITSELF, status)
+    children = _children.get(key)
+    if children is None:
+        children = _children[key] = (
+            REQUESTS.labels(key[0], str(status)),
+            LATENCY.labels(key[0]),
+        )
+    children[0].inc()
+    children[1].observe(seconds)
