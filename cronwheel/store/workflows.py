@@ -153,6 +153,10 @@ class Workflows:
         return out
 
     def _load(self, conn, tenant_id: str, workflow_id: str, lock: bool = False) -> dict:
+        if lock:  # the timer first, as the firing loop (workflows.sql lock_workflow_timer)
+            conn.execute(
+                Q["lock_workflow_timer"], {"p": _wf_partition(workflow_id), "wf": workflow_id}
+            )
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
                 Q["lock_workflow" if lock else "get_workflow"],

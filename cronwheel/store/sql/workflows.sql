@@ -22,6 +22,16 @@ SELECT w.*, t.due_at AS next_due_at
  WHERE w.partition_id = %(p)s AND w.workflow_id = %(wf)s AND w.tenant_id = %(tenant_id)s
    AND w.deleted_at IS NULL;
 
+-- name: lock_workflow_timer
+-- Workflow operations lock the workflow's timer before the workflow row, the
+-- order the firing loop takes them in (claim the timer, then advance the
+-- workflow), as job operations do (jobs.sql lock_job_timer). Without it a
+-- pause during a firing deadlocked, and PostgreSQL failed one side: a 503
+-- to the caller (seen in CI, 2026-12-03, replay_retention's pause).
+SELECT 1 FROM timers
+ WHERE partition_id = %(p)s AND timer_id = 'workflow:' || %(wf)s
+   FOR UPDATE;
+
 -- name: lock_workflow
 SELECT * FROM workflows
  WHERE partition_id = %(p)s AND workflow_id = %(wf)s AND tenant_id = %(tenant_id)s

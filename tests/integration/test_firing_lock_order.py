@@ -1,6 +1,9 @@
-"""A CompleteRun that lands while the firing loop holds the run's lease timer.
+"""What the firing loop holds while an API call or a worker changes the same
+thing: neither waits for the other in the opposite order (a deadlock, which
+PostgreSQL breaks by failing one side: a 503 to the caller).
 
-The firing loop claims due timers (FOR UPDATE SKIP LOCKED) and then locks
+A CompleteRun that lands while the firing loop holds the run's lease timer:
+the firing loop claims due timers (FOR UPDATE SKIP LOCKED) and then locks
 their runs (runs_to_end); a CompleteRun locks the run and then deletes its
 lease and timeout timers. Were the completion to wait for the claimed timer,
 each would wait for the other: PostgreSQL breaks the deadlock after
@@ -19,11 +22,13 @@ from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.timers import FireReport, Timer
+from cronwheel.store.workflows import Workflows
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
 T0 = 1_900_000_000_000
+PAUSER = "test-pauser"
 CLAIM = """SELECT partition_id, timer_id, kind, owner_id, attempt, tenant_id, priority
              FROM timers WHERE owner_id = %s AND kind = %s FOR UPDATE"""
 
@@ -128,3 +133,59 @@ def test_complete__a_claim_that_rolled_back__leaves_a_timer_that_fires_and_is_dr
     assert conn.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone() == (
         "SUCCEEDED",
     )
+
+
+def test_workflow_pause__firing_loop_holds_its_timer__waits_for_it__no_deadlock(
+    conn, database_url, topic_prefix
+):
+    """A pause takes the workflow's timer before its row, as the firing loop
+    does (claim the timer, then advance the workflow): while the loop holds
+    the timer the pause waits, the loop locks the row and commits, and the
+    pause then goes through. In the other order each waited for the other."""
+    topics = Topics(topic_prefix)
+    tenant = create_tenant(conn, "pauser")
+    flows = Workflows(topics)
+    node = {"name": "a", "target": {"type": "queue", "queue": "q"}, "depends_on": []}
+    wf = flows.create(
+        conn, tenant, {"name": "wf", "nodes": [node], "schedule": {"every_ms": 60_000}}, T0
+    )
+    wf_id = wf["workflow_id"]
+    answer: dict = {}
+    with psycopg.connect(database_url) as firing:
+        claimed = firing.execute(
+            "SELECT partition_id FROM timers WHERE timer_id = %s FOR UPDATE", [f"workflow:{wf_id}"]
+        ).fetchone()
+        assert claimed is not None
+
+        def pause() -> None:
+            with psycopg.connect(database_url, autocommit=True, application_name=PAUSER) as c:
+                try:
+                    answer["ok"] = flows.pause(c, tenant, wf_id, T0 + 1000)
+                except Exception as e:  # noqa: BLE001 - what the caller would be answered
+                    answer["error"] = e
+
+        threading.Thread(target=pause, daemon=True).start()
+        # The pause waits on a lock the firing loop holds (the timer).
+        wait_for(
+            lambda: conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND application_name = %s",
+                [PAUSER],
+            ).fetchone()[0],
+            10,
+            0.02,
+            "the pause to wait for the firing loop",
+        )
+        # The firing loop advances the workflow (advance_workflow locks its row):
+        # a pause holding that row while it waited would deadlock here.
+        firing.execute(
+            "UPDATE workflows SET updated_at = updated_at WHERE partition_id = %s"
+            " AND workflow_id = %s",
+            [claimed[0], wf_id],
+        )
+        firing.commit()
+    wait_for(lambda: answer, 10, 0.02, "the pause to be answered")
+    assert "ok" in answer, answer
+    assert answer["ok"]["paused"] is True
+    timer = conn.execute("SELECT count(*) FROM timers WHERE timer_id = %s", [f"workflow:{wf_id}"])
+    assert timer.fetchone()[0] == 0
