@@ -72,14 +72,22 @@ def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Conne
 RECONNECT_FIRST_S = 0.1
 RECONNECT_MAX_S = 5.0
 _NEVER = threading.Event()  # a `stop` that never comes
+# What a new connection mends. psycopg raises OperationalError when the
+# server cannot be reached or ended the session, but InternalError for a
+# session ended for idling in a transaction (25P03,
+# idle_in_transaction_session_timeout): what a service cut off from the
+# database inside a transaction hears first (a timer in pg_partition exited
+# on it, CI 2026-12-03).
+LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
 
 class Backoff:
     """The waits between tries while the database is away (the policy above).
-    Only `psycopg.OperationalError` is waited out: the server restarted, ended
-    the session (`pg_terminate_backend`), or cannot be reached; psycopg also
-    raises it for a deadlock or a cancelled statement, which a new try mends
-    as well. Every other error is the caller's."""
+    Only `LOST` is waited out: the server restarted, ended the session
+    (`pg_terminate_backend`, an idle transaction's timeout), or cannot be
+    reached; psycopg also raises OperationalError for a deadlock or a
+    cancelled statement, which a new try mends as well. Every other error is
+    the caller's."""
 
     def __init__(self, log: logging.Logger) -> None:
         self.log = log
@@ -121,7 +129,7 @@ class Reconnecting:
         while True:
             try:
                 return fn(self.connection())
-            except psycopg.OperationalError as exc:
+            except LOST as exc:
                 self.close()
                 failures += 1
                 if tries is not None and failures >= tries:
@@ -147,7 +155,7 @@ def keep_connected(loop, stop: threading.Event, log: logging.Logger) -> None:
         try:
             loop(stop)
             return
-        except psycopg.OperationalError as exc:
+        except LOST as exc:
             if time.monotonic() - began > RECONNECT_MAX_S:
                 backoff.reset()
             if backoff.wait(exc, stop):

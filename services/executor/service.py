@@ -47,7 +47,7 @@ from cronwheel.core.events import traceparent
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
 from cronwheel.logs import run_fields
-from cronwheel.store.db import Reconnecting
+from cronwheel.store.db import LOST, Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
 from services.executor.sandbox import (
     PAYLOAD_FILE,
@@ -385,7 +385,7 @@ class Executor(ConsumerService):
                 e,
                 extra=run_fields(tenant_id=run.tenant_id, run_id=run.run_id, attempt=run.attempt),
             )
-        except psycopg.OperationalError as e:
+        except LOST as e:
             log.error(
                 "run %s attempt %d: not completed (%s); its lease will expire",
                 run.run_id, run.attempt, e,

@@ -41,7 +41,7 @@ from cronwheel.consumer import make_known, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.dozing import Waker
 from cronwheel.store import outbox
-from cronwheel.store.db import connect, keep_connected
+from cronwheel.store.db import LOST, connect, keep_connected
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import announce
 from services.relay.settings import RelaySettings
@@ -139,7 +139,7 @@ class Relay:
                     notified = self._notified(listen, wait)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
-            except psycopg.OperationalError:
+            except LOST:
                 lost = True  # connected again by run(); nothing here is given up
                 raise
             finally:
