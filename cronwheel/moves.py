@@ -79,10 +79,9 @@ def _finished(move: Move | None) -> None:
     if move is None or move.state not in FINAL:
         return
     MOVES.labels(move.state).inc()
-    if move.started_at and move.finished_at:
-        MOVE_SECONDS.labels(move.state).observe(
-            (move.finished_at - move.started_at).total_seconds()
-        )
+    # finished_at is set with every final state (directory_moves' CHECK).
+    seconds = (move.finished_at - move.started_at).total_seconds()  # type: ignore[operator]
+    MOVE_SECONDS.labels(move.state).observe(seconds)
     if move.frozen_ms is not None:
         FROZEN_SECONDS.observe(move.frozen_ms / 1000)
 

@@ -181,21 +181,19 @@ def activate(conn: psycopg.Connection, tenant_id: str, cell: str) -> None:
         conn.execute(_q()["wake_timers"])
 
 
-def remove(conn: psycopg.Connection, tenant_id: str, *, only_state: str | None = None) -> bool:
+def remove(conn: psycopg.Connection, tenant_id: str, *, only_state: str | None = None) -> None:
     """Every row of the tenant in this cell, gone (the source after the move,
     or the target after a rollback); with `only_state`, only while the
     tenant's row is absent or in that state (checked under its lock, in the
-    transaction that deletes). False when the tenant is here in another
-    state, and nothing was touched."""
+    transaction that deletes); in another state nothing is touched."""
     params = {"t": tenant_id}
     with conn.transaction():
         state = conn.execute(_q()["lock_tenant"], params).fetchone()
         if state is not None and only_state is not None and state[0] != only_state:
-            return False
+            return
         conn.execute(_q()["delete_history"], params)
         conn.execute(timers.Q["drop_tenant_timers"], params)
         conn.execute(_q()["delete_small"], params)
-    return True
 
 
 def outbox_high(conn: psycopg.Connection) -> int:

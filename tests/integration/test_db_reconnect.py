@@ -26,7 +26,9 @@ def _ended_while_idle_in_transaction(dsn: str) -> None:
         conn.execute("SET idle_in_transaction_session_timeout = '100ms'")
         conn.commit()
         conn.execute("SELECT 1")  # a transaction, left open
-        time.sleep(0.5)
+        time.sleep(
+            0.5
+        )  # the fault itself: idle past the 100 ms timeout, not a wait for a condition
         conn.execute("SELECT 1")
 
 
@@ -58,7 +60,7 @@ def test_reconnecting__session_ended_idle_in_transaction__called_again_on_a_new_
             conn.execute("SET idle_in_transaction_session_timeout = '100ms'")
             with conn.transaction():
                 conn.execute("SELECT 1")
-                time.sleep(0.5)
+                time.sleep(0.5)  # the fault itself: idle past the server's 100 ms timeout
                 conn.execute("SELECT 1")
         return conn.execute("SELECT 7").fetchone()[0]
 
