@@ -759,6 +759,9 @@ def storm(
     to commit; measured until every record is readable and the outbox is empty.
     VACUUM (ANALYZE) runs after the insert, as autovacuum would soon after a bulk
     load, so that it does not start in the middle of the storm."""
+    # Counted before the insert: the services run meanwhile, so a storm the
+    # VACUUM outlasts starts firing before the wait below begins.
+    before = reader.count()
     with psycopg.connect(url, autocommit=True) as conn:
         start = now_ms()
         expected_insert_ms = count // 10  # 10k jobs/s with margin; printed as slack
@@ -770,7 +773,6 @@ def storm(
         vacuum_analyze(url)
         if now_ms() > due - 200:
             say(f"warning: insert and VACUUM ended {now_ms() - due} ms after due - 200 ms")
-        before = reader.count()
         want = before + count
         # The timer may fire ahead of the instant (CRONWHEEL_FIRE_AHEAD_MS): the
         # idle window ends, and CPU counting starts, that far before it.
