@@ -180,6 +180,10 @@ def cmd_retention(args) -> None:
     from cronwheel import run_history
     from cronwheel.runtime import stop_on_signals
 
+    if args.cell is not None:
+        from cronwheel.stack import cells
+
+        cells.become(args.cell)
     retention = config.load(config.RunRetention)
     stop = stop_on_signals()
     while True:
@@ -319,6 +323,8 @@ def build_parser(add_verbs: AddVerbs | None = None) -> argparse.ArgumentParser:
     )
     sp.add_argument("--every", type=float, default=None, metavar="SECONDS",
                     help="repeat the pass until SIGTERM")  # fmt: skip
+    sp.add_argument("--cell", default=None, metavar="NAME",
+                    help="cell NAME's run history (a stack of `cronwheel up --cells`)")  # fmt: skip
     sp.set_defaults(func=cmd_retention)
     if add_verbs is not None:
         add_verbs(sub)

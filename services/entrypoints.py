@@ -59,7 +59,9 @@ def cmd_serve(args) -> None:
     if unknown:
         raise CliError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVABLE)}")
     if args.cell is not None:
-        _become_cell(args.cell)
+        from cronwheel.stack import cells
+
+        cells.become(args.cell)
     if "router" in args.services:
         _local_directory()
     for name in args.services:  # a bad value is its one line before the database is asked
@@ -70,22 +72,6 @@ def cmd_serve(args) -> None:
         service_main(args.services[0])()
         return
     _supervise(args.services)
-
-
-def _become_cell(name: str) -> None:
-    """This process's environment made cell `name`'s (a cell of `cronwheel up
-    --cells`): its stack, its gateway's address, the directory."""
-    import os
-
-    from cronwheel.cli import CliError
-    from cronwheel.stack import cells
-
-    cell = next((c for c in cells.configured() if c.name == name), None)
-    if cell is None:
-        raise CliError(f"--cell {name}: not a cell of this stack (`cronwheel up --cells ...`)")
-    env = cell.service_env(dict(os.environ))
-    os.environ.clear()
-    os.environ.update(env)
 
 
 def _local_directory() -> None:
@@ -139,13 +125,17 @@ def cmd_dev(args) -> None:
 DEV_RETENTION_EVERY_S = 3600
 
 
-def dev_retention() -> dict[str, list[str]]:
-    """`cronwheel dev`'s retention process: `cronwheel retention --every`,
+def dev_retention(cells: list[str] | None = None) -> dict[str, list[str]]:
+    """`cronwheel dev`'s retention processes: `cronwheel retention --every`,
     as the local stack's owner (config.database_url), supervised with the
     services: the day partitions a week ahead, the days past the retention
-    dropped (docs/migrations.md, "Worked example: run retention")."""
-    me = [sys.executable, "-m", __spec__.name]
-    return {"retention": [*me, "retention", "--every", str(DEV_RETENTION_EVERY_S)]}
+    dropped (docs/migrations.md, "Worked example: run retention"). With
+    `cells`, one a cell (`--cell NAME`): each cell's run history is its own."""
+    me = [sys.executable, "-m", __spec__.name, "retention"]
+    every = ["--every", str(DEV_RETENTION_EVERY_S)]
+    if cells is None:
+        return {"retention": [*me, *every]}
+    return {f"{cell}/retention": [*me, "--cell", cell, *every] for cell in cells}
 
 
 def _dev_cells(args) -> None:
@@ -171,6 +161,7 @@ def _dev_cells(args) -> None:
         f"{cell}/{svc}": [*me, "--cell", cell, svc] for cell in names for svc in _dev_services()
     }
     commands["router"] = [*me, "router"]
+    commands.update(dev_retention(names))
     for cell in cells.configured():
         print(f"cell {cell.name:<9} {cell.api_url}/v1  kafka {cell.kafka_bootstrap}")
     print(f"router        http://{config.http_addr()}/v1  (every tenant, every cell)")
