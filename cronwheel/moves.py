@@ -197,18 +197,22 @@ class Mover:
 
     # -- the protocol --------------------------------------------------------
     def run(self, move_id: str, *, attempts: int = 3) -> Move:
-        """Advance until the move is final; a step that stalls is tried again
-        (`attempts` times), then the move is rolled back."""
+        """Advance until the move is final; a step that stalls, or that a
+        database error stops, is tried again (`attempts` times in all, after a
+        pause of 2, 4, ... s for a database), then the move is rolled back:
+        a step that keeps failing must not leave the tenant frozen."""
         stalls = 0
         while True:
             try:
                 move = self.advance(move_id)
-            except MoveStalled as e:
+            except (MoveStalled, psycopg.Error) as e:
                 stalls += 1
                 STALLS.inc()
                 log.warning("move %s stalled (%d/%d): %s", move_id, stalls, attempts, e)
                 if stalls >= attempts:
                     return self.rollback(move_id, str(e))
+                if isinstance(e, psycopg.Error):
+                    self.sleep(min(2.0**stalls, 30.0))
                 continue
             if move.state in FINAL:
                 return move
@@ -307,13 +311,7 @@ class Mover:
                 return self._fail(move, f"the tenant is not active in cell {move.source}")
             with self._directory() as d:
                 dirstore.mark_frozen(d, move.move_id)
-            upto = cells.outbox_high(src)
-            deadline = time.monotonic() + self.settings.drain_timeout_s
-            while (left := cells.outbox_left(src, move.tenant_id, upto)) > 0:
-                if time.monotonic() > deadline:
-                    raise MoveStalled(f"{left} outbox records of the tenant not published")
-                self.sleep(0.05)
-            self._forwarded(move)
+            self._settle(move, src)
             self._carry_kafka(move, src)  # a queue made since the copy
             since = move.started_at - timedelta(seconds=self.settings.catch_up_margin_s)
             for round_ in range(self.settings.verify_rounds):
@@ -419,23 +417,69 @@ class Mover:
             ) from e
         log.info("move %s: principal and queue topics in %s: %s", move.move_id, move.target, made)
 
+    def _settle(self, move: Move, src: psycopg.Connection) -> None:
+        """Carry out, in the source, what the tenant's writes before the
+        freeze started, so that the copy after this is final: the relay
+        publishes the tenant's records (on its own topics, and on the
+        platform's run-completed topic, where its runs' completions go), the
+        dispatcher forwards its run records to its queues, and the workflow
+        service applies the completions to its workflow runs. Applying one
+        may start the next nodes' runs, whose records go round again.
+        MoveStalled when a round does not finish in time, or the rounds do
+        not end."""
+        shared = [self.topics.run_completed]
+        for _ in range(self.settings.verify_rounds):
+            upto = cells.outbox_high(src)
+            deadline = time.monotonic() + self.settings.drain_timeout_s
+            while (left := cells.outbox_left(src, move.tenant_id, upto, shared)) > 0:
+                if time.monotonic() > deadline:
+                    raise MoveStalled(f"{left} outbox records of the tenant not published")
+                self.sleep(0.05)
+            self._forwarded(move)
+            self._applied(move)
+            if cells.outbox_left(src, move.tenant_id, cells.outbox_high(src)) == 0:
+                return  # the workflow service started nothing more
+        raise MoveStalled("the tenant's workflows go on starting runs in the source")
+
+    def _applied(self, move: Move) -> None:
+        """The source's workflow service has applied every completion
+        published so far (the tenant's last among them); MoveStalled when
+        not in `forward_timeout_s`: a completion applied in the source after
+        the copy would be lost to the target, its workflow run never going
+        on there."""
+        timeout_s = self.settings.forward_timeout_s
+        if not self._source_waited(
+            move, lambda b: moves_kafka.await_applied(b, self.topics, timeout_s, self.sleep)
+        ):
+            raise MoveStalled(
+                "the source's workflow service has not applied the runs' last completions"
+            )
+
     def _forwarded(self, move: Move) -> None:
-        if not self._kafka(move):
-            return
-        try:
-            forwarded = moves_kafka.await_forwarded(
-                self.brokers[move.source], self.topics, move.tenant_id,
-                self.settings.forward_timeout_s, self.sleep,
-            )  # fmt: skip
-        except KAFKA_ERRORS as e:
-            log.warning("move %s: the source's broker: %s", move.move_id, e)
-            forwarded = False
+        timeout_s = self.settings.forward_timeout_s
+        forwarded = self._source_waited(
+            move,
+            lambda b: moves_kafka.await_forwarded(
+                b, self.topics, move.tenant_id, timeout_s, self.sleep
+            ),
+        )
         if not forwarded:
             log.warning(
                 "move %s: the source's dispatcher has not forwarded every run record of the"
                 " tenant; those runs are announced again in %s by their pending deadline",
                 move.move_id, move.target,
             )  # fmt: skip
+
+    def _source_waited(self, move: Move, wait: Callable[[moves_kafka.Broker], bool]) -> bool:
+        """`wait` on the source's broker: whether it ended in time (False
+        too when the broker failed); True when this mover leaves Kafka alone."""
+        if not self._kafka(move):
+            return True
+        try:
+            return wait(self.brokers[move.source])
+        except KAFKA_ERRORS as e:
+            log.warning("move %s: the source's broker: %s", move.move_id, e)
+            return False
 
     def _remove_kafka(self, move: Move) -> None:
         """After the flip: the source's topics and principal, once the

@@ -13,7 +13,10 @@ admin principal (as it reaches each database as its owner).
   forwarded every record of the tenant's run topic to its queue topic (its
   committed offsets reach the end), so no record reaches the source's queue
   topics after the flip: what a worker finds there at the flip is all there
-  will be.
+  will be. And its workflow group has committed the end of run-completed as
+  it was after the drain: every completion of the tenant's runs is applied
+  to its workflow runs before the last copy (a workflow run would not go on
+  in the target otherwise).
 - After the flip: the source's topics, groups and principal are removed once
   the tenant's workers have consumed its queue topics to the end (their
   groups' committed offsets), or after `linger_s` whatever is left: a record
@@ -168,16 +171,41 @@ def _replicas(md) -> int:
     return max(1, len(parts[0].replicas)) if parts else 1
 
 
+def groups_of(admin: AdminClient) -> list[str]:
+    """Every consumer group the cluster has. RuntimeError when a broker did
+    not answer: a partial list would make a group look absent, and a move
+    then skipped the wait for it. (The client must stay referenced until the
+    answer: one dropped right after the call answered "handle destroyed" as
+    an error beside an empty list.)"""
+    listed = admin.list_consumer_groups(request_timeout=10).result()
+    if listed.errors:
+        raise RuntimeError(f"consumer groups not listed: {listed.errors[0]}")
+    return [g.group_id for g in listed.valid]
+
+
 def await_forwarded(
     source: Broker, topics: Topics, tenant_id: str, timeout_s: float, sleep: Callable = time.sleep
 ) -> bool:
     """Wait until the source's dispatcher group has committed the end of the
     tenant's run topic (every record forwarded); False after `timeout_s`."""
     group = f"{topics.prefix}.dispatcher"
-    listed = source.admin().list_consumer_groups(request_timeout=10).result()
-    if group not in {g.group_id for g in listed.valid}:
+    if group not in groups_of(source.admin()):
         return True  # no dispatcher has ever consumed there: nothing forwards
     return _await_end(source, [topics.runs(tenant_id)], [group], timeout_s, sleep)
+
+
+def await_applied(
+    source: Broker, topics: Topics, timeout_s: float, sleep: Callable = time.sleep
+) -> bool:
+    """Wait until the source's workflow group has committed, on every
+    partition of the platform's run-completed topic, the end as it is now:
+    every completion published so far applied to its workflow runs in the
+    source's database. The topic is every tenant's, so its end is read once,
+    not followed. False after `timeout_s`."""
+    group = f"{topics.prefix}.workflow"
+    if group not in groups_of(source.admin()):
+        return True  # no workflow service has ever consumed there: nothing applies
+    return _await_end(source, [topics.run_completed], [group], timeout_s, sleep, follow=False)
 
 
 def await_consumed(
@@ -191,16 +219,21 @@ def await_consumed(
         if n.startswith(principals.tenant_topic_prefix(topics, tenant_id))
     ]  # fmt: skip
     prefix = principals.tenant_group_prefix(topics, tenant_id)
-    listed = admin.list_consumer_groups(request_timeout=10).result()
-    groups = [g.group_id for g in listed.valid if g.group_id.startswith(prefix)]
+    groups = [g for g in groups_of(admin) if g.startswith(prefix)]
     return _await_end(source, queues, groups, timeout_s, sleep)
 
 
 def _await_end(
-    broker: Broker, names: list[str], groups: list[str], timeout_s: float, sleep: Callable
+    broker: Broker,
+    names: list[str],
+    groups: list[str],
+    timeout_s: float,
+    sleep: Callable,
+    follow: bool = True,
 ) -> bool:
     """Every partition of `names` whose high watermark is past its low has an
-    offset committed at the high watermark by one of `groups`."""
+    offset committed at the high watermark by one of `groups`: the watermark
+    read again each time (`follow`), or the one read first."""
     admin = broker.admin()
     deadline = time.monotonic() + timeout_s
     probe = Consumer({**broker.conf, "group.id": "cronwheel-mover", "log_level": 3})
@@ -209,12 +242,14 @@ def _await_end(
         parts = [
             TopicPartition(n, p) for n in names if n in md for p in md[n].partitions
         ]  # fmt: skip
+        ends: dict[tuple[str, int], int] | None = None
         while True:
-            ends = {}
-            for tp in parts:
-                low, high = probe.get_watermark_offsets(tp, timeout=10, cached=False)
-                if high > low:
-                    ends[(tp.topic, tp.partition)] = high
+            if ends is None or follow:
+                ends = {}
+                for tp in parts:
+                    low, high = probe.get_watermark_offsets(tp, timeout=10, cached=False)
+                    if high > low:
+                        ends[(tp.topic, tp.partition)] = high
             done: dict[tuple[str, int], int] = {}
             for group in groups:
                 got = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
@@ -247,8 +282,7 @@ def remove(source: Broker, topics: Topics, tenant_id: str) -> list[str]:
                     raise
             log.info("move of %s: topic %s removed from %s", tenant_id, name, source.cell)
     prefix = principals.tenant_group_prefix(topics, tenant_id)
-    listed = admin.list_consumer_groups(request_timeout=10).result()
-    groups = [g.group_id for g in listed.valid if g.group_id.startswith(prefix)]
+    groups = [g for g in groups_of(admin) if g.startswith(prefix)]
     if groups:
         for fut in admin.delete_consumer_groups(groups, request_timeout=10).values():
             try:

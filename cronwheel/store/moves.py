@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
@@ -96,6 +97,9 @@ def catch_up(
     finished run) the checksums find, and the caller copies whole."""
     params = {"t": tenant_id, "since": since}
     with _snapshot(source), target.transaction():
+        # The workflows go and come back below while their kept (finished)
+        # runs stay: their reference is checked at the commit (0028).
+        target.execute(_q()["defer_workflow_refs"])
         target.execute(timers.Q["drop_tenant_timers"], params)
         target.execute(_q()["delete_small"], params)
         for table in TABLES:
@@ -200,8 +204,12 @@ def outbox_high(conn: psycopg.Connection) -> int:
     return conn.execute(_q()["outbox_high"]).fetchone()[0]
 
 
-def outbox_left(conn: psycopg.Connection, tenant_id: str, upto: int) -> int:
+def outbox_left(
+    conn: psycopg.Connection, tenant_id: str, upto: int, shared: Sequence[str] = ()
+) -> int:
     """The tenant's records appended up to outbox id `upto` that the relay
-    has not published yet (its topics name it: cronwheel/kafka.py Topics)."""
-    row = conn.execute(_q()["outbox_left"], {"upto": upto, "needle": "." + tenant_id}).fetchone()
-    return row[0]
+    has not published yet (its topics name it: cronwheel/kafka.py Topics),
+    and every tenant's on the platform's topics `shared` (whose names do not
+    tell tenants apart)."""
+    params = {"upto": upto, "needle": "." + tenant_id, "shared": list(shared)}
+    return conn.execute(_q()["outbox_left"], params).fetchone()[0]

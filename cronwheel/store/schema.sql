@@ -1169,7 +1169,7 @@ ALTER TABLE ONLY public.workflow_run_nodes
 --
 
 ALTER TABLE ONLY public.workflow_runs
-    ADD CONSTRAINT workflow_runs_partition_id_workflow_id_fkey FOREIGN KEY (partition_id, workflow_id) REFERENCES public.workflows(partition_id, workflow_id);
+    ADD CONSTRAINT workflow_runs_partition_id_workflow_id_fkey FOREIGN KEY (partition_id, workflow_id) REFERENCES public.workflows(partition_id, workflow_id) DEFERRABLE;
 
 --
 -- Name: workflows workflows_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public

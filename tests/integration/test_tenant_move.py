@@ -22,6 +22,7 @@ from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cellstore
 from cronwheel.store.directory import CellInfo
 from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.store.workflows import Workflows
 from services.gateway.problems import Problem
 from services.gateway.transactions import Gateway
 from services.relay.service import Relay
@@ -343,6 +344,68 @@ def test_catch_up__copies_what_changed_since__the_checksums_find_what_it_cannot(
     assert cellstore.checksums(src, tid) == cellstore.checksums(dst, tid)
     src.close()
     dst.close()
+
+
+def _tenant_with_a_workflow_run(cells, topics: Topics) -> tuple[str, str]:
+    """A tenant in us with a one-node workflow triggered (its run going on):
+    (tenant id, workflow run id)."""
+    tenant = cells.tenant(topics, "us")
+    flows = Workflows(topics)
+    dag = {"name": "nightly", "nodes": [{"name": "a", "target": {"type": "queue", "queue": "q"}}]}
+    with psycopg.connect(cells.platform["us"], autocommit=True) as conn:
+        made = flows.create(conn, tenant, dag, now_ms())
+        fired = flows.trigger(conn, tenant, made["workflow_id"], now_ms())
+    return tenant["tenant_id"], fired["workflow_run_id"]
+
+
+def test_catch_up__a_tenant_with_workflow_runs__its_workflows_copied_again(cells, topic_prefix):
+    """The catch-up deletes the tenant's workflows and copies them again
+    while its finished workflow runs stay in the target: their reference to
+    the workflow is checked at the commit (migration 0028). Checked at once,
+    the delete failed (ForeignKeyViolation) for any tenant with a workflow
+    run, and the move stopped there with the tenant frozen."""
+    tid, workflow_run_id = _tenant_with_a_workflow_run(cells, Topics(topic_prefix))
+    src, dst = cellstore.connect(cells.admin["us"]), cellstore.connect(cells.admin["eu"])
+    cellstore.copy(src, dst, tid, "eu")
+    src.execute("UPDATE workflows SET name = 'renamed' WHERE tenant_id = %s", [tid])
+    cellstore.catch_up(src, dst, tid, "eu", to_dt(now_ms()))
+    assert cellstore.checksums(src, tid) == cellstore.checksums(dst, tid)
+    names = dst.execute("SELECT name FROM workflows WHERE tenant_id = %s", [tid]).fetchall()
+    assert names == [("renamed",)]
+    kept = dst.execute(
+        "SELECT count(*) FROM workflow_runs WHERE workflow_run_id = %s", [workflow_run_id]
+    )
+    assert kept.fetchone()[0] == 1
+    src.close()
+    dst.close()
+
+
+def test_move__a_step_the_database_keeps_failing__rolled_back__not_left_frozen(cells, topic_prefix):
+    """A step that fails in a database (here eu's catch-up, its workflow
+    reference made NOT DEFERRABLE again, as before 0028) is tried again after
+    2 and 4 s, then the move is rolled back and the tenant is active in the
+    source. Before, the error ended the mover's thread with the tenant
+    frozen (writes refused) until the router's next start."""
+    tid, _ = _tenant_with_a_workflow_run(cells, Topics(topic_prefix))
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:  # no relay here
+        conn.execute("DELETE FROM outbox WHERE strpos(topic, %s) > 0", ["." + tid])
+    with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
+        conn.execute(
+            "ALTER TABLE workflow_runs ALTER CONSTRAINT"
+            " workflow_runs_partition_id_workflow_id_fkey NOT DEFERRABLE"
+        )
+    pauses: list[float] = []
+    mover = cells.mover(sleep=pauses.append)
+    move = mover.start(tid, "eu")
+    back = mover.run(move.move_id)
+    assert back.state == "rolled_back", back
+    assert "not deferrable" in (back.error or ""), back.error
+    assert [p for p in pauses if p >= 1] == [2.0, 4.0]
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "active"
+    with psycopg.connect(cells.directory, autocommit=True) as d:
+        placed = dirstore.placement(d, tid)
+    assert (placed.cell, placed.state) == ("us", "active")
 
 
 def _metric(name: str, **labels: str) -> float:

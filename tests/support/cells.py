@@ -139,6 +139,23 @@ class Cells:
     def cell(self, name: str) -> dict:
         return self.status["cells"][name]
 
+    def service_pid(self, cell: str, service: str) -> int:
+        """The pid of `service` in `cell` (the supervisor's child running
+        `serve SERVICE` in that cell's environment)."""
+        home = f"CRONWHEEL_HOME={self.cell(cell)['home']}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if argv[-3:] != [b"serve", service.encode(), b""]:
+                    continue
+                if home in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except (OSError, ValueError):  # gone meanwhile, or not a process
+                continue
+        assert len(found) == 1, f"{service} processes of cell {cell}: {found}"
+        return found[0]
+
     def kafka_admin(self, name: str):
         """The cell's broker as its admin (the password from the cell's own file)."""
         who = kafka.Credentials(principals.ADMIN, self.kafka_admin_password(name))

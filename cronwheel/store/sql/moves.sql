@@ -105,6 +105,9 @@ WITH wn AS (
      w AS (DELETE FROM workflows WHERE tenant_id = %(t)s)
 DELETE FROM tenants WHERE tenant_id = %(t)s;
 
+-- name: defer_workflow_refs
+SET CONSTRAINTS workflow_runs_partition_id_workflow_id_fkey DEFERRED;
+
 -- name: recent_runs
 SELECT * FROM runs
  WHERE tenant_id = %(t)s AND (finished_at IS NULL OR finished_at >= %(since)s);
@@ -235,9 +238,11 @@ SELECT pg_notify('cw_timers', (extract(epoch FROM clock_timestamp()) * 1000)::bi
 SELECT coalesce(max(id), 0) FROM outbox;
 
 -- name: outbox_left
--- Records of the tenant (its topics name it) appended up to the freeze and
--- not yet published by the relay.
-SELECT count(*) FROM outbox WHERE id <= %(upto)s AND strpos(topic, %(needle)s) > 0;
+-- Records of the tenant (its topics name it), and of the platform's shared
+-- topics (every tenant's), appended up to the freeze and not yet published
+-- by the relay.
+SELECT count(*) FROM outbox
+ WHERE id <= %(upto)s AND (strpos(topic, %(needle)s) > 0 OR topic = ANY(%(shared)s));
 
 -- name: migrations
 SELECT coalesce(array_agg(version ORDER BY version), '{}') FROM schema_migrations;

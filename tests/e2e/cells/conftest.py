@@ -6,7 +6,7 @@ tests/conftest.py's scheduler sends the package to one xdist worker as a whole,
 so the stack is made once and torn down after the package's last test.
 
 Each cell runs the services the package's tests want between them, under the
-supervisor (`cronwheel serve --cell NAME gateway timer relay dispatcher`), as a
+supervisor (`cronwheel serve --cell NAME gateway timer relay dispatcher workflow`), as a
 cell runs them: one restarted if it dies (a cell's database stopped under it,
 test_outage.py). Every test makes its own tenants, so one test's rows are no
 other's; a test that stops a part of the stack (the directory's cluster, a
@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.cells import two_cells
 
-SERVICES = ("gateway", "timer", "relay", "dispatcher")
+SERVICES = ("gateway", "timer", "relay", "dispatcher", "workflow")
 
 
 @pytest.fixture(scope="package")

@@ -10,6 +10,7 @@ rollback) are proved in-process by tests/integration/test_tenant_move.py.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import httpx
@@ -354,3 +355,84 @@ def test_move__source_kept_for_the_retention__listed_once__then_swept(cells):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(10)
+
+
+def test_move__a_completion_the_source_has_not_applied__applied_before_the_copy__dag_goes_on(
+    cells,
+):
+    """A workflow node's run completed just before the move, its RunCompleted
+    not yet applied by the source's workflow service (stopped with SIGSTOP):
+    the freeze waits for it (the move stalls once, counted), and once it is
+    applied the copy carries the next node's run to eu. Without the wait the
+    move ended first, the completion was applied to the source's copy alone
+    and the workflow run never went on in eu."""
+    eu = cells.cell("eu")["admin_database_url"]
+    tenant = _tenant("us")
+    tid, key = tenant["tenant_id"], _as(tenant["api_key"])
+    dag = {
+        "name": "two-steps",
+        "nodes": [
+            {"name": "extract", "target": {"type": "queue", "queue": "etl"}},
+            {"name": "load", "target": {"type": "queue", "queue": "etl"},
+             "depends_on": ["extract"]},
+        ],
+    }  # fmt: skip
+    made = httpx.post(f"{ROUTER}/v1/workflows", json=dag, headers=key, timeout=30)
+    assert made.status_code == 201, made.text
+    fired = httpx.post(
+        f"{ROUTER}/v1/workflows/{made.json()['workflow_id']}/trigger", headers=key, timeout=30
+    )
+    assert fired.status_code in (200, 201, 202), fired.text
+    wfr = fired.json()["workflow_run_id"]
+
+    def node(name: str) -> dict:
+        doc = httpx.get(f"{ROUTER}/v1/workflow-runs/{wfr}", headers=key, timeout=10).json()
+        return next(n for n in doc["nodes"] if n["name"] == name)
+
+    first = wait_for(lambda: node("extract").get("run_id"), 30, 0.1, "the first node's run")
+    started = httpx.post(
+        f"{ROUTER}/v1/runs/{first}/start", json={"worker_id": "w1"}, headers=key, timeout=10
+    )
+    assert started.status_code == 200, started.text
+    fence = {"attempt": started.json()["attempt"], "start_token": started.json()["start_token"]}
+
+    workflow = cells.service_pid("us", "workflow")
+    router_log = cells.logs / "router.log"
+    seen_before = router_log.read_text().count("stalled")
+    os.kill(workflow, signal.SIGSTOP)
+    try:
+        done = httpx.post(
+            f"{ROUTER}/v1/runs/{first}/complete",
+            json={**fence, "outcome": "SUCCEEDED"}, headers=key, timeout=10,
+        )  # fmt: skip
+        assert done.status_code == 200, done.text
+        moving = httpx.post(
+            f"{ROUTER}/v1/tenants/{tid}/move", json={"cell": "eu"}, headers=OPERATOR, timeout=30
+        )
+        assert moving.status_code == 202, moving.text
+        move_id = moving.json()["move_id"]
+        # The fault landed: the freeze waited for the stopped workflow service.
+        wait_for(
+            lambda: f"move {move_id} stalled" in router_log.read_text(),
+            60, 0.2, "the move to stall on the unapplied completion",
+        )  # fmt: skip
+        assert router_log.read_text().count("stalled") > seen_before
+        with psycopg.connect(eu, autocommit=True) as conn:
+            placed = conn.execute("SELECT state FROM tenants WHERE tenant_id = %s", [tid])
+            assert placed.fetchone()[0] == "standby"  # not switched while it waits
+    finally:
+        os.kill(workflow, signal.SIGCONT)
+
+    def finished() -> dict | None:
+        doc = httpx.get(f"{ROUTER}/v1/tenants/{tid}/move", headers=OPERATOR, timeout=10).json()
+        return doc if doc["state"] in ("done", "failed", "rolled_back") else None
+
+    move = wait_for(finished, 120, 0.2, "the move to end")
+    assert move["state"] == "done", move
+    with psycopg.connect(eu, autocommit=True) as conn:
+        nodes = dict(conn.execute(
+            "SELECT node, run_id FROM runs WHERE workflow_run_id = %s", [wfr]
+        ).fetchall())  # fmt: skip
+    assert set(nodes) == {"extract", "load"}, nodes  # the next node's run was copied to eu
+    second = wait_for(lambda: node("load").get("run_id"), 30, 0.2, "the second node in eu")
+    assert second == nodes["load"]
