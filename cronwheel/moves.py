@@ -143,6 +143,10 @@ class Mover:
     login that may become cronwheel_operator) and each cell's database as its
     owner (`cell_dsns`: cell name -> URL)."""
 
+    # Exceptions that stop the mover itself (a subclass's: the router's lost
+    # lease), let through where a broker's failure is caught and waited out.
+    PASS_THROUGH: tuple[type[BaseException], ...] = ()
+
     def __init__(
         self,
         directory_dsn: str,
@@ -243,16 +247,13 @@ class Mover:
             raise KeyError(move_id)
         if move.state not in ("copying", "freezing"):
             return self.advance(move_id) if move.state == "switching" else move
-        with self._cell(move.source) as src, self._cell(move.target) as dst:
+        with self._cell(move.source) as src:
             cells.unfreeze(src, move.tenant_id)
-            if cells.tenant_state(dst, move.tenant_id) == "standby":
-                cells.remove(dst, move.tenant_id)
-                if self._kafka(move):  # what the copy made on the target's broker
-                    try:
-                        moves_kafka.remove(self.brokers[move.target], self.topics, move.tenant_id)
-                    except KAFKA_ERRORS as e:
-                        log.warning("move %s: the tenant's principal and topics stay in %s: %s",
-                                    move_id, move.target, e)  # fmt: skip
+        try:  # the target may be why the move failed: its copy may stay
+            self._remove_standby(move)
+        except psycopg.Error as e:
+            log.warning("move %s: the tenant's standby copy stays in %s (the next copy there"
+                        " replaces it): %s", move_id, move.target, e)  # fmt: skip
         with self._directory() as d:
             placed = dirstore.placement(d, move.tenant_id)
             if placed is not None and placed.epoch == move.epoch and placed.cell == move.source:
@@ -261,6 +262,22 @@ class Mover:
         _finished(done)
         log.warning("move %s %s: %s", move_id, final.replace("_", " "), why)
         return done or self.get(move_id)  # type: ignore[return-value]
+
+    def _remove_standby(self, move: Move) -> None:
+        """A rollback's: the target's standby copy of the tenant, and what the
+        copy made on the target's broker."""
+        with self._cell(move.target) as dst:
+            if cells.tenant_state(dst, move.tenant_id) != "standby":
+                return
+            cells.remove(dst, move.tenant_id)
+        if self._kafka(move):
+            try:
+                moves_kafka.remove(self.brokers[move.target], self.topics, move.tenant_id)
+            except self.PASS_THROUGH:
+                raise
+            except KAFKA_ERRORS as e:
+                log.warning("move %s: the tenant's principal and topics stay in %s: %s",
+                            move.move_id, move.target, e)  # fmt: skip
 
     # -- the steps -----------------------------------------------------------
     def _copy(self, move: Move) -> Move:
@@ -419,27 +436,69 @@ class Mover:
 
     def _settle(self, move: Move, src: psycopg.Connection) -> None:
         """Carry out, in the source, what the tenant's writes before the
-        freeze started, so that the copy after this is final: the relay
-        publishes the tenant's records (on its own topics, and on the
-        platform's run-completed topic, where its runs' completions go), the
-        dispatcher forwards its run records to its queues, and the workflow
-        service applies the completions to its workflow runs. Applying one
-        may start the next nodes' runs, whose records go round again.
-        MoveStalled when a round does not finish in time, or the rounds do
-        not end."""
-        shared = [self.topics.run_completed]
+        freeze started, so that the copy after this is final. Each round:
+        the relay publishes the tenant's records; the dispatcher forwards its
+        run records; the platform's own workers (webhook, executor) start
+        what was forwarded to them and end the attempts they hold; what those
+        ends appended is published, with the platform's run-completed topic
+        (whose records do not name their tenant) while the tenant has a
+        workflow run under way; and the workflow service applies them.
+        Applying a completion may create runs (the next nodes, a buffered
+        instant): a round in which the tenant's runs grew is followed by
+        another. MoveStalled when the publishing or the workflow service
+        does not finish in time, or the rounds do not end."""
         for _ in range(self.settings.verify_rounds):
-            upto = cells.outbox_high(src)
-            deadline = time.monotonic() + self.settings.drain_timeout_s
-            while (left := cells.outbox_left(src, move.tenant_id, upto, shared)) > 0:
-                if time.monotonic() > deadline:
-                    raise MoveStalled(f"{left} outbox records of the tenant not published")
-                self.sleep(0.05)
+            runs = cells.tenant_runs(src, move.tenant_id)
+            workflows = cells.workflows_under_way(src, move.tenant_id)
+            self._drain(move, src, workflows)
             self._forwarded(move)
-            self._applied(move)
-            if cells.outbox_left(src, move.tenant_id, cells.outbox_high(src)) == 0:
-                return  # the workflow service started nothing more
-        raise MoveStalled("the tenant's workflows go on starting runs in the source")
+            self._platform_runs(move, src)
+            self._drain(move, src, workflows)
+            if workflows:
+                self._applied(move)
+            if cells.tenant_runs(src, move.tenant_id) == runs:
+                return  # nothing made more to carry out
+        raise MoveStalled("the tenant's runs go on being created in the source")
+
+    def _drain(self, move: Move, src: psycopg.Connection, completions: bool) -> None:
+        """The relay has published the tenant's records appended until now,
+        and with `completions` every record of the run-completed topic."""
+        upto = cells.outbox_high(src)
+        shared = [self.topics.run_completed] if completions else []
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while (left := cells.outbox_left(src, move.tenant_id, upto, shared)) > 0:
+            if time.monotonic() > deadline:
+                raise MoveStalled(f"{left} outbox records of the tenant not published")
+            self.sleep(0.05)
+
+    def _platform_runs(self, move: Move, src: psycopg.Connection) -> None:
+        """The source's webhook and executor services have started every run
+        forwarded to them (their groups commit a record's offset once its run
+        started, or was found not startable) and ended every attempt they
+        hold, each within `forward_timeout_s`. Past that the move goes on:
+        an attempt that ends in the source after the copy is RUNNING in the
+        target until its lease runs out, then retried there (a webhook
+        delivered twice, a command run twice)."""
+        timeout_s = self.settings.forward_timeout_s
+        started = self._source_waited(
+            move,
+            lambda b: moves_kafka.await_started(
+                b, self.topics, move.tenant_id, timeout_s, self.sleep
+            ),
+        )
+        deadline = time.monotonic() + timeout_s
+        while (held := cells.platform_attempts(src, move.tenant_id)) > 0:
+            if time.monotonic() > deadline:
+                break
+            self.sleep(0.1)
+        if not started or held:
+            log.warning(
+                "move %s: the source's webhook and executor services have %s; those runs"
+                " are retried in %s when their leases run out",
+                move.move_id,
+                f"{held} attempts under way" if started else "records not yet started",
+                move.target,
+            )
 
     def _applied(self, move: Move) -> None:
         """The source's workflow service has applied every completion
@@ -477,6 +536,8 @@ class Mover:
             return True
         try:
             return wait(self.brokers[move.source])
+        except self.PASS_THROUGH:
+            raise
         except KAFKA_ERRORS as e:
             log.warning("move %s: the source's broker: %s", move.move_id, e)
             return False

@@ -208,6 +208,22 @@ def await_applied(
     return _await_end(source, [topics.run_completed], [group], timeout_s, sleep, follow=False)
 
 
+def await_started(
+    source: Broker, topics: Topics, tenant_id: str, timeout_s: float, sleep: Callable = time.sleep
+) -> bool:
+    """Wait until the source's webhook and executor groups have committed
+    the end of the tenant's webhook and managed topics: each commits a
+    record once its run is started (or found not startable), so nothing
+    forwarded to them is left to start. False after `timeout_s`."""
+    admin = source.admin()
+    mine = {f"{topics.prefix}.webhook", f"{topics.prefix}.executor"}
+    groups = [g for g in groups_of(admin) if g in mine]
+    if not groups:
+        return True  # neither service has ever consumed there: nothing starts
+    names = [topics.webhook(tenant_id), topics.managed(tenant_id)]
+    return _await_end(source, names, groups, timeout_s, sleep)
+
+
 def await_consumed(
     source: Broker, topics: Topics, tenant_id: str, timeout_s: float, sleep: Callable = time.sleep
 ) -> bool:

@@ -200,6 +200,22 @@ def remove(conn: psycopg.Connection, tenant_id: str, *, only_state: str | None =
         conn.execute(_q()["delete_small"], params)
 
 
+def tenant_runs(conn: psycopg.Connection, tenant_id: str) -> int:
+    """How many runs the tenant has here (grows when a completion creates one)."""
+    return conn.execute(_q()["tenant_runs"], {"t": tenant_id}).fetchone()[0]
+
+
+def workflows_under_way(conn: psycopg.Connection, tenant_id: str) -> bool:
+    """Whether the tenant has a workflow run not ended here."""
+    return conn.execute(_q()["workflows_under_way"], {"t": tenant_id}).fetchone()[0]
+
+
+def platform_attempts(conn: psycopg.Connection, tenant_id: str) -> int:
+    """The tenant's attempts under way by the platform's own workers (the
+    webhook and executor services), whose ends they write here directly."""
+    return conn.execute(_q()["platform_attempts"], {"t": tenant_id}).fetchone()[0]
+
+
 def outbox_high(conn: psycopg.Connection) -> int:
     return conn.execute(_q()["outbox_high"]).fetchone()[0]
 

@@ -46,6 +46,8 @@ class LeasedMover(Mover):
     of the drain, and a rollback) taken only while `lease` is held: LeaseLost
     stops it at the first of those after another router took the lease."""
 
+    PASS_THROUGH = (LeaseLost,)  # never taken for a broker's failure
+
     def __init__(self, base: Mover, lease: MoveLease):
         self.lease = lease
         self._wait = base.sleep

@@ -15,7 +15,13 @@ from confluent_kafka.admin import NewTopic
 
 from cronwheel import kafka
 from cronwheel.kafka import Topics
-from cronwheel.moves_kafka import Broker, await_applied, await_forwarded, groups_of
+from cronwheel.moves_kafka import (
+    Broker,
+    await_applied,
+    await_forwarded,
+    await_started,
+    groups_of,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -90,11 +96,21 @@ def test_await_applied__no_workflow_group__nothing_to_wait_for(broker, topics):
     assert await_applied(broker, topics, timeout_s=1.0) is True
 
 
-def test_await_forwarded__holds_while_the_dispatcher_group_is_behind(broker, topics):
+@pytest.mark.parametrize(
+    ("wait", "topic", "service"),
+    [
+        (await_forwarded, "runs", "dispatcher"),  # every run record forwarded to its queue
+        (await_started, "webhook", "webhook"),  # every record's run started
+        (await_started, "managed", "executor"),
+    ],
+)
+def test_await_tenant_topic__holds_while_the_services_group_is_behind(
+    broker, topics, wait, topic, service
+):
     tenant = "ten_" + uuid.uuid4().hex[:8]
-    name, group = topics.runs(tenant), f"{topics.prefix}.dispatcher"
+    name, group = getattr(topics, topic)(tenant), f"{topics.prefix}.{service}"
     _records(broker, name, 2, partitions=1)
     _commit(broker, group, name, [1])
-    assert await_forwarded(broker, topics, tenant, timeout_s=1.0) is False
+    assert wait(broker, topics, tenant, timeout_s=1.0) is False
     _commit(broker, group, name, [2])
-    assert await_forwarded(broker, topics, tenant, timeout_s=10.0) is True
+    assert wait(broker, topics, tenant, timeout_s=10.0) is True

@@ -10,7 +10,9 @@ tests/e2e/cells/test_move.py."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -22,6 +24,7 @@ from cronwheel.store import directory as dirstore
 from cronwheel.store import moves as cellstore
 from cronwheel.store.directory import CellInfo
 from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.workflows import Workflows
 from services.gateway.problems import Problem
 from services.gateway.transactions import Gateway
@@ -406,6 +409,78 @@ def test_move__a_step_the_database_keeps_failing__rolled_back__not_left_frozen(c
     with psycopg.connect(cells.directory, autocommit=True) as d:
         placed = dirstore.placement(d, tid)
     assert (placed.cell, placed.state) == ("us", "active")
+
+
+def test_move__the_target_unreachable_in_the_freeze__rolled_back__the_source_active(
+    cells, topic_prefix
+):
+    """The target's database goes away after the copy (a mover that reaches
+    it at a closed port): the freeze fails three times, and the rollback
+    unfreezes the source and leaves the standby copy in the target (the next
+    copy there replaces it) instead of failing on the target first, which
+    left the tenant frozen in the source."""
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    cells.job(topics, "us", tenant, 86_400_000)
+    move = cells.mover().start(tid, "eu")
+    assert cells.mover().advance(move.move_id).state == "freezing"
+    parts = urlsplit(cells.admin["eu"])
+    login = parts.netloc.rpartition("@")[0]
+    closed = {**cells.admin, "eu": urlunsplit(parts._replace(netloc=f"{login}@127.0.0.1:1"))}
+    mover = Mover(cells.directory, closed, sleep=lambda s: None)
+    back = mover.run(move.move_id)
+    assert back.state == "rolled_back", back
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "active"
+    with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
+        assert cellstore.tenant_state(conn, tid) == "standby"  # left for the next copy
+    with psycopg.connect(cells.directory, autocommit=True) as d:
+        placed = dirstore.placement(d, tid)
+    assert (placed.cell, placed.state) == ("us", "active")
+
+
+def test_freeze__waits_for_a_webhook_attempt_under_way__its_end_is_what_eu_gets(
+    cells, topic_prefix
+):
+    """A run the source's webhook service holds at the freeze (RUNNING,
+    worker `webhook:...`) is waited for: the service ends it in the source
+    (its delivery answered) and the last copy carries the end to eu. Before,
+    eu got it RUNNING, and the end written in the source after the copy was
+    lost: the lease ran out in eu and the webhook was delivered again."""
+    topics = Topics(topic_prefix)
+    tenant = cells.tenant(topics, "us")
+    tid = tenant["tenant_id"]
+    job = cells.job(topics, "us", tenant, 86_400_000)
+    life = Lifecycle(topics)
+    with psycopg.connect(cells.platform["us"], autocommit=True) as conn:
+        run_id = Jobs(topics).trigger(conn, tenant, job["job_id"], now_ms())["run_id"]
+        held = life.start(conn, tid, run_id, "webhook:w1", now_ms())
+    with psycopg.connect(cells.admin["us"], autocommit=True) as conn:  # no relay here
+        conn.execute("DELETE FROM outbox WHERE strpos(topic, %s) > 0", ["." + tid])
+
+    def answered() -> None:  # the delivery comes back a second into the freeze
+        def frozen() -> bool:
+            with psycopg.connect(cells.admin["us"], autocommit=True) as conn:
+                return cellstore.tenant_state(conn, tid) == "frozen"
+
+        wait_for(frozen, 30, 0.02, "the freeze")
+        time.sleep(1.0)  # the delivery's time in flight: the fault
+        with psycopg.connect(cells.platform["us"], autocommit=True) as conn:
+            life.complete(
+                conn, tid, run_id, held["attempt"], held["start_token"], "SUCCEEDED", now_ms()
+            )
+
+    webhook = threading.Thread(target=answered)
+    webhook.start()
+    mover = cells.mover()
+    done = mover.run(mover.start(tid, "eu").move_id)
+    webhook.join(30)
+    assert done.state == "done", done.error
+    assert done.frozen_ms is not None and done.frozen_ms >= 1000  # it waited for the delivery
+    with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
+        state = conn.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone()
+    assert state == ("SUCCEEDED",)
 
 
 def _metric(name: str, **labels: str) -> float:

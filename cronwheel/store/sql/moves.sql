@@ -234,6 +234,26 @@ RETURNING state;
 -- due millisecond): the tenant's timers just became claimable.
 SELECT pg_notify('cw_timers', (extract(epoch FROM clock_timestamp()) * 1000)::bigint::text);
 
+-- name: tenant_runs
+SELECT count(*) FROM runs WHERE tenant_id = %(t)s;
+
+-- name: workflows_under_way
+-- Through the tenant's workflows (workflows_tenant) and each one's running
+-- runs (workflow_runs_active). A deleted workflow has none: its delete
+-- cancelled them.
+SELECT EXISTS (
+    SELECT 1 FROM workflows w
+      JOIN workflow_runs r ON r.partition_id = w.partition_id AND r.workflow_id = w.workflow_id
+     WHERE w.tenant_id = %(t)s AND w.deleted_at IS NULL AND r.state = 'RUNNING');
+
+-- name: platform_attempts
+-- The tenant's runs held by the webhook or executor service (worker ids
+-- `webhook:<instance>`, `executor:<instance>`; a tenant's own worker may
+-- call itself so too, and is then waited for as well, up to the timeout).
+SELECT count(*) FROM runs
+ WHERE tenant_id = %(t)s AND finished_at IS NULL AND state = 'RUNNING'
+   AND (worker_id LIKE 'webhook:%%' OR worker_id LIKE 'executor:%%');
+
 -- name: outbox_high
 SELECT coalesce(max(id), 0) FROM outbox;
 
