@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from cronwheel import config, metrics
 from cronwheel.config import Cells, Common, Metrics, Serving, group, setting
+from cronwheel.moves import MoveSettings
 from cronwheel.runtime import setup_logging, stop_on_signals
 
 
@@ -34,6 +35,9 @@ class RouterSettings:
     # cell it left, frozen, before it is removed (docs/cells.md, "After the
     # switch"). 0: at the switch.
     move_source_retention_s: float = setting("CRONWHEEL_MOVE_SOURCE_RETENTION_S", 0.0, minimum=0)
+    # After the switch, how long the source's topics wait for the tenant's
+    # workers to read them to the end before they are removed anyway.
+    move_linger_s: float = setting("CRONWHEEL_MOVE_LINGER_S", MoveSettings.linger_s, minimum=0)
 
 
 def cell_databases(text: str | None) -> dict[str, str]:
@@ -55,7 +59,7 @@ def main() -> None:
     from cronwheel.demo import operator_key
     from cronwheel.directory import Directory
     from cronwheel.kafka import Topics
-    from cronwheel.moves import Mover, MoveSettings
+    from cronwheel.moves import Mover
     from cronwheel.moves_kafka import CellBrokers, deployment_brokers, local_brokers
     from services.router.app import create_app
 
@@ -88,7 +92,10 @@ def main() -> None:
     kafka = CellBrokers(brokers, Topics(settings.common.topic_prefix)) if brokers else None
     ttl_s = settings.cells.directory_ttl_ms / 1000
     moving = MoveSettings(
-        kafka=kafka, directory_ttl_s=ttl_s, source_retention_s=settings.move_source_retention_s
+        kafka=kafka,
+        directory_ttl_s=ttl_s,
+        source_retention_s=settings.move_source_retention_s,
+        linger_s=settings.move_linger_s,
     )
     mover = Mover(settings.cells.directory_url, dsns, moving) if dsns else None
     app = create_app(directory, settings.operator_key or operator_key(), mover)

@@ -80,6 +80,8 @@ class Cells:
             # Short, so the tests see the cache read the directory again (and
             # fail to, while it is stopped).
             CRONWHEEL_DIRECTORY_TTL_MS="300",
+            # A move's end waits this long for queues no test worker reads.
+            CRONWHEEL_MOVE_LINGER_S="10",
             CRONWHEEL_GATEWAY_WORKERS="1",
             PYTHONUNBUFFERED="1",
         )

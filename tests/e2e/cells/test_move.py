@@ -40,6 +40,19 @@ def _tenant(cell: str) -> dict:
     return answer.json()
 
 
+def _two_steps(key: dict, queue: str, schedule: dict | None = None) -> str:
+    """A workflow `extract` -> `load`, both on `queue`: its id."""
+    step = {"target": {"type": "queue", "queue": queue}}
+    dag = {
+        "name": "two-steps",
+        "nodes": [{"name": "extract", **step}, {"name": "load", **step, "depends_on": ["extract"]}],
+        **({"schedule": schedule} if schedule else {}),
+    }
+    made = httpx.post(f"{ROUTER}/v1/workflows", json=dag, headers=key, timeout=30)
+    assert made.status_code == 201, made.text
+    return made.json()["workflow_id"]
+
+
 def _rows(url: str, tenant_id: str) -> dict[str, int]:
     return tenant_rows(url, tenant_id, ("tenants", "api_keys", "jobs", "runs", "timers"))
 
@@ -369,19 +382,8 @@ def test_move__a_completion_the_source_has_not_applied__applied_before_the_copy_
     eu = cells.cell("eu")["admin_database_url"]
     tenant = _tenant("us")
     tid, key = tenant["tenant_id"], _as(tenant["api_key"])
-    dag = {
-        "name": "two-steps",
-        "nodes": [
-            {"name": "extract", "target": {"type": "queue", "queue": "etl"}},
-            {"name": "load", "target": {"type": "queue", "queue": "etl"},
-             "depends_on": ["extract"]},
-        ],
-    }  # fmt: skip
-    made = httpx.post(f"{ROUTER}/v1/workflows", json=dag, headers=key, timeout=30)
-    assert made.status_code == 201, made.text
-    fired = httpx.post(
-        f"{ROUTER}/v1/workflows/{made.json()['workflow_id']}/trigger", headers=key, timeout=30
-    )
+    workflow_id = _two_steps(key, "etl")
+    fired = httpx.post(f"{ROUTER}/v1/workflows/{workflow_id}/trigger", headers=key, timeout=30)
     assert fired.status_code in (200, 201, 202), fired.text
     wfr = fired.json()["workflow_run_id"]
 
