@@ -64,7 +64,8 @@ def cmd_serve(args) -> None:
         cells.become(args.cell)
     if "router" in args.services:
         _local_directory()
-    for name in args.services:  # a bad value is its one line before the database is asked
+    config.load(config.Logs)  # a bad value is its one line before the database is asked
+    for name in args.services:
         config.load(service_settings(name))
     if args.services != ["router"]:  # the router reads the directory alone
         refuse_unsafe_role()  # a login that bypasses row-level security starts nothing
