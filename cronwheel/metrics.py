@@ -12,7 +12,7 @@ libraries' (process_*, python_gc_*) included (docs/observability.md, "Cells").
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -102,6 +102,23 @@ SERVICE_PORT_OFFSET = {
     "gateway": 0, "timer": 1, "relay": 2, "dispatcher": 3, "workflow": 4, "webhook": 5,
     "executor": 6, "router": 7,
 }  # fmt: skip
+
+
+class LabelledOnce:
+    """Labelled children of metrics, made once per key by `make(*key)`:
+    prometheus_client's `labels()` validates and locks on every call, which a
+    request path pays per request otherwise. Bounded like the series
+    themselves (one entry per label combination)."""
+
+    def __init__(self, make: Callable[..., tuple]):
+        self._make = make
+        self._made: dict[tuple, tuple] = {}
+
+    def __call__(self, *key) -> tuple:
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = self._make(*key)
+        return made
 
 
 CELL_LABEL = "cell"

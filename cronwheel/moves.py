@@ -447,8 +447,8 @@ class Mover:
         instant): a round in which the tenant's runs grew is followed by
         another. MoveStalled when the publishing or the workflow service
         does not finish in time, or the rounds do not end."""
+        runs = cells.tenant_runs(src, move.tenant_id)
         for _ in range(self.settings.verify_rounds):
-            runs = cells.tenant_runs(src, move.tenant_id)
             workflows = cells.workflows_under_way(src, move.tenant_id)
             self._drain(move, src, workflows)
             self._forwarded(move)
@@ -456,20 +456,29 @@ class Mover:
             self._drain(move, src, workflows)
             if workflows:
                 self._applied(move)
-            if cells.tenant_runs(src, move.tenant_id) == runs:
+            runs, before = cells.tenant_runs(src, move.tenant_id), runs
+            if runs == before:
                 return  # nothing made more to carry out
         raise MoveStalled("the tenant's runs go on being created in the source")
+
+    def _until_none(self, count: Callable[[], int], timeout_s: float, every_s: float) -> int:
+        """Poll `count` until it is 0 or `timeout_s` passed: what it last said."""
+        deadline = time.monotonic() + timeout_s
+        while (left := count()) > 0 and time.monotonic() <= deadline:
+            self.sleep(every_s)
+        return left
 
     def _drain(self, move: Move, src: psycopg.Connection, completions: bool) -> None:
         """The relay has published the tenant's records appended until now,
         and with `completions` every record of the run-completed topic."""
         upto = cells.outbox_high(src)
         shared = [self.topics.run_completed] if completions else []
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        while (left := cells.outbox_left(src, move.tenant_id, upto, shared)) > 0:
-            if time.monotonic() > deadline:
-                raise MoveStalled(f"{left} outbox records of the tenant not published")
-            self.sleep(0.05)
+        left = self._until_none(
+            lambda: cells.outbox_left(src, move.tenant_id, upto, shared),
+            self.settings.drain_timeout_s, 0.05,
+        )  # fmt: skip
+        if left:
+            raise MoveStalled(f"{left} outbox records of the tenant not published")
 
     def _platform_runs(self, move: Move, src: psycopg.Connection) -> None:
         """The source's webhook and executor services have started every run
@@ -486,11 +495,9 @@ class Mover:
                 b, self.topics, move.tenant_id, timeout_s, self.sleep
             ),
         )
-        deadline = time.monotonic() + timeout_s
-        while (held := cells.platform_attempts(src, move.tenant_id)) > 0:
-            if time.monotonic() > deadline:
-                break
-            self.sleep(0.1)
+        held = self._until_none(
+            lambda: cells.platform_attempts(src, move.tenant_id), timeout_s, 0.1
+        )
         if not started or held:
             log.warning(
                 "move %s: the source's webhook and executor services have %s; those runs"

@@ -189,9 +189,10 @@ def await_forwarded(
     """Wait until the source's dispatcher group has committed the end of the
     tenant's run topic (every record forwarded); False after `timeout_s`."""
     group = f"{topics.prefix}.dispatcher"
-    if group not in groups_of(source.admin()):
+    admin = source.admin()
+    if group not in groups_of(admin):
         return True  # no dispatcher has ever consumed there: nothing forwards
-    return _await_end(source, [topics.runs(tenant_id)], [group], timeout_s, sleep)
+    return _await_end(source, admin, [topics.runs(tenant_id)], [group], timeout_s, sleep)
 
 
 def await_applied(
@@ -203,9 +204,11 @@ def await_applied(
     source's database. The topic is every tenant's, so its end is read once,
     not followed. False after `timeout_s`."""
     group = f"{topics.prefix}.workflow"
-    if group not in groups_of(source.admin()):
+    admin = source.admin()
+    if group not in groups_of(admin):
         return True  # no workflow service has ever consumed there: nothing applies
-    return _await_end(source, [topics.run_completed], [group], timeout_s, sleep, follow=False)
+    names = [topics.run_completed]
+    return _await_end(source, admin, names, [group], timeout_s, sleep, follow=False)
 
 
 def await_started(
@@ -221,7 +224,7 @@ def await_started(
     if not groups:
         return True  # neither service has ever consumed there: nothing starts
     names = [topics.webhook(tenant_id), topics.managed(tenant_id)]
-    return _await_end(source, names, groups, timeout_s, sleep)
+    return _await_end(source, admin, names, groups, timeout_s, sleep)
 
 
 def await_consumed(
@@ -236,11 +239,12 @@ def await_consumed(
     ]  # fmt: skip
     prefix = principals.tenant_group_prefix(topics, tenant_id)
     groups = [g for g in groups_of(admin) if g.startswith(prefix)]
-    return _await_end(source, queues, groups, timeout_s, sleep)
+    return _await_end(source, admin, queues, groups, timeout_s, sleep)
 
 
 def _await_end(
     broker: Broker,
+    admin: AdminClient,
     names: list[str],
     groups: list[str],
     timeout_s: float,
@@ -249,8 +253,8 @@ def _await_end(
 ) -> bool:
     """Every partition of `names` whose high watermark is past its low has an
     offset committed at the high watermark by one of `groups`: the watermark
-    read again each time (`follow`), or the one read first."""
-    admin = broker.admin()
+    read again each time (`follow`), or the one read first. `admin` is the
+    caller's client of `broker`."""
     deadline = time.monotonic() + timeout_s
     probe = Consumer({**broker.conf, "group.id": "cronwheel-mover", "log_level": 3})
     try:

@@ -176,8 +176,6 @@ def become(name: str) -> None:
     """This process's environment made cell `name`'s services' (a cell of
     `cronwheel up --cells`): its stack, its gateway's address, the directory.
     StackError (one line) when this stack has no such cell."""
-    import os
-
     cell = next((c for c in configured() if c.name == name), None)
     if cell is None:
         raise StackError(f"--cell {name}: not a cell of this stack (`cronwheel up --cells ...`)")

@@ -7,6 +7,8 @@ import time
 
 from prometheus_client import Counter, Histogram
 
+from cronwheel.metrics import LabelledOnce
+
 REQUESTS = Counter(
     "cronwheel_http_requests_total", "HTTP requests answered", ["method", "route", "status"]
 )
@@ -21,20 +23,17 @@ LATENCY = Histogram(
 class HttpMetrics:
     def __init__(self, app):
         self.app = app
-        # The labelled children, looked up once: `labels()` validates and locks
-        # on every call. Bounded like the series themselves (method x route x status).
-        self._children: dict[tuple[str, str, int], tuple] = {}
-
-    def _observe(self, method: str, template: str, status: int, seconds: float) -> None:
-        key = (method, template, status)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (
+        self._children = LabelledOnce(
+            lambda method, template, status: (
                 LATENCY.labels(method, template),
                 REQUESTS.labels(method, template, str(status)),
             )
-        children[0].observe(seconds)
-        children[1].inc()
+        )
+
+    def _observe(self, method: str, template: str, status: int, seconds: float) -> None:
+        latency, requests = self._children(method, template, status)
+        latency.observe(seconds)
+        requests.inc()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from cronwheel.metrics import LabelledOnce
+
 ITSELF = "router"
 EVERY = "every"
 
@@ -39,18 +41,12 @@ for _outcome in ("retried", "returned"):
     MISDIRECTED.labels(_outcome)
 
 
-# The labelled children, looked up once per (cell, status): `labels()`
-# validates and locks on every call, as the gateway's HttpMetrics notes.
-_children: dict[tuple[str, int], tuple] = {}
+_children = LabelledOnce(
+    lambda cell, status: (REQUESTS.labels(cell, str(status)), LATENCY.labels(cell))
+)
 
 
 def observe(cell: str | None, status: int, seconds: float) -> None:
-    key = (cell or ITSELF, status)
-    children = _children.get(key)
-    if children is None:
-        children = _children[key] = (
-            REQUESTS.labels(key[0], str(status)),
-            LATENCY.labels(key[0]),
-        )
-    children[0].inc()
-    children[1].observe(seconds)
+    requests, latency = _children(cell or ITSELF, status)
+    requests.inc()
+    latency.observe(seconds)
