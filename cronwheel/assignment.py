@@ -112,13 +112,7 @@ class LeasedAssignment:
         self._next_renewal = time.monotonic() + self.leases.ttl_ms / 3000
 
     def _own(self, owned: frozenset[int]) -> None:
-        if owned != self.owned:
-            log.info(
-                "%s: %d of the partitions leased (was %d)",
-                self.leases.service,
-                len(owned),
-                len(self.owned),
-            )
+        if owned != self.owned:  # logged by the leases' tick (store/leases.py)
             self.owned = owned
             self._stale, self._not_before = True, 0.0
 

@@ -7,9 +7,10 @@ instance whose wall clock runs 2 s ahead would otherwise take partitions whose
 leases have 2 s left, and fire lease expiries and retries 2 s early.
 
 `DbClock` keeps the offset between this host's clock and the database's,
-measured with `sync(conn)` (one round trip, the offset taken at its middle, so
-it is off by at most half the round trip), and answers `now` as this host's
-clock plus that offset without a query. The timer syncs at every lease tick.
+measured with `sync(conn)` (one round trip: an offset within its error is
+none, a larger one is taken so that `now` is never ahead of the database's,
+late by at most the round trip), and answers `now` as this host's clock plus
+that offset without a query. The timer syncs at every lease tick.
 A round trip longer than `max_rtt_ms` is not a measurement: a query that hung
 in a network partition for 12 s would put the clock 6 s ahead (the fault
 harness's pg_partition saw lease expiries and re-announcements fired that
@@ -49,7 +50,17 @@ class DbClock:
         (db,) = conn.execute(Q["db_now"]).fetchone()
         after = self.local()
         if after - before <= self.max_rtt_ms:
-            self.offset_ms = to_ms(db) - (before + after) // 2
+            db_ms = to_ms(db)
+            # Within the measurement's own error (half the round trip, and a
+            # millisecond of truncation) the clocks agree: the host's is kept
+            # as it reads. Beyond it, the offset that never reads ahead of the
+            # database: its reading was taken before `after` (+1 ms of
+            # truncation), so `now` is late by at most the round trip, never
+            # early. Taken from the round trip's middle, that error put a
+            # relay a millisecond early at a row's time.
+            middle = db_ms - (before + after) // 2
+            close = abs(middle) <= (after - before) // 2 + 1
+            self.offset_ms = 0 if close else db_ms - after - 1
         return self.offset_ms
 
 

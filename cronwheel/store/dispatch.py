@@ -19,9 +19,33 @@ from cronwheel.store.sql_loader import queries
 Q = queries("dispatch")
 
 
-def message_key(run_id: str, attempt: int) -> str:
-    """The idempotency key of a RunReady: a retry (attempt + 1) is a new message."""
+def message_key(run_id: str, attempt: int, created_ms: int) -> str:
+    """The idempotency key of a RunReady: the announcement of one attempt,
+    named by when it was made (the record's created_at). The same record read
+    twice (a relay's publish repeated, a redelivery, a replay) is skipped; a
+    new announcement of the attempt is forwarded: a retry (attempt + 1), a
+    re-announcement of an overdue run (made now), and the firing again of a
+    run whose first firing PostgreSQL lost in a crash (synchronous_commit
+    off) after the relay had published its record: by (run_id, attempt)
+    alone the second was skipped as the first, whose StartRun had found no
+    run, and the run waited PENDING for its deadline (fault harness,
+    pg_immediate; docs/reliability.md)."""
+    return f"{run_id}:{attempt}:{created_ms}"
+
+
+def legacy_message_key(run_id: str, attempt: int) -> str:
+    """The key a dispatcher of v0.3.0 and before records, (run_id, attempt):
+    a re-announcement forgets it (pending.py) while such a dispatcher may run
+    (a rolling upgrade). A new announcement never has this dispatcher's key of
+    an earlier one, so there is no other mark to forget."""
     return f"{run_id}:{attempt}"
+
+
+def run_of(key: str) -> tuple[str, int] | None:
+    """(run_id, attempt) of a message key, None if it is not one."""
+    run_id, _, rest = key.partition(":")
+    attempt = rest.partition(":")[0]
+    return (run_id, int(attempt)) if run_id and attempt.isdigit() else None
 
 
 class Processed:

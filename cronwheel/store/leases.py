@@ -6,10 +6,18 @@ to its fair share and releases extras when others join. Writers call
 `verify_and_lock` inside their transaction: it returns only the partitions still
 owned at the known epoch and holds a share lock, so a takeover (which raises
 the epoch) waits for the transaction, and a paused former owner is refused after.
+
+Expiry is judged by one clock, the database's (`clock`, a DbClock measured
+again at every tick): an instance whose host clock ran 2 s ahead would read
+every live lease with less than 2 s left as expired and take it, and one
+behind would write leases that end early by everyone else's clock (the fault
+harness's clock_skew and clock_skew_relay; docs/reliability.md). A caller
+that keeps time itself (the timer's DbClock, a test's clock) passes `now`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -17,12 +25,14 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from cronwheel.core.clock import now_ms, to_dt
+from cronwheel.core.clock import to_dt
 from cronwheel.core.ids import PARTITIONS
+from cronwheel.store.dbclock import DbClock
 from cronwheel.store.pgarrays import PackedArray, int2_array
 from cronwheel.store.sql_loader import queries
 
 Q = queries("leases")
+log = logging.getLogger("cronwheel.leases")
 
 
 @dataclass
@@ -31,6 +41,7 @@ class Leases:
     ttl_ms: int = 10_000
     owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     owned: dict[int, int] = field(default_factory=dict)  # partition -> epoch
+    clock: DbClock = field(default_factory=DbClock)  # synced at each tick without `now`
     _seeded: bool = False
     _array_of: dict[int, int] | None = field(default=None, repr=False)
     _array: PackedArray | None = field(default=None, repr=False)
@@ -65,7 +76,9 @@ class Leases:
         `on_release(partitions)` is called before extras are released, inside
         this transaction: a reader finishes with them there, so the instance
         that takes them next starts where it stopped."""
-        now = now_ms() if now is None else now
+        if now is None:
+            self.clock.sync(conn)
+            now = self.clock()
         with conn.transaction():
             if not self._seeded:
                 conn.execute(Q["seed_partitions"], {"service": self.service})
@@ -86,13 +99,21 @@ class Leases:
                 conn.execute(Q["release"], self._params(now, partitions=extra))
                 for p in extra:
                     owned.pop(p)
+        if owned.keys() != self.owned.keys():
+            gained = len(owned.keys() - self.owned.keys())
+            lost = len(self.owned.keys() - owned.keys())
+            log.info(
+                "%s %s: %d partitions leased (+%d, -%d; the database's clock %+d ms from ours)",
+                self.service, self.owner, len(owned), gained, lost, self.clock.offset_ms,
+            )  # fmt: skip
         self.owned = owned
         return owned
 
     def release_all(self, conn: psycopg.Connection) -> None:
         with conn.transaction():
-            conn.execute(Q["release"], self._params(now_ms(), partitions=list(self.owned)))
-            conn.execute(Q["leave_members"], self._params(now_ms()))
+            now = self.clock()
+            conn.execute(Q["release"], self._params(now, partitions=list(self.owned)))
+            conn.execute(Q["leave_members"], self._params(now))
         self.owned = {}
 
     def verify_and_lock(self, conn: psycopg.Connection, partitions: set[int]) -> set[int]:

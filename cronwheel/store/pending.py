@@ -28,7 +28,7 @@ from cronwheel.core.events import OutboxRow
 from cronwheel.core.runs import PRIORITIES
 from cronwheel.kafka import Topics
 from cronwheel.store import pgarrays, timers
-from cronwheel.store.dispatch import message_key
+from cronwheel.store.dispatch import legacy_message_key
 from cronwheel.store.new_runs import ready_row
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.timers import FireReport, Timer
@@ -108,7 +108,7 @@ class PendingRuns:
                 Q["forget_forwarded"],
                 {
                     "consumer": DISPATCHER,
-                    "keys": pgarrays.text_array([message_key(r[1], r[3]) for r in rows]),
+                    "keys": pgarrays.text_array([legacy_message_key(r[1], r[3]) for r in rows]),
                 },
             )
             for r in rows:

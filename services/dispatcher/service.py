@@ -54,7 +54,7 @@ from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.dozing import NUDGE, Dozing
 from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.logs import run_fields
-from cronwheel.store.dispatch import Processed, Pruner, message_key
+from cronwheel.store.dispatch import Processed, Pruner, message_key, run_of
 from cronwheel.store.quotas import Buckets
 from cronwheel.topic_watch import announce
 from services.dispatcher.settings import DispatcherSettings
@@ -277,7 +277,7 @@ class Dispatcher(ConsumerService):
                     m.value(),
                     _headers(m, "RunReady"),
                     rank,
-                    done_key=message_key(datum["run_id"], datum["attempt"]),
+                    done_key=message_key(datum["run_id"], datum["attempt"], datum["created_at"]),
                     by_class=datum["target_type"] in CLASS_LAID_OUT,
                 )
             )
@@ -430,14 +430,12 @@ class Dispatcher(ConsumerService):
         def on_delivery(err, _msg, o=o):
             batch.unacked -= 1
             if err is not None:
-                run_id, _, attempt = (o.done_key or "").rpartition(":")  # a forward's run
+                run_id, attempt = run_of(o.done_key or "") or (None, None)  # a forward's run
                 log.warning(
                     "delivery to %s failed: %s",
                     o.topic,
                     err,
-                    extra=run_fields(
-                        run_id=run_id or None, attempt=int(attempt) if run_id else None
-                    ),
+                    extra=run_fields(run_id=run_id, attempt=attempt),
                 )
                 batch.failed.append(o)
 

@@ -38,7 +38,6 @@ import psycopg
 from cronwheel import kafka, metrics
 from cronwheel.config import Firing
 from cronwheel.consumer import make_known, produce
-from cronwheel.core.clock import now_ms
 from cronwheel.dozing import Waker
 from cronwheel.store import outbox
 from cronwheel.store.db import LOST, connect, keep_connected
@@ -68,6 +67,10 @@ class Relay:
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
         if instance:
             self.leases.owner = instance
+        # A row's not_before is the database's time (the timer's clock): it is
+        # held until then by that clock, synced at every lease tick, not this
+        # host's (a relay 2 s ahead published runs 2 s early: clock_skew_relay).
+        self.clock = self.leases.clock
         self.batch = batch
         self.idle_ms = idle_ms
         self.published_total = 0
@@ -134,8 +137,10 @@ class Relay:
                         self.producer.poll(min(self.ack_wait_ms / 1000, hold))
                         wait = 0.0001
                     else:
-                        # Wait for a notification or a held row's time.
-                        wait = min(self.idle_ms / 1000, hold)
+                        # Wait for a notification, a held row's time or the
+                        # next renewal of the leases (a late one loses them).
+                        renew = max(0.0, next_lease - time.monotonic())
+                        wait = min(self.idle_ms / 1000, hold, renew)
                     notified = self._notified(listen, wait)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
@@ -191,7 +196,7 @@ class Relay:
         self._turn += 1
         self._read_at = time.monotonic()
         owned = self.leases.owned_array()
-        hold_until = now_ms() + self.hold_ms
+        hold_until = self.clock() + self.hold_ms
         fair = None
         if not self._backlog and len(self._inflight) < self.batch:
             fair = outbox.read_small(
@@ -212,7 +217,7 @@ class Relay:
         # before it are produced ahead of normal ones this read found already
         # due. produce()'s arguments are made now, so that releasing a thousand
         # rows due at one instant costs only the calls.
-        now = now_ms()
+        now = self.clock()
         for row in rows:
             row_id, not_before = row[0], row[6]
             if row_id in self._held_ids:
@@ -271,7 +276,7 @@ class Relay:
         """Produce the held rows whose time has come (by time, then class)."""
         if not self._held:
             return 0
-        now = now_ms()
+        now = self.clock()
         n = 0
         last: int | None = None
         while self._held and self._held[0][0] <= now:
@@ -294,7 +299,7 @@ class Relay:
 
     def _until_held(self) -> int:
         """Milliseconds until the first held row is due (a large number if none)."""
-        return max(0, self._held[0][0] - now_ms()) if self._held else 3_600_000
+        return max(0, self._held[0][0] - self.clock()) if self._held else 3_600_000
 
     def _excluded(self) -> list[int]:
         """Rows a read must not return: held, produced, or acknowledged and not

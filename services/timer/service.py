@@ -145,8 +145,9 @@ class TimerService:
         # Leases and due times are judged by the database's clock (a DbClock,
         # synced at every lease tick), not this host's: a host running ahead
         # would take live partition leases and fire expiries early. A test
-        # passes a clock of its own to control time.
-        self.clock: Callable[[], int] = clock if clock is not None else DbClock()
+        # passes a clock of its own to control time. The leases' own clock is
+        # the same one (their release on the way out reads it).
+        self.clock: Callable[[], int] = clock if clock is not None else self.leases.clock
         self.wheel = TimingWheel(wake_lead(ahead_ms))
         self.fired_total = 0
         self._swept: set[int] = set()  # owned partitions whose sweep timer is armed

@@ -4,6 +4,14 @@ host) by a fixed offset, through libfaketime (Debian: faketime; Makefile:
 system-deps). Only CLOCK_REALTIME is shifted (FAKETIME_DONT_FAKE_MONOTONIC):
 time.time() and everything built on it lie, the monotonic clock that timeouts
 and sleeps use does not, as on a host whose NTP is off by that much.
+
+A process that uses Kafka is skewed in Python instead (`python_env`: the
+sitecustomize module in skewed_python/ shifts time.time and time.time_ns):
+under libfaketime, librdkafka's timed waits are off by the skew (a producer's
+poll(0.1) took 2.1 s in a process 2 s ahead, and returned at once with any
+FAKETIME_FORCE_MONOTONIC_FIX in one 2 s behind, libfaketime 0.9.10), which no
+real host does. Its C libraries then read the true clock; what the service
+decides by (leases, due times, a row's time to publish) is Python's.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ def available() -> str | None:
     return None if library() else "clock skew needs libfaketime (apt-get install faketime)"
 
 
+SKEWED_PYTHON = Path(__file__).resolve().parent / "skewed_python"
+
+
 def env(offset_s: float) -> dict[str, str]:
     """The environment that runs a process `offset_s` seconds off (+ ahead)."""
     return {
@@ -38,14 +49,30 @@ def env(offset_s: float) -> dict[str, str]:
     }
 
 
-def measured_offset(offset_s: float) -> float:
-    """Seconds by which a process started with env(offset_s) reads the wall
-    clock off from this one's (the proof that the preload takes effect)."""
+def python_env(offset_s: float) -> dict[str, str]:
+    """The environment that runs a Python process `offset_s` seconds off, as
+    its Python code reads the clock (see above)."""
+    path = os.pathsep.join(p for p in (str(SKEWED_PYTHON), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "CRONWHEEL_FAULT_SKEW_S": f"{offset_s:+g}"}
+
+
+def offset_of(environment: dict[str, str]) -> float | None:
+    """The skew an environment made by env or python_env asks for."""
+    for name in ("FAKETIME", "CRONWHEEL_FAULT_SKEW_S"):
+        if name in environment:
+            return float(environment[name])
+    return None
+
+
+def measured_offset(environment: dict[str, str]) -> float:
+    """Seconds by which a process started with `environment` (env or
+    python_env) reads the wall clock off from this one's (the proof that the
+    skew takes effect)."""
     code = "import json, time\nprint(json.dumps(time.time()))\n"
     before = time.time()
     out = subprocess.run(
         [PYTHON, "-c", code],
-        env={**os.environ, **env(offset_s)},
+        env={**os.environ, **environment},
         capture_output=True,
         text=True,
         check=True,
@@ -54,6 +81,9 @@ def measured_offset(offset_s: float) -> float:
     return json.loads(out.stdout) - (before + after) / 2
 
 
-def preloaded(pid: int) -> bool:
-    """libfaketime is mapped into process `pid` (it was started skewed)."""
-    return "libfaketime" in Path(f"/proc/{pid}/maps").read_text()
+def skewed(pid: int) -> bool:
+    """Process `pid` was started skewed: libfaketime is mapped into it, or the
+    skewing sitecustomize module is loaded."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return "libfaketime" in maps or any(e.startswith(b"CRONWHEEL_FAULT_SKEW_S=") for e in environ)

@@ -15,10 +15,13 @@ What a scenario gets
     (tests.support.procs), one tenant, and an SDK worker process
     (tests/faults/worker.py) whose handler appends a line to an effect log for
     every execution, duplicates included; with the webhook service in the
-    layout, a receiver (tests/faults/receiver.py) logging each delivery there too.
+    layout, a receiver (tests/faults/receiver.py) logging each delivery there
+    too; with the executor, its log of the commands it ran read into it at
+    the end (tests/faults/executions.py).
   * `Load`: every_ms jobs (their instants are anchor + k * every_ms, so the
-    expected history is computed, not recorded), a webhook job and a diamond
-    workflow when the layout runs those services, and manual triggers, each
+    expected history is computed, not recorded), a webhook job, a managed job
+    and a diamond workflow when the layout runs those services, and manual
+    triggers, each
     posted with an Idempotency-Key and retried with it until answered, so a
     trigger the user saw answered has exactly one run.
   * `check`: every expected instant up to the end of the load has exactly one
@@ -71,6 +74,7 @@ from cronwheel.core.workflows import workflow_run_id_for_instant
 from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
 from cronwheel.stack.process import as_user, is_root, pid_alive, read_pid, stop_pid
 from tests.faults import diskfull
+from tests.faults.executions import log_executions
 from tests.faults.receiver import Receiver
 from tests.support import db as dbsupport
 from tests.support.kafka import worker_env
@@ -274,7 +278,7 @@ class Platform:
              "--prefix", self.topic_prefix],
             env=self.stack.env, cwd=ROOT, check=True, capture_output=True, timeout=120,
         )  # fmt: skip
-        if any(service == "webhook" for service, _ in self.layout.values()):
+        if self.runs("webhook"):
             self.receiver = Receiver(self.effect_log)
         for name in self.layout:
             self.start_service(name)
@@ -291,6 +295,10 @@ class Platform:
             base_url=self.base, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=5
         )
 
+    def runs(self, service: str) -> bool:
+        """The layout has an instance of `service`."""
+        return any(name == service for name, _ in self.layout.values())
+
     def _ready(self) -> bool:
         try:
             return httpx.get(f"{self.base}/readyz", timeout=1).status_code == 200
@@ -305,6 +313,17 @@ class Platform:
             service, PGAPPNAME=f"fault-{name}", **self.env, **extra
         )
         return self.services[name]
+
+    def dump_worker_stacks(self) -> None:
+        """Every thread's stack of the SDK worker, into worker.log (SIGUSR1:
+        tests/faults/worker.py registers faulthandler for it): where a worker
+        that stopped taking runs waits."""
+        if self.worker and self.worker.poll() is None:
+            log = self.launch.log_dir / "worker.log"
+            before = log.stat().st_size
+            self.worker.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(AssertionError):  # a diagnosis, not a check
+                wait_for(lambda: log.stat().st_size > before, 5, 0.05, "the stacks")
 
     def stop_worker(self) -> None:
         """SIGTERM: the worker finishes what it holds and commits its offsets."""
@@ -366,8 +385,12 @@ class Load:
             target = {"type": "webhook", "url": platform.receiver.url}
             job = self._create(jobs, rng.randint(400, 900), target)
             self.jobs[job["job_id"]] = job["schedule"]["every_ms"]
+        if platform.runs("executor"):  # and one the executor runs (executions.py)
+            target = {"type": "managed", "command": ["true"]}
+            job = self._create(jobs + 1, rng.randint(400, 900), target)
+            self.jobs[job["job_id"]] = job["schedule"]["every_ms"]
         self.workflows: dict[str, int] = {}  # workflow_id: every_ms
-        if any(service == "workflow" for service, _ in platform.layout.values()):
+        if platform.runs("workflow"):
             flow = self._create_workflow(rng.randint(800, 1500))
             self.workflows[flow["workflow_id"]] = flow["schedule"]["every_ms"]
 
@@ -510,6 +533,7 @@ def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
     try:
         wait_for(check, timeout, 0.1, "the platform to catch up after the fault")
     except AssertionError as e:
+        platform.dump_worker_stacks()
         with platform.connect() as conn:
             raise AssertionError(f"{e}; {_lagging(conn, check.since)}") from None
     return time.monotonic() - t0
@@ -517,8 +541,10 @@ def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
 
 def _lagging(conn: psycopg.Connection, since_ms: int) -> str:
     """What keeps `recovered` false: unfinished runs due by `since_ms` by
-    state (with the oldest few), running workflow runs, old outbox rows by
-    topic, and jobs behind."""
+    state (with the oldest few, each with its creation and the `processed`
+    marks that name it: a consumer that recorded a run's record before the
+    run was there to start), running workflow runs, old outbox rows by topic,
+    and jobs behind."""
     at = {"at": since_ms}
     by_state = conn.execute(
         "SELECT state, count(*) FROM runs WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
@@ -527,10 +553,14 @@ def _lagging(conn: psycopg.Connection, since_ms: int) -> str:
         at,
     ).fetchall()
     oldest = conn.execute(
-        "SELECT run_id, state, attempt, scheduled_at, updated_at, lease_expires_at FROM runs"
-        " WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
-        " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')"
-        " ORDER BY scheduled_at LIMIT 3",
+        "SELECT r.run_id, r.state, r.attempt, r.scheduled_at, r.created_at, r.updated_at,"
+        "       r.lease_expires_at, (SELECT array_agg(p.consumer || ' ' || p.message_key"
+        "                                              || ' at ' || p.processed_at::text)"
+        "                              FROM processed p"
+        "                             WHERE split_part(p.message_key, ':', 1) = r.run_id) marks"
+        "  FROM runs r WHERE r.scheduled_at <= to_timestamp(%(at)s / 1000.0)"
+        " AND r.state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')"
+        " ORDER BY r.scheduled_at LIMIT 3",
         at,
     ).fetchall()
     outbox = conn.execute(
@@ -631,6 +661,11 @@ def check(
     unexplained = set(by_id) - instant_ids - load.triggered - node_ids
     report.duplicate_runs += sum(n - 1 for n in per_instant.values()) + len(unexplained)
     report.not_succeeded = sum(1 for r in runs if r[3] != "SUCCEEDED")
+    if platform.runs("executor"):
+        report.notes.append(
+            f"{log_executions(platform.launch.log_dir, platform.effect_log)} commands"
+            " run by the executor, read from its log"
+        )
     starts, effects, begun_at, not_due = _read_effects(platform.effect_log)
     # Early: a handler began before its run's instant, by the host's clock
     # (the worker and PostgreSQL share it; skewed services never write this).

@@ -8,8 +8,8 @@ applies on a schedule to its private stack, with the proof that it landed.
                   recovery); the runs a synchronous_commit=off commit lost are
                   counted, and the checker proves each fired again, same id
   replay          the groups of the dispatcher, the workflow and webhook
-                  services and the SDK worker reset to offset 0 while they are
-                  stopped: they read everything again
+                  services, the managed executor and the SDK worker reset to
+                  offset 0 while they are stopped: they read everything again
   pg_partition    one of two timers cut off from PostgreSQL (its packets
                   dropped, tests/faults/netcut.py) for longer than its
                   partition leases: the other timer takes its partitions, and
@@ -22,6 +22,8 @@ applies on a schedule to its private stack, with the proof that it landed.
                   partition lease taken from a live owner, no early start
   clock_skew_gateway  the gateway 2 s behind: no due run refused as not due,
                   no live run lease expired (the gateway reads the database's clock)
+  clock_skew_relay  two relays, one 2 s ahead and one 2 s behind: no relay
+                  lease taken from a live owner, no run published early
   outbox_order    a trigger's transaction takes an outbox id and stays open while
                   later rows are published past it, then commits last: its run is
                   published once (tests/faults/outbox_order.py)
@@ -44,7 +46,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import re
+import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +97,7 @@ SHORT = {
     "kafka_partition": Plan(cycles=1, calm_s=1, down_s=8),
     "clock_skew": Plan(cycles=1, calm_s=1, down_s=8),
     "clock_skew_gateway": Plan(cycles=1, calm_s=1, down_s=8),
+    "clock_skew_relay": Plan(cycles=1, calm_s=1, down_s=8),
     "outbox_order": Plan(cycles=1, calm_s=1, down_s=3),
     "kafka_disk_full": Plan(cycles=1, calm_s=1, down_s=4),
     "pg_disk_full": Plan(cycles=1, calm_s=1, down_s=4),
@@ -108,6 +114,7 @@ LONG = {
     "kafka_partition": Plan(cycles=3, calm_s=10, down_s=30),
     "clock_skew": Plan(cycles=3, calm_s=10, down_s=30),
     "clock_skew_gateway": Plan(cycles=3, calm_s=10, down_s=30),
+    "clock_skew_relay": Plan(cycles=3, calm_s=10, down_s=30),
     "outbox_order": Plan(cycles=5, calm_s=10, down_s=8),
     "kafka_disk_full": Plan(cycles=3, calm_s=10, down_s=15),
     "pg_disk_full": Plan(cycles=3, calm_s=10, down_s=15),
@@ -195,7 +202,9 @@ def _replay(stack: PrivateStack, platform: Platform, plan: Plan, report: Report)
     when the layout runs them, SDK worker) stopped, its group reset to offset
     0 of every partition it had read, and started again: it reads its whole
     history a second time."""
-    consumers = [n for n in ("dispatcher", "workflow", "webhook") if n in platform.services]
+    consumers = [
+        n for n in ("dispatcher", "workflow", "webhook", "executor") if n in platform.services
+    ]
     admin = stack.kafka_admin()  # resetting groups is the operator's act
     # The worker's group and each service's (named after the prefix), once
     # each has committed something to read again.
@@ -282,26 +291,27 @@ def _replay_after_retention(
 # -- partitions ---------------------------------------------------------------
 
 
-def _timer_leases(conn: psycopg.Connection) -> dict[int, tuple[str, int]]:
-    """{partition: (owner, epoch)} of the timer's live partition leases."""
+def _leases(conn: psycopg.Connection, service: str = "timer") -> dict[int, tuple[str, int]]:
+    """{partition: (owner, epoch)} of `service`'s live partition leases."""
     rows = conn.execute(
         "SELECT partition_id, owner, epoch FROM partition_leases"
-        " WHERE service = 'timer' AND owner IS NOT NULL AND expires_at > now()"
+        " WHERE service = %s AND owner IS NOT NULL AND expires_at > now()",
+        [service],
     ).fetchall()
     return {p: (owner, epoch) for p, owner, epoch in rows}
 
 
-def _shares(conn: psycopg.Connection) -> dict[str, int]:
-    """{owner: partitions held} of the timer's live leases."""
+def _shares(conn: psycopg.Connection, service: str = "timer") -> dict[str, int]:
+    """{owner: partitions held} of `service`'s live leases."""
     counts: dict[str, int] = {}
-    for owner, _ in _timer_leases(conn).values():
+    for owner, _ in _leases(conn, service).values():
         counts[owner] = counts.get(owner, 0) + 1
     return counts
 
 
-def _balanced(conn: psycopg.Connection, owners: set[str]) -> bool:
-    """Both timers hold a fair share (512 each) of all 1024 partitions."""
-    shares = _shares(conn)
+def _balanced(conn: psycopg.Connection, owners: set[str], service: str = "timer") -> bool:
+    """Both instances of `service` hold a fair share (512 each) of all 1024 partitions."""
+    shares = _shares(conn, service)
     return set(shares) == owners and all(n == 512 for n in shares.values())
 
 
@@ -313,12 +323,12 @@ def _pg_partition(stack: PrivateStack, platform: Platform, plan: Plan, report: R
     owners = {cut_one.owner(), other.owner()}
     with platform.connect() as conn:
         wait_for(lambda: _balanced(conn, owners), 60, 0.2, "both timers to hold 512 partitions")
-        held = {p: e for p, (o, e) in _timer_leases(conn).items() if o == cut_one.owner()}
+        held = {p: e for p, (o, e) in _leases(conn).items() if o == cut_one.owner()}
         with netcut.Cut(cut_one.pid, stack.ports["CRONWHEEL_PG_PORT"]) as cut:
             t0 = time.monotonic()
 
             def taken() -> bool:
-                now = _timer_leases(conn)
+                now = _leases(conn)
                 return all(
                     now.get(p, ("", 0))[0] == other.owner() and now[p][1] > e
                     for p, e in held.items()
@@ -382,32 +392,66 @@ def _kafka_partition(stack: PrivateStack, platform: Platform, plan: Plan, report
 # -- clock skew ---------------------------------------------------------------
 
 
+# What a leasing service (timer, relay) logs of the clock it judges leases by.
+_DB_CLOCK = re.compile(r"partitions leased .*the database's clock ([+-]\d+) ms from ours")
+
+
 def _skewed(platform: Platform, report: Report) -> None:
-    """Landed: each skewed instance has libfaketime mapped, and a process
-    started with its environment reads the clock off by about its offset."""
-    for name, (_, env) in platform.layout.items():
-        if "FAKETIME" in env:
-            assert clockskew.preloaded(platform.services[name].pid), f"{name} is not skewed"
-            offset = float(env["FAKETIME"])
-            seen = clockskew.measured_offset(offset)
-            assert abs(seen - offset) < 1.0, f"{name}: clock off by {seen:.2f} s, not {offset}"
-            report.notes.append(f"{name} runs {seen:+.1f} s off the database's clock")
+    """Landed: each skewed instance was started skewed (libfaketime mapped or
+    the skewing module loaded), a process started with its environment reads
+    the clock off by about its offset, and a leasing service logged the
+    database's clock that far from its own."""
+    for name, (service, env) in platform.layout.items():
+        offset = clockskew.offset_of(env)
+        if offset is None:
+            continue
+        proc = platform.services[name]
+        assert clockskew.skewed(proc.pid), f"{name} is not skewed"
+        seen = clockskew.measured_offset(env)
+        assert abs(seen - offset) < 1.0, f"{name}: clock off by {seen:.2f} s, not {offset}"
+        report.notes.append(f"{name} runs {seen:+.1f} s off the database's clock")
+        if service in ("timer", "relay"):
+            logged = wait_for(
+                lambda p=proc: _DB_CLOCK.findall(p.log()), 20, 0.1, f"{name}'s leases"
+            )
+            own = -int(logged[-1]) / 1000
+            assert abs(own - offset) < 1.0, f"{name} measured itself {own:+.2f} s off, not {offset}"
 
 
-def _clock_skew(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
-    """Two timers, one ahead and one behind, for down_s: both hold their
-    share throughout, no lease changes hands (judged by one clock, the
-    database's, neither sees the other's live lease as expired)."""
-    _skewed(platform, report)
-    owners = {platform.services["timer"].owner(), platform.services["timer2"].owner()}
-    with platform.connect() as conn:
-        wait_for(lambda: _balanced(conn, owners), 60, 0.2, "both timers to hold 512 partitions")
-        before = _timer_leases(conn)
-        time.sleep(plan.down_s)  # the window watched
-        after = _timer_leases(conn)
-    moved = sum(1 for p, held in before.items() if after.get(p) != held)
-    assert not moved, f"{moved} partition leases changed hands or epoch between live timers"
-    report.notes.append(f"{len(before)} partition leases kept by their owners for {plan.down_s} s")
+def _clock_skew_of(service: str):
+    """Two instances of `service` (timer or relay), one ahead and one behind,
+    for down_s: both hold their share throughout, no lease changes hands
+    (judged by one clock, the database's, neither sees the other's live lease
+    as expired); the checker counts runs started early or refused as not due
+    (a relay ahead of the database's clock would publish them early)."""
+
+    def fault(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
+        _skewed(platform, report)
+        owners = {platform.services[service].owner(), platform.services[f"{service}2"].owner()}
+        with platform.connect() as conn:
+            wait_for(
+                lambda: _balanced(conn, owners, service),
+                60,
+                0.2,
+                f"both {service}s to hold 512 partitions",
+            )
+            before = _leases(conn, service)
+            time.sleep(plan.down_s)  # the window watched
+            after = _leases(conn, service)
+        moved = Counter(
+            (
+                held[0],
+                "lapsed" if p not in after else f"{after[p][0]} epoch +{after[p][1] - held[1]}",
+            )
+            for p, held in before.items()
+            if after.get(p) != held
+        )
+        assert not moved, f"{service} leases changed between live instances: {dict(moved)}"
+        report.notes.append(
+            f"{len(before)} {service} partition leases kept by their owners for {plan.down_s} s"
+        )
+
+    return fault
 
 
 def _clock_skew_gateway(
@@ -427,6 +471,7 @@ def _clock_skew_gateway(
 
 _DEFAULT = {name: (name, {}) for name in SERVICES}
 _SHORT_RETENTION = {"CRONWHEEL_PROCESSED_RETENTION_MS": str(SHORT_RETENTION_MS)}
+_JSON_LOG = {"CRONWHEEL_LOG_FORMAT": "json"}
 # Which processes each scenario runs (the default: one of each service).
 LAYOUTS: dict[str, dict[str, tuple[str, dict]]] = {
     "pg_partition": {**_DEFAULT, "timer2": ("timer", {})},
@@ -436,21 +481,44 @@ LAYOUTS: dict[str, dict[str, tuple[str, dict]]] = {
         "timer2": ("timer", clockskew.env(-SKEW_S)),
     },
     "clock_skew_gateway": {**_DEFAULT, "gateway": ("gateway", clockskew.env(-SKEW_S))},
-    # The replays read every consumer's topics again: a webhook job and a
-    # workflow join the load for the webhook and workflow services.
-    "replay": {**_DEFAULT, "webhook": ("webhook", {}), "workflow": ("workflow", {})},
+    "clock_skew_relay": {
+        **_DEFAULT,
+        # Skewed in Python, not by libfaketime (clockskew.py says why).
+        "relay": ("relay", clockskew.python_env(+SKEW_S)),
+        "relay2": ("relay", clockskew.python_env(-SKEW_S)),
+    },
+    # The replays read every consumer's topics again: a webhook job, a
+    # managed job and a workflow join the load for the webhook service, the
+    # executor (whose log is its effect log: executions.py) and the workflow
+    # service.
+    "replay": {
+        **_DEFAULT,
+        "webhook": ("webhook", {}),
+        "executor": ("executor", _JSON_LOG),
+        "workflow": ("workflow", {}),
+    },
     "replay_retention": {
         **_DEFAULT,
         "webhook": ("webhook", {}),
+        "executor": ("executor", _JSON_LOG),
         "dispatcher": ("dispatcher", _SHORT_RETENTION),
         "workflow": ("workflow", _SHORT_RETENTION),
     },
 }
+
+
 # What each scenario needs of this host, beyond the private stack.
+def _executor_available() -> str | None:
+    """The replays run the executor, whose sandbox is bubblewrap."""
+    return None if shutil.which("bwrap") else "the executor needs bubblewrap"
+
+
 NEEDS: dict[str, Callable[[], str | None]] = {
     "pg_partition": netcut.available,
     "kafka_partition": netcut.available,
     "service_cuts": netcut.available,
+    "replay": _executor_available,
+    "replay_retention": _executor_available,
     "clock_skew": clockskew.available,
     "clock_skew_gateway": clockskew.available,
     "kafka_disk_full": diskfull.available,
@@ -481,7 +549,8 @@ FAULTS = {
     "replay": _replay,
     "pg_partition": _pg_partition,
     "kafka_partition": _kafka_partition,
-    "clock_skew": _clock_skew,
+    "clock_skew": _clock_skew_of("timer"),
+    "clock_skew_relay": _clock_skew_of("relay"),
     "clock_skew_gateway": _clock_skew_gateway,
     "outbox_order": outbox_order.fault,
     "kafka_disk_full": diskfull.kafka_disk_full,

@@ -11,8 +11,10 @@ an effect log that lost rows with it would hide the very faults it counts.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -57,6 +59,9 @@ def _count_not_due(refused_as_not_due):
 sdk_worker._not_due_yet = _count_not_due(sdk_worker._not_due_yet)
 
 if __name__ == "__main__":
+    # The harness asks for every thread's stack when the platform does not
+    # catch up (harness.wait_recovered): where a worker that stopped taking runs waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(sys.argv[1], handle, concurrency=int(os.environ.get("SDK_CONCURRENCY", "8")))
     print(f"worker {os.getpid()} consuming", flush=True)  # the rebalance storm waits for it
     worker.run()

@@ -1,8 +1,9 @@
 """Leases are judged by the database's clock (cronwheel.store.dbclock): a timer
 whose host clock runs ahead reads the database's time through a DbClock, and
 so does not take the partitions another timer holds live (issue 26, clock
-skew). tests/faults/scenarios.py (clock_skew) proves it on running services
-under libfaketime."""
+skew); so do the leases of every other service, through their own DbClock.
+tests/faults/scenarios.py (clock_skew, clock_skew_relay) proves it on running
+services."""
 
 from __future__ import annotations
 
@@ -47,6 +48,27 @@ def test_db_clock__host_clock_off__reads_the_databases_time(conn, skew_ms):
     assert abs(clock() - _db_ms(conn)) < 500
 
 
+@pytest.mark.parametrize("skew_ms", [SKEW_MS, -SKEW_MS])
+def test_db_clock__host_clock_off__never_reads_ahead_of_the_database(conn, skew_ms):
+    """Each reading is taken before the database's, so it may not exceed it:
+    the offset is the one that errs late (by the round trip at most), since
+    a relay holds a row until its time by this clock and must not publish it
+    early. From the round trip's middle it read up to a millisecond ahead."""
+    clock = DbClock(local=lambda: now_ms() + skew_ms)
+    clock.sync(conn)
+    for _ in range(200):
+        ours = clock()
+        assert ours <= _db_ms(conn)
+
+
+def test_db_clock__same_host__no_offset(conn):
+    """A difference within the measurement's own error is no difference: on
+    the database's host (or one kept to it by NTP) the host's clock is read
+    as it is."""
+    clock = DbClock()
+    assert clock.sync(conn) == 0
+
+
 def test_db_clock__round_trip_too_long__keeps_the_offset_it_had(conn):
     """A sync whose query hung (a partition) measures nothing: its middle is
     seconds off the database's reading, so the offset stays."""
@@ -71,6 +93,25 @@ def test_leases__timer_ahead_on_the_db_clock__takes_no_live_lease(conn):
 
     assert newcomer.tick(conn, ahead()) == {}  # the holder's leases are live: none free
     assert _leases(conn) == {p: ("holder", e) for p, e in held.items()}  # same epochs
+
+
+def test_leases__host_clock_ahead__tick_without_now__takes_no_live_lease(conn):
+    """Without `now` (the relay, the dispatcher, the webhook service), a tick
+    reads the leases' own DbClock, synced in that tick: a host 3 s ahead takes
+    nothing the holder keeps live."""
+    holder = Leases("relay", ttl_ms=TTL_MS)
+    holder.owner = "holder"
+    held = holder.tick(conn)
+    assert len(held) == 1024
+    newcomer = Leases("relay", ttl_ms=TTL_MS, clock=DbClock(local=lambda: now_ms() + SKEW_MS))
+    newcomer.owner = "newcomer"
+
+    assert newcomer.tick(conn) == {}
+    assert abs(newcomer.clock.offset_ms + SKEW_MS) < 500  # measured in the tick
+    rows = conn.execute(
+        "SELECT partition_id, owner, epoch FROM partition_leases WHERE service = 'relay'"
+    ).fetchall()
+    assert {p: (o, e) for p, o, e in rows} == {p: ("holder", e) for p, e in held.items()}
 
 
 def test_leases__timer_ahead_on_its_own_clock__takes_live_leases(conn):

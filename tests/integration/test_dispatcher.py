@@ -26,8 +26,17 @@ pytestmark = pytest.mark.integration
 QUEUE = {"type": "queue", "queue": "billing"}
 
 
+CREATED_MS = 1_700_000_000_003
+
+
 def ready(
-    tenant: str, run_id: str, *, target: dict = QUEUE, attempt: int = 1, priority: str = "normal"
+    tenant: str,
+    run_id: str,
+    *,
+    target: dict = QUEUE,
+    attempt: int = 1,
+    priority: str = "normal",
+    created_ms: int = CREATED_MS,
 ) -> bytes:
     return events.run_ready(
         run_id=run_id,
@@ -35,7 +44,7 @@ def ready(
         partition_id=7,
         attempt=attempt,
         scheduled_ms=1_700_000_000_000,
-        created_ms=1_700_000_000_003,
+        created_ms=created_ms,
         priority=priority,
         target=target,
         payload='{"n":1}',
@@ -138,12 +147,20 @@ def test_run_ready__routed_by_target__same_bytes_and_key_reach_queue_webhook_man
         keys = conn.execute(
             "SELECT message_key FROM processed WHERE consumer = 'dispatcher'"
         ).fetchall()
-    assert sorted(k for (k,) in keys) == ["r-managed:1", "r-queue:1", "r-webhook:1"]
+    assert sorted(k for (k,) in keys) == [
+        f"r-managed:1:{CREATED_MS}",
+        f"r-queue:1:{CREATED_MS}",
+        f"r-webhook:1:{CREATED_MS}",
+    ]
 
 
-def test_duplicate__same_run_and_attempt__forwarded_once__next_attempt_forwarded_again(
+def test_duplicate__same_record_forwarded_once__next_attempt_and_new_announcement_forwarded(
     database_url, kafka_bootstrap, topics, broker
 ):
+    """Skipped: the same announcement read again. Forwarded: a retry, and a new
+    announcement of the same attempt (a re-announcement, or a firing again
+    after PostgreSQL lost the first in a crash, whose first record may have
+    reached a worker before the run existed again: dispatch.message_key)."""
     source, dest = topics.runs("acme"), topics.queue("acme", "billing")
     first, retry = ready("acme", "r1"), ready("acme", "r1", attempt=2)
     produce(kafka_bootstrap, source, [(b"r1", first), (b"r1", first), (b"r1", retry)])
@@ -151,9 +168,16 @@ def test_duplicate__same_run_and_attempt__forwarded_once__next_attempt_forwarded
         wait_for(lambda: broker.caught_up(source), timeout=30, what="dispatcher caught up")
         produce(kafka_bootstrap, source, [(b"r1", first)])  # e.g. the relay republished
         wait_for(lambda: broker.count(source) == 4 and broker.caught_up(source), timeout=30)
-    assert broker.count(dest) == 2
-    attempts = [d["attempt"] for _t, _k, _n, d, _m in drain(kafka_bootstrap, dest, want=2)]
-    assert attempts == [1, 2]
+        assert broker.count(dest) == 2
+        again = ready("acme", "r1", created_ms=CREATED_MS + 10_000)  # fired again
+        produce(kafka_bootstrap, source, [(b"r1", again)])
+        wait_for(lambda: broker.count(source) == 5 and broker.caught_up(source), timeout=30)
+    assert broker.count(dest) == 3
+    got = [
+        (d["attempt"], d["created_at"])
+        for _t, _k, _n, d, _m in drain(kafka_bootstrap, dest, want=3)
+    ]
+    assert got == [(1, CREATED_MS), (2, CREATED_MS), (1, CREATED_MS + 10_000)]
 
     # A dispatcher that rereads the whole topic (new group) forwards nothing again.
     group = f"{topics.prefix}.dispatcher-again"  # a group of the dispatcher's ACLs
@@ -163,7 +187,7 @@ def test_duplicate__same_run_and_attempt__forwarded_once__next_attempt_forwarded
             wait_for(lambda: again.caught_up(source), timeout=30, what="second group caught up")
     finally:
         again.close()
-    assert broker.count(dest) == 2
+    assert broker.count(dest) == 3
 
 
 def test_poison__garbage_wrong_record_unknown_target__dead_lettered__records_behind_forwarded(

@@ -95,6 +95,30 @@ def test_relay__held_row__published_at_its_time_not_before__others_at_once(
     assert stamps[b"now"] < not_before <= stamps[b"held"]
 
 
+def test_relay__host_clock_ahead__held_row_published_at_the_databases_time(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    """A row's not_before is the database's time: a relay whose host clock
+    runs 3 s ahead holds it by the database's clock (its leases' DbClock), not
+    its own, which would publish it 3 s early (issue 26, a skewed relay)."""
+    topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
+    not_before = _db_ms(conn) + 5_000
+    with conn.transaction():
+        outbox.append(conn, [outbox.RankedRow(3, topic, b"held", value, not_before_ms=not_before)])
+    relay = Relay(database_url, kafka_bootstrap)
+    relay.leases.clock.local = lambda: now_ms() + 3_000
+    with running(relay):
+        records = drain(kafka_bootstrap, topic, want=1, timeout=30)
+    # The record's timestamp is librdkafka's, read from this host's true clock
+    # (the database's: same host).
+    assert [key for _t, key, _n, _d, _m in records] == [b"held"]
+    assert records[0][4].timestamp()[1] >= not_before
+
+
+def _db_ms(conn: psycopg.Connection) -> int:
+    return to_ms(conn.execute("SELECT clock_timestamp()").fetchone()[0])
+
+
 def test_timer_and_relay_ahead__run_created_before_its_instant__record_not_before_it(
     database_url, kafka_bootstrap, topic_prefix, conn
 ):

@@ -195,8 +195,11 @@ def test_run_a_start_holds__skipped__then_started_not_announced(
 def test_forwarded_mark_cleared__the_dispatcher_forwards_the_new_record(
     conn, topics, tenant, service, clock
 ):
-    """A record the dispatcher forwarded and a worker then lost: its mark in
-    `processed` goes with the re-announcement, or the dispatcher would skip it."""
+    """A record a dispatcher of v0.3.0 forwarded (its mark is (run_id,
+    attempt), dispatch.legacy_message_key) and a worker then lost: the mark
+    goes with the re-announcement, or such a dispatcher would skip it. This
+    release's dispatcher keys each announcement by its created_at, so the
+    re-announcement (made now) is never its mark of the first."""
     job_id = make_job(conn, topics, tenant)["job_id"]
     fire(service, conn, clock, T0 + 60 * SEC)
     run_id, _, _ = the_run(conn, job_id)
