@@ -315,15 +315,18 @@ class Platform:
         return self.services[name]
 
     def dump_worker_stacks(self) -> None:
-        """Every thread's stack of the SDK worker, into worker.log (SIGUSR1:
-        tests/faults/worker.py registers faulthandler for it): where a worker
-        that stopped taking runs waits."""
+        """Every thread's stack of the SDK worker and its consumer's state,
+        into worker.log (SIGUSR1 and SIGUSR2: tests/faults/worker.py): where a
+        worker that stopped taking runs waits, and what it is assigned."""
         if self.worker and self.worker.poll() is None:
             log = self.launch.log_dir / "worker.log"
             before = log.stat().st_size
             self.worker.send_signal(signal.SIGUSR1)
             with contextlib.suppress(AssertionError):  # a diagnosis, not a check
                 wait_for(lambda: log.stat().st_size > before, 5, 0.05, "the stacks")
+            self.worker.send_signal(signal.SIGUSR2)  # its consumer's state (worker.py)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: "consumer " in log.read_text()[before:], 15, 0.1, "its state")
 
     def stop_worker(self) -> None:
         """SIGTERM: the worker finishes what it holds and commits its offsets."""

@@ -15,22 +15,28 @@ import pytest
 from tests.faults.harness import PrivateStack, private_stack
 from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, NEEDS, SHORT, run
 
-# pg_immediate's short version failed once in a clean-clone CI run (0de69b8,
-# 2026-12-02): after the immediate shutdown and restart the platform had not
-# caught up within 120 s, and the cause is not found yet (issue 26). Until it
-# is, `make test` leaves it to `make chaos` (which runs its long version) or to
-# CRONWHEEL_FAULTS_ALL=1, rather than fail at random.
-# kafka_restart likewise: not caught up within 120 s in 1 of 6 clean clones on
-# 2026-12-03 (at 964ceb7), a flake already seen before (issue 26).
-FLAKY = {"pg_immediate", "kafka_restart"}
+# kafka_restart's short version did not catch up within 120 s in 1 of 6
+# clean clones on 2026-12-03 (at 964ceb7), and in 1 of 17 runs of it alone
+# later that day (131 runs forwarded to the queue and never started: the SDK
+# worker took nothing after the broker came back); the cause is not found
+# yet (issue 26). Until it is, `make test` leaves it to `make chaos` or to
+# CRONWHEEL_FAULTS_ALL=1, rather than fail at random; a timeout now dumps the
+# worker's stacks and its consumer's state into worker.log.
+# pg_immediate was here until its cause was found and fixed (the dispatcher
+# skipped a lost firing's second announcement: docs/reliability.md): 0 of 18
+# runs failed after the fix, 6 of 31 before.
+FLAKY = {"kafka_restart"}
 
 # The second half, chosen by the short versions' times on a quiet machine
 # (pytest --durations, 2026-12-02: kafka_disk_full 72 s, kafka_restart 44,
 # pg_partition 28, clock_skew 26, replay_retention 20; 190 s against the
 # first half's 198). A new scenario lands in the first half.
 # service_cuts joined the second half on 2026-12-03, when kafka_disk_full had
-# become shorter (a filesystem of its own from the stack's start).
+# become shorter (a filesystem of its own from the stack's start), and
+# clock_skew_relay (23 s) on 2026-12-03 when pg_immediate (25 s) came back
+# to the first.
 SECOND = {
+    "clock_skew_relay",
     "kafka_disk_full",
     "kafka_restart",
     "pg_partition",

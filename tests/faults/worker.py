@@ -58,10 +58,34 @@ def _count_not_due(refused_as_not_due):
 
 sdk_worker._not_due_yet = _count_not_due(sdk_worker._not_due_yet)
 
+
+def _print_consumers(*_) -> None:
+    """Each Kafka consumer's assignment, positions and committed offsets (on
+    SIGUSR2, run by Python in the main thread between two of its steps): what
+    a worker that stopped taking runs is assigned and where it stands."""
+    import gc
+
+    from confluent_kafka import Consumer
+
+    for c in (o for o in gc.get_objects() if isinstance(o, Consumer)):
+        try:
+            parts = c.assignment()
+            print(f"consumer assignment {parts}", flush=True)
+            print(f"  position {c.position(parts)}", flush=True)
+            print(f"  committed {c.committed(parts, timeout=5)}", flush=True)
+            for tp in parts:
+                print(f"  watermarks {tp.topic}[{tp.partition}] "
+                      f"{c.get_watermark_offsets(tp, timeout=5)}", flush=True)  # fmt: skip
+        except Exception as e:  # a diagnosis: say what failed, never stop the worker
+            print(f"consumer state not read: {e!r}", flush=True)
+
+
 if __name__ == "__main__":
-    # The harness asks for every thread's stack when the platform does not
-    # catch up (harness.wait_recovered): where a worker that stopped taking runs waits.
+    # The harness asks for every thread's stack and the consumer's state when
+    # the platform does not catch up (harness.wait_recovered): where a worker
+    # that stopped taking runs waits, and what it is assigned.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR2, _print_consumers)
     worker = Worker(sys.argv[1], handle, concurrency=int(os.environ.get("SDK_CONCURRENCY", "8")))
     print(f"worker {os.getpid()} consuming", flush=True)  # the rebalance storm waits for it
     worker.run()
