@@ -11,7 +11,10 @@ tenant's run topic (8 partitions each); bench_firing_steady.py's reader, 10
 tenants' 80 partitions, has the broker at 50-65% of a core at 1,000 records/s.
 
 Cases: one consumer of 8, 80 and 400 partitions (1, 10 and 50 topics), then
-the 400 shared by 4 consumers of one group (as 4 dispatcher instances would).
+the 400 shared by 4 consumers of one group (as 4 dispatcher instances would):
+spread, each with 2 partitions of every topic, and by whole topics, 12 or 13
+each (each fetch names every topic of its consumer, and the authorizer
+checks each topic a request names).
 In each, a producer sends RATE records/s spread evenly, round-robin over the
 partitions, for SECONDS; printed: the broker's CPU (share of one core, and
 per record), fetch requests per second (the consumers' librdkafka
@@ -66,7 +69,9 @@ class Consumer:
     """One consumer of the case's group on its own thread; notes each record's
     produce -> consumed latency and its fetch requests (librdkafka statistics)."""
 
-    def __init__(self, group: str, topics: list[str], members: int, index: int):
+    def __init__(
+        self, group: str, topics: list[str], members: int, index: int, by_topic: bool = False
+    ):
         self.latency: list[float] = []
         self.requests: Counter = Counter()  # by type, since the start (statistics)
         self.seen: set[tuple[str, int]] = set()  # partitions a record came from
@@ -77,8 +82,15 @@ class Consumer:
             **{"statistics.interval.ms": 1000, "stats_cb": self._stats},
         )
         parts = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
-        # Assigned, not subscribed: the group's split is fixed, no rebalance mid-case.
-        self.assigned = parts[index::members]
+        # Assigned, not subscribed: the group's split is fixed, no rebalance
+        # mid-case. Spread, each member has partitions of every topic (as a
+        # consumer group's range or round-robin assignment of many
+        # topics gives them out); by topic, whole topics each.
+        if by_topic:
+            mine = set(topics[index::members])
+            self.assigned = [tp for tp in parts if tp.topic in mine]
+        else:
+            self.assigned = parts[index::members]
         self.consumer.assign(self.assigned)
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -114,7 +126,7 @@ def requests_of(raw: str) -> Counter:
     return out
 
 
-def case(label: str, topics_n: int, members: int) -> None:
+def case(label: str, topics_n: int, members: int, by_topic: bool = False) -> None:
     prefix = f"benchfan{uuid.uuid4().hex[:8]}"
     # Run topics of the case's own prefix, as the platform's roles use them:
     # created by the dispatcher, written by the relay, read by the observer.
@@ -134,7 +146,7 @@ def case(label: str, topics_n: int, members: int) -> None:
         principal="relay",
         **{"linger.ms": 1, "statistics.interval.ms": 1000, "stats_cb": producer_stats},
     )
-    consumers = [Consumer(group, topics, members, i) for i in range(members)]
+    consumers = [Consumer(group, topics, members, i, by_topic) for i in range(members)]
 
     def counts() -> Counter:
         return sum((c.requests for c in consumers), Counter()) + produced[0]
@@ -187,8 +199,9 @@ def case(label: str, topics_n: int, members: int) -> None:
     )
 
 
-CASES = [("one consumer", 1, 1), ("one consumer", 10, 1), ("one consumer", 50, 1),
-         ("four consumers", 50, 4)]  # fmt: skip
+CASES = [("one consumer", 1, 1, False), ("one consumer", 10, 1, False),
+         ("one consumer", 50, 1, False), ("four consumers", 50, 4, False),
+         ("four consumers, whole topics each", 50, 4, True)]  # fmt: skip
 
 
 def main() -> None:
@@ -197,9 +210,9 @@ def main() -> None:
     args = parser.parse_args()
     header("bench_fetch_fanout: the broker's cost per record by a consumer's partitions")
     say(f"machine: {machine_load()}")
-    for n, (label, topics_n, members) in enumerate(CASES, 1):
+    for n, (label, topics_n, members, by_topic) in enumerate(CASES, 1):
         if args.case in (None, n):
-            case(label, topics_n, members)
+            case(label, topics_n, members, by_topic)
     say(f"machine after: {machine_load()}")
 
 
