@@ -16,10 +16,10 @@ from tests.faults.harness import PrivateStack, private_stack
 from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, NEEDS, SHORT, run
 
 # kafka_restart's short version did not catch up within 120 s in 1 of 6
-# clean clones on 2026-12-03 (at 964ceb7), and in 1 of 17 runs of it alone
-# later that day (131 runs forwarded to the queue and never started: the SDK
-# worker took nothing after the broker came back); the cause is not found
-# yet (issue 26). Until it is, `make test` leaves it to `make chaos` or to
+# clean clones on 2026-12-03 (at 964ceb7), and in 1 of 48 runs of it later
+# that day (131 runs forwarded to the queue and never started: the SDK worker
+# took nothing after the broker came back); the cause is not found yet
+# (issue 26, docs/reliability.md). Until it is, `make test` leaves it to `make chaos` or to
 # CRONWHEEL_FAULTS_ALL=1, rather than fail at random; a timeout now dumps the
 # worker's stacks and its consumer's state into worker.log.
 # pg_immediate was here until its cause was found and fixed (the dispatcher
