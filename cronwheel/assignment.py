@@ -37,8 +37,9 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
+from cronwheel.consuming import starting_points
 from cronwheel.core.ids import partition_of
 from cronwheel.kafka import Placement
 from cronwheel.store.db import Reconnecting
@@ -50,7 +51,7 @@ log = logging.getLogger("cronwheel.assignment")
 Where = tuple[str, int]  # (topic, partition)
 _ONCE = threading.Event()  # a `stop` already set: Reconnecting.call tries once
 _ONCE.set()
-UNKNOWN_RETRY_S = 1.0  # a topic whose partition count the broker did not give
+UNKNOWN_RETRY_S = 1.0  # a topic's partition count or committed offsets not given
 
 
 class LeasedAssignment:
@@ -167,8 +168,10 @@ class LeasedAssignment:
 
         Partitions to give up go to `before_unassign` first (settle, commit,
         forget them), then are unassigned. New ones are assigned at the
-        group's committed offsets, which are returned (offset < 0: none
-        committed, the consumer starts per auto.offset.reset)."""
+        group's committed offsets (consuming.starting_points), which are
+        returned (OFFSET_BEGINNING: none committed). If the group's
+        coordinator does not answer, none is assigned, and the next apply,
+        a second later, asks again."""
         if not self._stale or time.monotonic() < self._not_before:
             return []
         wanted: set[Where] = set()
@@ -188,14 +191,13 @@ class LeasedAssignment:
             consumer.incremental_unassign(gone)
             self.assigned.difference_update((tp.topic, tp.partition) for tp in gone)
         if new:
-            try:
-                new = consumer.committed(new, timeout=10)
-            except KafkaException as exc:
-                # Assigned at OFFSET_INVALID all the same: the consumer then
-                # fetches the committed offsets itself.
-                log.warning("committed offsets unavailable: %s", exc)
-            consumer.incremental_assign(new)
-            self.assigned.update((tp.topic, tp.partition) for tp in new)
+            start = starting_points(consumer, new)
+            if start is None:
+                unknown, new = True, []  # none assigned yet: asked again
+            else:
+                new = start
+                consumer.incremental_assign(new)
+                self.assigned.update((tp.topic, tp.partition) for tp in new)
         if gone or new:
             self.version += 1
         self._stale = unknown

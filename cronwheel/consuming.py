@@ -24,7 +24,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from cronwheel import metrics
 from cronwheel.core.offsets import OffsetTracker
@@ -92,6 +101,48 @@ def commit_revoked(
     for key in revoked:
         done.pop(key, None)
     return revoked
+
+
+def starting_points(
+    consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0
+) -> list[TopicPartition] | None:
+    """Where to start reading each of `partitions` in an assignment: its own
+    offset where it has one, else the group's committed offset, else the
+    beginning (the platform's consumers reset to the earliest record,
+    cronwheel.kafka.consumer). None if the group's coordinator did not
+    answer: the caller assigns none of them and asks again later.
+
+    Why never assign without an offset and let librdkafka fetch the committed
+    one: when that fetch fails as a whole (NOT_COORDINATOR while a new group's
+    coordinator is being placed, a broker restarting), librdkafka 2.x neither
+    retries it nor starts the partitions (rdkafka_assignment.c,
+    rd_kafka_assignment_apply_offsets: "Do nothing for request-level
+    errors"); they stay assigned and are never read. A `committed()` that
+    failed is asked again here, and its failure makes librdkafka look up the
+    coordinator again."""
+    ask = [
+        TopicPartition(tp.topic, tp.partition)
+        for tp in partitions
+        if tp.offset in (OFFSET_INVALID, OFFSET_STORED)
+    ]
+    start = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+    if ask:
+        try:
+            got = consumer.committed(ask, timeout=timeout_s)
+        except KafkaException as exc:
+            log.warning("committed offsets of %d partitions unavailable: %s", len(ask), exc)
+            return None
+        failed = [tp for tp in got if tp.error is not None]
+        if failed:
+            log.warning(
+                "committed offsets of %d partitions unavailable: %s", len(failed), failed[0].error
+            )
+            return None
+        for tp in got:
+            start[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+    return [
+        TopicPartition(tp.topic, tp.partition, start[(tp.topic, tp.partition)]) for tp in partitions
+    ]
 
 
 def report_lag(consumer: Consumer, label: str) -> int:

@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Processed as ProcessedSettings
@@ -680,20 +680,25 @@ class Dispatcher(ConsumerService):
         """Out of the consumer's assignment (cronwheel.dozing: an unassigned
         partition costs librdkafka's threads nothing, a paused one a place in
         every pass), its finished offsets committed first, and the offset it
-        is assigned at again when it wakes kept: where it was consumed to."""
+        is assigned at again when it wakes kept: where it was consumed to.
+        Neither read nor given an offset since it was assigned (`_next` holds
+        the committed offset it was assigned at) means it was assigned at the
+        beginning, none committed (consuming.starting_points): it wakes there.
+        Never at OFFSET_INVALID, which would leave the committed offset to
+        librdkafka's own fetch, which does not retry (same place)."""
         tps = [TopicPartition(t, p) for t, p in keys]
         self.offsets.give_up(consumer, tps)
         for tp in consumer.position(tps):
             key = (tp.topic, tp.partition)
             at = self._next.get(key, tp.offset)
-            self._dozed_at[key] = at if at is not None and at >= 0 else OFFSET_INVALID
+            self._dozed_at[key] = at if at is not None and at >= 0 else OFFSET_BEGINNING
         consumer.incremental_unassign(tps)
 
     def _wake_up(self, consumer: Consumer, keys) -> None:
         """Back into the consumer's assignment where each was consumed to
-        (OFFSET_INVALID: at the group's committed offset); paused again at
-        once where a class above it or its quota still holds it."""
-        tps = [TopicPartition(t, p, self._dozed_at.pop((t, p), OFFSET_INVALID)) for t, p in keys]
+        (_fall_asleep); paused again at once where a class above it or its
+        quota still holds it."""
+        tps = [TopicPartition(t, p, self._dozed_at.pop((t, p), OFFSET_BEGINNING)) for t, p in keys]
         if not tps:
             return
         consumer.incremental_assign(tps)
