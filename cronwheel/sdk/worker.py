@@ -31,6 +31,11 @@ reads the old broker's records to the end (the source published its last
 before the flip) and starts each of their runs, which the API now serves
 from the new cell, then consumes the same topic on the new cell's broker
 with the same credentials (the move carried them).
+
+A consumer that librdkafka leaves stuck after a broker restart (partitions
+assigned and never started, or out of its group with the coordinator never
+found again) is replaced by a new one (watchdog.py says when), with a
+warning that says why.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from cronwheel.core.offsets import OffsetTracker
 from cronwheel.sdk.api import Stopping, WorkerApi
 from cronwheel.sdk.completer import Completer
 from cronwheel.sdk.heartbeats import Heartbeats
+from cronwheel.sdk.watchdog import ConsumerWatchdog
 
 log = logging.getLogger("cronwheel.sdk")
 
@@ -78,6 +84,10 @@ NOT_DUE_MAX_WAIT_S = 30.0
 # After a move, how often the poll loop checks whether the old broker's
 # records are all read and started (a watermark request per partition).
 FOLLOW_CHECK_EVERY_S = 0.5
+# A consumer let go (a move, or stuck: watchdog.py) is closed in a thread of
+# its own and not waited for longer: closing one whose group coordinator is
+# gone can wait for it.
+CLOSE_WAIT_S = 10.0
 
 
 def kafka_security(username: str | None = None, password: str | None = None) -> dict:
@@ -153,6 +163,7 @@ class Worker:
         kafka_password: str | None = None,
         follow_every_s: float = 5.0,
         follow_drain_s: float = 60.0,
+        watchdog: ConsumerWatchdog | None = None,
     ):
         self.topic = topic
         self.handler = handler
@@ -187,6 +198,7 @@ class Worker:
         self._seq = 0
         self._cond = threading.Condition(self._active_lock)
         self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
+        self.watchdog = watchdog or ConsumerWatchdog()  # when to replace a stuck consumer
         self.completed = 0
         # Following a move: how often to ask the API for the tenant's cell (0:
         # never), the cell this worker consumes in (None until the API first
@@ -242,6 +254,7 @@ class Worker:
                     if msg.error():
                         if msg.error().code() != KafkaError._PARTITION_EOF:
                             log.warning("consumer error: %s", msg.error())
+                            self.watchdog.error(msg.error().str())
                         continue
                     self._offsets.begin(msg.topic(), msg.partition(), msg.offset())
                     read.append(msg)
@@ -252,6 +265,8 @@ class Worker:
                 self._commit(consumer, force=False)
                 if self._moved_to is not None and (moved := self._follow(consumer)):
                     consumer, paused = moved, False
+                elif fresh := self._unstick(consumer):
+                    consumer, paused = fresh, False
         finally:
             self._stop.set()  # also when the loop raised: the starter must end
             with self._cond:
@@ -317,6 +332,19 @@ class Worker:
             late = now - self._moved_at > self.follow_drain_s
         if not late and not self._read_to_end(consumer):
             return None
+        self._let_go(consumer)
+        with self._follow_lock:
+            log.info("consuming %s in cell %s (%s)%s", self.topic, cell, bootstrap,
+                     "" if not late else ": the old broker was not read to the end")  # fmt: skip
+            self.cell, self.bootstrap, self._moved_to = cell, bootstrap, None
+        return self._consumer(bootstrap)
+
+    def _let_go(self, consumer: Consumer) -> None:
+        """Done with this consumer (the tenant moved, or it is stuck): commit
+        what finished, close it (not waiting more than CLOSE_WAIT_S on a
+        broker that does not answer), and drop what it read and did not
+        start: its next owner reads it again, and nothing of its offsets may
+        reach the next consumer's."""
         moved = self._offsets.committable()
         if moved:
             parts = [TopicPartition(t, p, off) for (t, p), off in moved.items()]
@@ -324,17 +352,45 @@ class Worker:
                 consumer.commit(offsets=parts, asynchronous=False)
             except Exception as e:  # the old broker gone already
                 log.info("last commit on %s skipped: %s", self.bootstrap, e)
-        consumer.close()
-        with self._cond:  # nothing of the old broker's offsets may reach the new one's
+        closing = threading.Thread(target=consumer.close, daemon=True, name="cronwheel-close")
+        closing.start()
+        closing.join(CLOSE_WAIT_S)
+        with self._cond:
             self._backlog.clear()
             self._later.clear()
             self._not_due.clear()
             self._offsets = OffsetTracker()
-        with self._follow_lock:
-            log.info("consuming %s in cell %s (%s)%s", self.topic, cell, bootstrap,
-                     "" if not late else ": the old broker was not read to the end")  # fmt: skip
-            self.cell, self.bootstrap, self._moved_to = cell, bootstrap, None
-        return self._consumer(bootstrap)
+
+    def _unstick(self, consumer: Consumer) -> Consumer | None:
+        """A new consumer if this one is stuck for good (watchdog.py says when);
+        None while it is not."""
+        answers = None
+        if self.watchdog.should_ask(bool(consumer.assignment())):
+            answers = self._coordinator_answers(consumer)
+        why = self.watchdog.replace(answers)
+        if why is None:
+            return None
+        log.warning("replacing the consumer of %s: %s", self.topic, why)
+        self._let_go(consumer)
+        return self._consumer(self.bootstrap)
+
+    def _coordinator_answers(self, consumer: Consumer) -> bool | None:
+        """Whether the group's coordinator gives the topic's committed offsets;
+        None when the broker itself does not answer (replacing the consumer
+        would not help)."""
+        try:
+            meta = consumer.list_topics(self.topic, timeout=5).topics[self.topic]
+            parts = [TopicPartition(self.topic, p) for p in meta.partitions]
+        except KafkaException:
+            return None
+        try:
+            refused = [tp.error for tp in consumer.committed(parts, timeout=5) if tp.error]
+        except KafkaException as e:
+            refused = [e]
+        if refused:
+            log.info("the group's coordinator does not answer: %s", refused[0])
+            return False
+        return True
 
     def _read_to_end(self, consumer: Consumer) -> bool:
         """Every record of this consumer's partitions read, and each one's run

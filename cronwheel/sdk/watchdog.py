@@ -1,0 +1,98 @@
+"""When a worker's Kafka consumer is stuck for good and must be replaced.
+
+Two states librdkafka (2.x) does not leave by itself, both seen after a
+broker restart:
+
+- Partitions assigned and never read. The consumer fetches the group's
+  committed offsets for a new assignment itself; when that request fails as
+  a whole (NOT_COORDINATOR, the coordinator restarting), it reports "Failed
+  to fetch committed offsets ..." once, does not retry, and never starts
+  those partitions (rdkafka_assignment.c: "Do nothing for request-level
+  errors"). Records wait on them until the consumer is replaced.
+- Out of the group, no partitions, and the group's coordinator never found
+  again: `committed()` times out, no error is reported, nothing is read
+  (docs/reliability.md, kafka_restart).
+
+A consumer with no partitions is often fine (more workers than partitions),
+so the second state counts only once the group's coordinator does not
+answer either. The worker asks; this class only decides, from what the
+worker saw, so that it can be tested without a broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+# The message librdkafka gives the error event of a failed fetch of the
+# assignment's committed offsets (rdkafka_assignment.c); no error code
+# tells it apart from other NOT_COORDINATOR events, which heal themselves.
+UNSTARTED = "Failed to fetch committed offsets"
+
+EMPTY_FOR_S = 30.0  # three session timeouts without partitions: ask the coordinator
+ASK_EVERY_S = 10.0  # then at most this often
+REPLACE_GAP_S = 30.0  # never replace the consumer more often than this
+
+
+class ConsumerWatchdog:
+    def __init__(
+        self,
+        *,
+        empty_for_s: float = EMPTY_FOR_S,
+        ask_every_s: float = ASK_EVERY_S,
+        replace_gap_s: float = REPLACE_GAP_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.empty_for_s, self.ask_every_s, self.replace_gap_s = (
+            empty_for_s,
+            ask_every_s,
+            replace_gap_s,
+        )
+        self._clock = clock
+        self._empty_since: float | None = None
+        self._asked_at: float | None = None
+        self._unstarted = False
+        self._replaced_at: float | None = None
+        self.asked_total = 0
+        self.replaced_total = 0
+
+    def error(self, message: str) -> None:
+        """An error event the consumer returned."""
+        if message.startswith(UNSTARTED):
+            self._unstarted = True
+
+    def should_ask(self, assigned: bool) -> bool:
+        """Once per poll-loop pass: whether to ask the group's coordinator now
+        (the consumer has had no partitions for EMPTY_FOR_S)."""
+        now = self._clock()
+        if assigned:
+            self._empty_since = None
+            return False
+        if self._empty_since is None:
+            self._empty_since = now
+        if now - self._empty_since < self.empty_for_s:
+            return False
+        if self._asked_at is not None and now - self._asked_at < self.ask_every_s:
+            return False
+        self._asked_at = now
+        self.asked_total += 1
+        return True
+
+    def replace(self, coordinator_answers: bool | None = None) -> str | None:
+        """Why the consumer must be replaced now, or None. `coordinator_answers`:
+        what asking it (after should_ask) showed."""
+        if coordinator_answers is False:
+            why = "no partitions for %.0f s and the group's coordinator does not answer" % (
+                self._clock() - (self._empty_since or self._clock())
+            )
+        elif self._unstarted:
+            why = "partitions assigned whose committed offsets librdkafka failed to fetch"
+        else:
+            return None
+        now = self._clock()
+        if self._replaced_at is not None and now - self._replaced_at < self.replace_gap_s:
+            return None  # asked again after the gap
+        # The new consumer's time without partitions counts from now.
+        self._replaced_at, self._unstarted = now, False
+        self._empty_since = now if self._empty_since is not None else None
+        self.replaced_total += 1
+        return why
