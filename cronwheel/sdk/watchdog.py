@@ -15,7 +15,8 @@ broker restart:
 
 A consumer with no partitions is often fine (more workers than partitions),
 so the second state counts only once the group's coordinator does not
-answer either. The worker asks; this class only decides, from what the
+answer either (or the broker has not answered this consumer at all for
+BROKER_SILENT_FOR_S). The worker asks; this class only decides, from what the
 worker saw, so that it can be tested without a broker."""
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ UNSTARTED = "Failed to fetch committed offsets"
 EMPTY_FOR_S = 30.0  # three session timeouts without partitions: ask the coordinator
 ASK_EVERY_S = 10.0  # then at most this often
 REPLACE_GAP_S = 30.0  # never replace the consumer more often than this
+# Not even the topic's metadata for this long: replaced too. A broker down
+# that long loses nothing by it (the new consumer waits for it as the old
+# one did), and a consumer whose own connections are what is broken gets
+# new ones.
+BROKER_SILENT_FOR_S = 120.0
+
+# What asking showed (the worker's `_ask`): the coordinator gave the
+# committed offsets; the broker gave the topic's metadata but the
+# coordinator not the offsets; the broker gave nothing.
+ANSWERS, COORDINATOR_SILENT, BROKER_SILENT = "answers", "coordinator silent", "broker silent"
 
 
 class ConsumerWatchdog:
@@ -40,6 +51,7 @@ class ConsumerWatchdog:
         empty_for_s: float = EMPTY_FOR_S,
         ask_every_s: float = ASK_EVERY_S,
         replace_gap_s: float = REPLACE_GAP_S,
+        broker_silent_for_s: float = BROKER_SILENT_FOR_S,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.empty_for_s, self.ask_every_s, self.replace_gap_s = (
@@ -47,7 +59,9 @@ class ConsumerWatchdog:
             ask_every_s,
             replace_gap_s,
         )
+        self.broker_silent_for_s = broker_silent_for_s
         self._clock = clock
+        self._broker_silent_since: float | None = None
         self._empty_since: float | None = None
         self._asked_at: float | None = None
         self._unstarted = False
@@ -77,22 +91,35 @@ class ConsumerWatchdog:
         self.asked_total += 1
         return True
 
-    def replace(self, coordinator_answers: bool | None = None) -> str | None:
-        """Why the consumer must be replaced now, or None. `coordinator_answers`:
-        what asking it (after should_ask) showed."""
-        if coordinator_answers is False:
-            why = "no partitions for %.0f s and the group's coordinator does not answer" % (
-                self._clock() - (self._empty_since or self._clock())
+    def replace(self, heard: str | None = None) -> str | None:
+        """Why the consumer must be replaced now, or None. `heard`: what
+        asking (after should_ask) showed, one of ANSWERS, COORDINATOR_SILENT,
+        BROKER_SILENT; None when not asked this pass."""
+        now = self._clock()
+        if heard == BROKER_SILENT:
+            if self._broker_silent_since is None:
+                self._broker_silent_since = now
+        elif heard is not None:
+            self._broker_silent_since = None
+        empty_s = now - self._empty_since if self._empty_since is not None else 0.0
+        if heard == COORDINATOR_SILENT:
+            why = f"no partitions for {empty_s:.0f} s and the group's coordinator does not answer"
+        elif (
+            self._broker_silent_since is not None
+            and now - self._broker_silent_since >= self.broker_silent_for_s
+        ):
+            why = (
+                f"no partitions for {empty_s:.0f} s and no answer from the broker for "
+                f"{now - self._broker_silent_since:.0f} s"
             )
         elif self._unstarted:
             why = "partitions assigned whose committed offsets librdkafka failed to fetch"
         else:
             return None
-        now = self._clock()
         if self._replaced_at is not None and now - self._replaced_at < self.replace_gap_s:
             return None  # asked again after the gap
         # The new consumer's time without partitions counts from now.
-        self._replaced_at, self._unstarted = now, False
+        self._replaced_at, self._unstarted, self._broker_silent_since = now, False, None
         self._empty_since = now if self._empty_since is not None else None
         self.replaced_total += 1
         return why

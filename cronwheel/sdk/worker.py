@@ -64,7 +64,7 @@ from cronwheel.core.offsets import OffsetTracker
 from cronwheel.sdk.api import Stopping, WorkerApi
 from cronwheel.sdk.completer import Completer
 from cronwheel.sdk.heartbeats import Heartbeats
-from cronwheel.sdk.watchdog import ConsumerWatchdog
+from cronwheel.sdk.watchdog import ANSWERS, BROKER_SILENT, COORDINATOR_SILENT, ConsumerWatchdog
 
 log = logging.getLogger("cronwheel.sdk")
 
@@ -364,64 +364,33 @@ class Worker:
     def _unstick(self, consumer: Consumer) -> Consumer | None:
         """A new consumer if this one is stuck for good (watchdog.py says when);
         None while it is not."""
-        answers = None
-        if self.watchdog.should_ask(bool(consumer.assignment())):
-            answers = self._coordinator_answers(consumer)
-        why = self.watchdog.replace(answers)
+        heard = (
+            self._ask(consumer) if self.watchdog.should_ask(bool(consumer.assignment())) else None
+        )
+        why = self.watchdog.replace(heard)
         if why is None:
             return None
         log.warning("replacing the consumer of %s: %s", self.topic, why)
         self._let_go(consumer)
         return self._consumer(self.bootstrap)
 
-    def _coordinator_answers(self, consumer: Consumer) -> bool | None:
-        """Whether the group's coordinator gives the topic's committed offsets;
-        None when the broker itself does not answer (replacing the consumer
-        would not help)."""
+    def _ask(self, consumer: Consumer) -> str:
+        """Whether the group's coordinator gives the topic's committed offsets
+        (watchdog.ANSWERS, COORDINATOR_SILENT), or the broker not even the
+        topic's metadata (BROKER_SILENT)."""
         try:
             meta = consumer.list_topics(self.topic, timeout=5).topics[self.topic]
             parts = [TopicPartition(self.topic, p) for p in meta.partitions]
         except KafkaException:
-            return None
+            return BROKER_SILENT
         try:
             refused = [tp.error for tp in consumer.committed(parts, timeout=5) if tp.error]
         except KafkaException as e:
             refused = [e]
         if refused:
             log.info("the group's coordinator does not answer: %s", refused[0])
-            return False
-        return True
-
-    def _read_to_end(self, consumer: Consumer) -> bool:
-        """Every record of this consumer's partitions read, and each one's run
-        started (or refused): nothing waits in the backlog, aside or in the
-        starter. A broker that no longer answers for them counts as read."""
-        with self._cond:
-            if self._backlog or self._later:
-                return False
-        if self._offsets.in_flight():
-            return False
-        parts = consumer.assignment()
-        try:
-            committed = None
-            for tp in consumer.position(parts):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=5, cached=False
-                )
-                at = tp.offset
-                if at < 0:  # nothing read here since assigned: where the group is
-                    if committed is None:
-                        committed = {
-                            (c.topic, c.partition): c.offset
-                            for c in consumer.committed(parts, timeout=5)
-                        }
-                    at = committed.get((tp.topic, tp.partition), -1)
-                    at = at if at >= 0 else low
-                if at < high:
-                    return False
-        except KafkaException as e:
-            log.info("the old broker does not answer for %s (%s): switching", self.topic, e)
-        return True
+            return COORDINATOR_SILENT
+        return ANSWERS
 
     @staticmethod
     def _read(consumer: Consumer, n: int, timeout: float) -> list[Message]:

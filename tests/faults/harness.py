@@ -669,6 +669,14 @@ def check(
             f"{log_executions(platform.launch.log_dir, platform.effect_log)} commands"
             " run by the executor, read from its log"
         )
+    replaced = [
+        line.split("replacing the consumer of ", 1)[1]
+        for path in sorted(platform.launch.log_dir.glob("worker*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if "replacing the consumer of " in line
+    ]
+    if replaced:  # cronwheel/sdk/watchdog.py: a consumer librdkafka left stuck
+        report.notes.append(f"the SDK worker replaced its consumer {len(replaced)}x: {replaced[0]}")
     starts, effects, begun_at, not_due = _read_effects(platform.effect_log)
     # Early: a handler began before its run's instant, by the host's clock
     # (the worker and PostgreSQL share it; skewed services never write this).

@@ -3,7 +3,7 @@ decided from what the worker saw, on a clock the test moves."""
 
 from __future__ import annotations
 
-from cronwheel.sdk.watchdog import ConsumerWatchdog
+from cronwheel.sdk.watchdog import ANSWERS, BROKER_SILENT, COORDINATOR_SILENT, ConsumerWatchdog
 
 
 class Clock:
@@ -15,7 +15,24 @@ class Clock:
 
 
 def watchdog(clock: Clock) -> ConsumerWatchdog:
-    return ConsumerWatchdog(empty_for_s=30, ask_every_s=10, replace_gap_s=30, clock=clock)
+    return ConsumerWatchdog(
+        empty_for_s=30, ask_every_s=10, replace_gap_s=30, broker_silent_for_s=120, clock=clock
+    )
+
+
+def replacements(heard_when_asked: str, seconds: int) -> list[tuple[float, str]]:
+    """A consumer without partitions for `seconds`, each ask answered
+    `heard_when_asked`: when (s from the start) it was replaced, and why."""
+    clock = Clock()
+    dog = watchdog(clock)
+    out = []
+    for _ in range(seconds):
+        why = dog.replace(heard_when_asked if dog.should_ask(assigned=False) else None)
+        if why is not None:
+            out.append((clock.now - 100, why))
+        clock.now += 1
+    assert dog.replaced_total == len(out)
+    return out
 
 
 def test_assigned__never_asks__never_replaced():
@@ -44,26 +61,17 @@ def test_no_partitions__coordinator_answers__not_replaced():
     clock = Clock()
     dog = watchdog(clock)
     for _ in range(120):
-        answers = True if dog.should_ask(assigned=False) else None
+        answers = ANSWERS if dog.should_ask(assigned=False) else None
         assert dog.replace(answers) is None
         clock.now += 1
     assert dog.asked_total > 0 and dog.replaced_total == 0
 
 
 def test_no_partitions__coordinator_silent__replaced_once_per_gap():
-    clock = Clock()
-    dog = watchdog(clock)
-    replaced_at = []
-    for _ in range(200):
-        answers = False if dog.should_ask(assigned=False) else None
-        why = dog.replace(answers)
-        if why is not None:
-            assert "coordinator does not answer" in why
-            replaced_at.append(clock.now - 100)
-        clock.now += 1
+    got = replacements(COORDINATOR_SILENT, 200)
     # 30 s empty, then asked and replaced; the new consumer's emptiness counts from then.
-    assert replaced_at == [30, 60, 90, 120, 150, 180]
-    assert dog.replaced_total == 6
+    assert [at for at, _ in got] == [30, 60, 90, 120, 150, 180]
+    assert all("coordinator does not answer" in why for _, why in got)
 
 
 def test_partitions_come_back__emptiness_counts_again_from_zero():
@@ -99,3 +107,25 @@ def test_other_errors__not_replaced():
     dog.error("Broker: Not coordinator")
     dog.error("GroupCoordinator: 127.0.0.1:29092: Disconnected")
     assert dog.replace() is None
+
+
+def test_broker_silent__replaced_only_after_broker_silent_for_s():
+    """A broker down: replacing does not help, until it has been silent long
+    enough that the consumer's own connections may be what is broken."""
+    got = replacements(BROKER_SILENT, 200)
+    # First asked at 30, silent since; 120 s later the next ask replaces.
+    assert [at for at, _ in got] == [150]
+    assert "no answer from the broker for 120 s" in got[0][1]
+
+
+def test_broker_answers_again__its_silence_forgotten():
+    clock = Clock()
+    dog = watchdog(clock)
+    for t in range(300):
+        asked = dog.should_ask(assigned=False)
+        heard = (BROKER_SILENT if t < 100 or t > 180 else ANSWERS) if asked else None
+        # Silent 30-100 s, then answering, silent again from ~190 s: never
+        # 120 s in one stretch within these 300 s.
+        assert dog.replace(heard) is None, t
+        clock.now += 1
+    assert dog.asked_total > 20
