@@ -23,6 +23,8 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from tests.faults import effect_log as effect_log_file
+
 # services/executor/service.py, `_run_and_complete`'s log line.
 _ENDED = re.compile(r"^run \S+ attempt \d+: (\w+), exit code (-?\d+), (\d+) ms$")
 
@@ -43,12 +45,13 @@ def log_executions(log_dir: Path, effect_log: Path) -> int:
                 continue
             how, code, took = m.group(1), int(m.group(2)), int(m.group(3))
             ended = round(datetime.fromisoformat(record["time"]).timestamp() * 1000)
-            run = {"run": record["run_id"], "attempt": record["attempt"], "pid": "executor"}
-            lines.append({**run, "phase": "start", "at": ended - took})
+            run, attempt = record["run_id"], record["attempt"]
+            lines.append(effect_log_file.line(run, attempt, "start", "executor", ended - took))
             if how == "exited" and code == 0:
-                lines.append({**run, "phase": "effect", "at": ended})
-    with effect_log.open("a") as f:
-        f.writelines(json.dumps(line) + "\n" for line in lines)
-        f.flush()
-        os.fsync(f.fileno())
+                lines.append(effect_log_file.line(run, attempt, "effect", "executor", ended))
+    fd = effect_log_file.opened(effect_log)
+    try:
+        effect_log_file.append(fd, lines, sync=True)
+    finally:
+        os.close(fd)
     return sum(1 for line in lines if line["phase"] == "start")

@@ -73,7 +73,7 @@ from cronwheel.core.ids import run_id_for_instant, run_id_for_node
 from cronwheel.core.workflows import workflow_run_id_for_instant
 from cronwheel.stack.postgres import SERVICE_USER, data_root, ensure_installed
 from cronwheel.stack.process import as_user, is_root, pid_alive, read_pid, stop_pid
-from tests.faults import diskfull
+from tests.faults import diskfull, effect_log
 from tests.faults.executions import log_executions
 from tests.faults.receiver import Receiver
 from tests.support import db as dbsupport
@@ -797,13 +797,11 @@ def _read_effects(path: Path) -> tuple[Counter, Counter, list[tuple[str, int]], 
     effects: Counter = Counter()
     begun_at: list[tuple[str, int]] = []
     not_due = 0
-    if path.exists():
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e["phase"] == "not_due":
-                not_due += 1
-                continue
-            (starts if e["phase"] == "start" else effects)[(e["run"], e["attempt"])] += 1
-            if e["phase"] == "start":
-                begun_at.append((e["run"], e["at"]))
+    for e in effect_log.read(path):
+        if e["phase"] == "not_due":
+            not_due += 1
+            continue
+        (starts if e["phase"] == "start" else effects)[(e["run"], e["attempt"])] += 1
+        if e["phase"] == "start":
+            begun_at.append((e["run"], e["at"]))
     return starts, effects, begun_at, not_due

@@ -12,17 +12,17 @@ counts a webhook run's deliveries as it counts a worker's executions.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tests.faults import effect_log as effect_log_file
 
 
 class Receiver:
     def __init__(self, effect_log: Path):
-        fd = os.open(effect_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = effect_log_file.opened(effect_log)
         self._fd = fd
 
         class Handler(BaseHTTPRequestHandler):
@@ -30,11 +30,10 @@ class Receiver:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 run = self.headers["cronwheel-run-id"]
                 attempt = int(self.headers["cronwheel-attempt"])
-                for phase in ("start", "effect"):
-                    at = time.time_ns() // 1_000_000
-                    line = {"run": run, "attempt": attempt, "phase": phase, "at": at,
-                            "pid": "webhook"}  # fmt: skip
-                    os.write(fd, (json.dumps(line) + "\n").encode())  # one O_APPEND write
+                effect_log_file.append(
+                    fd,
+                    [effect_log_file.line(run, attempt, p, "webhook") for p in ("start", "effect")],
+                )
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()

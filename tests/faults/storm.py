@@ -21,13 +21,14 @@ several instances during the storm.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import time
 from collections import Counter, deque
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tests.faults import effect_log
 
 if TYPE_CHECKING:
     from tests.faults.harness import Platform, PrivateStack, Report
@@ -58,8 +59,7 @@ def _lease_owners(platform: Platform) -> set[str]:
 def _executors(platform: Platform, since_ms: int) -> set[int]:
     """Worker processes that began a handler since `since_ms` (wall clock)."""
     pids = set()
-    for line in platform.effect_log.read_text().splitlines():
-        e = json.loads(line)
+    for e in effect_log.read(platform.effect_log):
         if e["phase"] == "start" and e["at"] >= since_ms and "pid" in e:
             pids.add(e["pid"])
     return pids

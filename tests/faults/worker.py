@@ -1,18 +1,14 @@
 """The fault harness's SDK worker: `python -m tests.faults.worker TOPIC`.
 
-Every execution of its handler appends two lines to the JSON-lines file
-EFFECT_LOG: {"run", "attempt", "phase": "start"} when it begins and
-{"phase": "effect"} when its effect is done, with no deduplication (and
-{"phase": "not_due"} for each StartRun refused as not due yet), so the
-checker counts every re-execution and every doubled effect. The log is a local
-file, not a table: the database is one of the servers the harness crashes, and
-an effect log that lost rows with it would hide the very faults it counts.
+Every execution of its handler appends to the effect log EFFECT_LOG
+(effect_log.py) a `start` line when it begins and an `effect` line when its
+effect is done, and a `not_due` line for each StartRun refused as not due
+yet.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -20,19 +16,14 @@ import time
 
 from cronwheel.sdk import Run, Worker
 from cronwheel.sdk import worker as sdk_worker
+from tests.faults import effect_log
 
-_LOG = os.open(os.environ["EFFECT_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+_LOG = effect_log.opened(os.environ["EFFECT_LOG"])
 
 
 def _record(run: Run, phase: str) -> None:
-    # `at`: this host's wall clock (the database's: same host, never skewed),
-    # so the checker can tell a start before the run's instant.
-    at = time.time_ns() // 1_000_000
     # `pid`: which worker process ran it (several take turns in a rebalance storm).
-    line = json.dumps(
-        {"run": run.run_id, "attempt": run.attempt, "phase": phase, "at": at, "pid": os.getpid()}
-    )
-    os.write(_LOG, (line + "\n").encode())  # one write, O_APPEND: lines never interleave
+    effect_log.append(_LOG, [effect_log.line(run.run_id, run.attempt, phase, os.getpid())])
 
 
 def handle(run: Run) -> dict:
