@@ -392,6 +392,37 @@ class Worker:
             return COORDINATOR_SILENT
         return ANSWERS
 
+    def _read_to_end(self, consumer: Consumer) -> bool:
+        """Every record of this consumer's partitions read, and each one's run
+        started (or refused): nothing waits in the backlog, aside or in the
+        starter. A broker that no longer answers for them counts as read."""
+        with self._cond:
+            if self._backlog or self._later:
+                return False
+        if self._offsets.in_flight():
+            return False
+        parts = consumer.assignment()
+        try:
+            committed = None
+            for tp in consumer.position(parts):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=5, cached=False
+                )
+                at = tp.offset
+                if at < 0:  # nothing read here since assigned: where the group is
+                    if committed is None:
+                        committed = {
+                            (c.topic, c.partition): c.offset
+                            for c in consumer.committed(parts, timeout=5)
+                        }
+                    at = committed.get((tp.topic, tp.partition), -1)
+                    at = at if at >= 0 else low
+                if at < high:
+                    return False
+        except KafkaException as e:
+            log.info("the old broker does not answer for %s (%s): switching", self.topic, e)
+        return True
+
     @staticmethod
     def _read(consumer: Consumer, n: int, timeout: float) -> list[Message]:
         """Up to `n` records: wait up to `timeout` for the first, then take what is

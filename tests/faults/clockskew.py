@@ -17,7 +17,6 @@ decides by (leases, due times, a row's time to publish) is Python's.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 import time
@@ -67,18 +66,30 @@ def offset_of(environment: dict[str, str]) -> float | None:
 def measured_offset(environment: dict[str, str]) -> float:
     """Seconds by which a process started with `environment` (env or
     python_env) reads the wall clock off from this one's (the proof that the
-    skew takes effect)."""
-    code = "import json, time\nprint(json.dumps(time.time()))\n"
-    before = time.time()
-    out = subprocess.run(
+    skew takes effect). The child reads its clock when asked, once started:
+    timed around its start instead, a loaded machine's 2 s interpreter start
+    put the read anywhere in a window wider than the skew."""
+    code = (
+        "import sys, time\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print(repr(time.time()), flush=True)\n"
+    )
+    with subprocess.Popen(
         [PYTHON, "-c", code],
         env={**os.environ, **environment},
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        check=True,
-    )
-    after = time.time()
-    return json.loads(out.stdout) - (before + after) / 2
+    ) as child:  # closes both pipes and waits for the child
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        before = time.time()
+        child.stdin.write("now\n")
+        child.stdin.flush()
+        theirs = float(child.stdout.readline())
+        after = time.time()
+    return theirs - (before + after) / 2
 
 
 def skewed(pid: int) -> bool:
