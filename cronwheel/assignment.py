@@ -75,6 +75,12 @@ class LeasedAssignment:
         self._stale = False  # names or leases changed since the last apply
         self._not_before = 0.0  # a topic's count was unknown: when to ask again
 
+    @property
+    def pending(self) -> bool:
+        """Names or leases changed and the assignment has not caught up yet
+        (a topic's partition count or committed offsets not given)."""
+        return self._stale
+
     # -- inputs ---------------------------------------------------------------
 
     def topics(self, names: list[str] | set[str]) -> None:

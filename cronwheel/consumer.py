@@ -28,6 +28,7 @@ once the broker has acknowledged the dead letter.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from cronwheel import consuming, kafka, metrics
+from cronwheel import consuming, kafka, metrics, runtime
 from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
@@ -320,6 +321,9 @@ class ConsumerService:
                     break  # stopping mid-batch: uncommitted, so consumed again later
                 self.offsets.commit(consumer, asynchronous=True)
                 self.offsets.report_lag(consumer)
+                if runtime.describe_requested():
+                    state = json.dumps(self.describe(consumer), default=str)
+                    self.log.warning("state, as asked (SIGUSR2): %s", state)
         finally:
             self.stopping(stop)
             shut_down(consumer, self.offsets, self._db, self.assignment, self.watch)
@@ -360,6 +364,17 @@ class ConsumerService:
             on_commit=consuming.on_commit,
             **overrides,
         )
+
+    def describe(self, consumer: Consumer) -> dict:
+        """What this service reads and holds, for a diagnosis (SIGUSR2,
+        cronwheel.runtime): its consumer's state (consuming.describe) and its
+        leases; a subclass adds what it holds back."""
+        state = consuming.describe(consumer)
+        if self.assignment is not None:
+            state["leases"] = len(self.assignment.owned)
+            state["tenant_topics"] = len(self.assignment.names)
+            state["assignment_pending"] = self.assignment.pending
+        return state
 
     def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
         """One pass of the loop; False if `stop` interrupted it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -54,7 +55,8 @@ def _log_uncaught(log: logging.Logger) -> None:
 
 
 def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT: loops finish their batch and exit."""
+    """An event set by SIGTERM or SIGINT: loops finish their batch and exit.
+    SIGUSR1 and SIGUSR2 ask for a diagnosis (diagnose_on_signals)."""
     stop = threading.Event()
 
     def handler(*_):
@@ -62,4 +64,32 @@ def stop_on_signals() -> threading.Event:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    diagnose_on_signals()
     return stop
+
+
+_DESCRIBE = threading.Event()
+
+
+def diagnose_on_signals() -> None:
+    """What an operator asks of a service that runs but does nothing
+    (docs/reliability.md, "Asking a service what it is doing"):
+
+    - SIGUSR1: every thread's stack on stderr, written by faulthandler from
+      the signal itself, so it comes even from a loop stuck inside a C call;
+    - SIGUSR2: a consuming service logs its Kafka state (assignment,
+      positions, committed offsets, what it holds back) at its loop's next
+      pass (`describe_requested`). Not from the signal handler: that runs
+      between two bytecodes of the main thread, possibly inside a librdkafka
+      callback, where a call on the same client aborts the process
+      (cronwheel/consuming.py)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR2, lambda *_: _DESCRIBE.set())
+
+
+def describe_requested() -> bool:
+    """True once per SIGUSR2."""
+    if not _DESCRIBE.is_set():
+        return False
+    _DESCRIBE.clear()
+    return True

@@ -223,6 +223,25 @@ class Dispatcher(ConsumerService):
             self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
         return True
 
+    def describe(self, consumer: Consumer) -> dict:
+        """ConsumerService's, and what this dispatcher holds back: batches on
+        their way (produced, not all acknowledged), partitions paused for a
+        class or held for a quota, dozing ones and where each resumes."""
+        state = super().describe(consumer)
+        state["batches_on_their_way"] = [
+            {"records": len(b.outs), "unacked": b.unacked, "failed": len(b.failed)}
+            for b in self._batches
+        ]
+        state["class_paused"] = len(self._class_paused)
+        state["held"] = {f"{t}[{p}]": len(ms) for (t, p), ms in self._held.items()}
+        if self.dozing is not None:
+            dozing = sorted(self.dozing.dozing)
+            state["dozing"] = len(dozing)
+            state["dozing_resume_at"] = {
+                f"{t}[{p}]": self._dozed_at.get((t, p)) for t, p in dozing[:50]
+            }
+        return state
+
     def stopping(self, stop: threading.Event) -> None:
         if self._batches and stop.is_set():
             self._settle(stop, until=0)  # within the shutdown grace

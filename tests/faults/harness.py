@@ -104,6 +104,8 @@ CATCHUP = {"window_ms": 120_000, "policy": "all", "max_runs": 1000}
 LEASE_MS = 5000  # a run's lease: the SDK heartbeats it, the platform expires it
 RETRY = {"max_attempts": 20, "initial_backoff_ms": 100, "max_backoff_ms": 1000}
 SERVICES = ("gateway", "timer", "relay", "dispatcher")  # a scenario's default layout
+# The services that log their consumer's state on SIGUSR2 (cronwheel.consumer).
+DESCRIBING = frozenset({"dispatcher", "workflow", "executor"})
 
 
 class PrivateStack:
@@ -314,19 +316,21 @@ class Platform:
         )
         return self.services[name]
 
-    def dump_worker_stacks(self) -> None:
-        """Every thread's stack of the SDK worker and its consumer's state,
-        into worker.log (SIGUSR1 and SIGUSR2: tests/faults/worker.py): where a
-        worker that stopped taking runs waits, and what it is assigned."""
+    def diagnose(self) -> None:
+        """Where each process waits and what its consumers hold, into its own
+        log, when the platform did not catch up: every thread's stack
+        (SIGUSR1) of the SDK worker and of each service, and the consumers'
+        state (SIGUSR2: tests/faults/worker.py; for the consuming services,
+        cronwheel.runtime, logged at their loop's next pass)."""
+        procs = [
+            (svc.proc, svc.log_path, "state, as asked" if svc.name in DESCRIBING else None)
+            for svc in self.services.values()
+            if svc.alive() and not svc.paused
+        ]
         if self.worker and self.worker.poll() is None:
-            log = self.launch.log_dir / "worker.log"
-            before = log.stat().st_size
-            self.worker.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(AssertionError):  # a diagnosis, not a check
-                wait_for(lambda: log.stat().st_size > before, 5, 0.05, "the stacks")
-            self.worker.send_signal(signal.SIGUSR2)  # its consumer's state (worker.py)
-            with contextlib.suppress(AssertionError):
-                wait_for(lambda: "consumer " in log.read_text()[before:], 15, 0.1, "its state")
+            procs.append((self.worker, self.launch.log_dir / "worker.log", "consumer "))
+        for proc, log, mark in procs:
+            _ask(proc, log, mark)
 
     def stop_worker(self) -> None:
         """SIGTERM: the worker finishes what it holds and commits its offsets."""
@@ -519,6 +523,19 @@ def settled(conn: psycopg.Connection, since_ms: int) -> bool:
     return pending == 0 and flows == 0 and queued == 0
 
 
+def _ask(proc: subprocess.Popen, log: Path, mark: str | None) -> None:
+    """SIGUSR1 (the stacks), then SIGUSR2 where `mark` says which line
+    answers it; waits for each in `log`, briefly: a diagnosis, not a check."""
+    before = log.stat().st_size
+    proc.send_signal(signal.SIGUSR1)
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: log.stat().st_size > before, 5, 0.05, "the stacks")
+    if mark is not None:
+        proc.send_signal(signal.SIGUSR2)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: mark in log.read_text(errors="replace")[before:], 15, 0.1, "state")
+
+
 def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
     """Seconds until the platform has caught up with the moment this is called."""
     t0 = time.monotonic()
@@ -536,7 +553,7 @@ def wait_recovered(platform: Platform, timeout: float = 120.0) -> float:
     try:
         wait_for(check, timeout, 0.1, "the platform to catch up after the fault")
     except AssertionError as e:
-        platform.dump_worker_stacks()
+        platform.diagnose()
         with platform.connect() as conn:
             raise AssertionError(f"{e}; {_lagging(conn, check.since)}") from None
     return time.monotonic() - t0

@@ -51,24 +51,18 @@ sdk_worker._not_due_yet = _count_not_due(sdk_worker._not_due_yet)
 
 
 def _print_consumers(*_) -> None:
-    """Each Kafka consumer's assignment, positions and committed offsets (on
-    SIGUSR2, run by Python in the main thread between two of its steps): what
-    a worker that stopped taking runs is assigned and where it stands."""
+    """Each Kafka consumer's state (cronwheel.consuming.describe) on SIGUSR2,
+    run by Python in the main thread between two of its steps: what a worker
+    that stopped taking runs is assigned and where it stands."""
     import gc
+    import json
 
     from confluent_kafka import Consumer
 
+    from cronwheel.consuming import describe
+
     for c in (o for o in gc.get_objects() if isinstance(o, Consumer)):
-        try:
-            parts = c.assignment()
-            print(f"consumer assignment {parts}", flush=True)
-            print(f"  position {c.position(parts)}", flush=True)
-            print(f"  committed {c.committed(parts, timeout=5)}", flush=True)
-            for tp in parts:
-                print(f"  watermarks {tp.topic}[{tp.partition}] "
-                      f"{c.get_watermark_offsets(tp, timeout=5)}", flush=True)  # fmt: skip
-        except Exception as e:  # a diagnosis: say what failed, never stop the worker
-            print(f"consumer state not read: {e!r}", flush=True)
+        print(f"consumer {json.dumps(describe(c), default=str)}", flush=True)
 
 
 if __name__ == "__main__":
