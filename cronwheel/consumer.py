@@ -40,6 +40,7 @@ from cronwheel import consuming, kafka, metrics, runtime
 from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
+from cronwheel.fetch_watch import FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
@@ -51,6 +52,14 @@ RECORD_HEADER = "record"  # the Avro record a produced value holds (`RunReady`, 
 QUIET = (KafkaError.UNKNOWN_TOPIC_OR_PART,)
 # The metadata refresh of a consumer that assigns its partitions by name (open).
 ASSIGNED_METADATA_REFRESH_MS = 60_000
+# Closing a consumer librdkafka left stuck is waited on this long at most.
+CLOSE_WAIT_S = 10.0
+
+
+class ClientsWedged(Exception):
+    """This service's Kafka clients hold work they do not do (cronwheel.fetch_watch):
+    `run` ends with it, and whoever runs the service starts it again with new
+    clients (`run_restarting`), or the process exits for its supervisor to."""
 
 
 class Poison(Exception):
@@ -228,6 +237,22 @@ def flush(producer: Producer, stop: threading.Event, grace_s: float) -> bool:
     return True
 
 
+def run_restarting(make: Callable[[], ConsumerService], stop: threading.Event) -> None:
+    """Run the service `make` makes until `stop`; when its Kafka clients are
+    stuck (ClientsWedged), say why, count it, and run a new one: new clients,
+    the same leases handed back and taken again, the records read again from
+    the committed offsets and skipped where already done (as after a
+    restart, without the process's start-up)."""
+    while True:
+        service = make()
+        try:
+            service.run(stop)
+            return
+        except ClientsWedged as exc:
+            service.log.error("its Kafka clients are stuck; starting new ones: %s", exc)
+            metrics.KAFKA_CLIENTS_RESTARTED.labels(service.name).inc()
+
+
 def shut_down(
     consumer: Consumer,
     offsets: consuming.Offsets,
@@ -241,7 +266,10 @@ def shut_down(
     offsets.commit(consumer, asynchronous=False)
     if assignment is not None:
         assignment.leave(db)
-    consumer.close()
+    # Bounded: a consumer librdkafka left stuck may not close (ClientsWedged).
+    closing = threading.Thread(target=consumer.close, daemon=True, name="cronwheel-close")
+    closing.start()
+    closing.join(CLOSE_WAIT_S)
     if watch is not None:
         watch.close()
 
@@ -289,6 +317,10 @@ class ConsumerService:
         self._stop = threading.Event()
         self.assignment: LeasedAssignment | None = None
         self.watch: TopicWatch | None = None
+        # Hand-assigned consumers: partitions librdkafka stopped fetching
+        # (cronwheel.fetch_watch), asked of the broker through `_admin`.
+        self.fetch_watch: FetchWatch | None = None
+        self._admin = None
 
     @property
     def dead_lettered_total(self) -> int:
@@ -321,9 +353,16 @@ class ConsumerService:
                     break  # stopping mid-batch: uncommitted, so consumed again later
                 self.offsets.commit(consumer, asynchronous=True)
                 self.offsets.report_lag(consumer)
+                if self.fetch_watch is not None and self.fetch_watch.due():
+                    self._watch_clients(consumer)
                 if runtime.describe_requested():
                     state = json.dumps(self.describe(consumer), default=str)
                     self.log.warning("state, as asked (SIGUSR2): %s", state)
+        except ClientsWedged:
+            # What the stuck producer holds is not waited for: those records'
+            # offsets were not committed, so they are read and produced again.
+            self.producer.purge()
+            raise
         finally:
             self.stopping(stop)
             shut_down(consumer, self.offsets, self._db, self.assignment, self.watch)
@@ -371,6 +410,12 @@ class ConsumerService:
         leases; a subclass adds what it holds back."""
         state = consuming.describe(consumer)
         if self.assignment is not None:
+            # The broker's end offsets beside what the consumer believes: a
+            # partition it stopped fetching shows its cached watermark stale.
+            shown = [tuple(k.rsplit("[", 1)) for k in state.get("partitions", {})]
+            keys = [(t, int(p[:-1])) for t, p in shown]
+            for (t, p), end in (kafka.end_offsets(self.admin, keys) or {}).items():
+                state["partitions"][f"{t}[{p}]"]["end"] = end
             state["leases"] = len(self.assignment.owned)
             state["tenant_topics"] = len(self.assignment.names)
             state["assignment_pending"] = self.assignment.pending
@@ -387,6 +432,43 @@ class ConsumerService:
         """Flush the producer and close the database connection (run() does this)."""
         self.producer.flush(self.shutdown_grace_ms / 1000)
         self._db.close()
+
+    # -- a consumer that does not read -------------------------------------------
+
+    def held_back(self) -> set[consuming.Where]:
+        """Assigned partitions this service does not read now on purpose
+        (paused, or out of the assignment while they doze): not judged by
+        the fetch watch. A subclass that pauses says which."""
+        return set()
+
+    def position(self, consumer: Consumer, keys: list[consuming.Where]) -> dict:
+        """Where each of `keys` was read to (the next offset), where known."""
+        got = consumer.position([TopicPartition(t, p) for t, p in keys])
+        return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+
+    @property
+    def admin(self):
+        if self._admin is None:
+            self._admin = kafka.admin(self.bootstrap, principal=self.name)
+        return self._admin
+
+    def _watch_clients(self, consumer: Consumer) -> None:
+        """The fetch watch's look (cronwheel.fetch_watch): partitions held and
+        not read though the broker has records for them end the run
+        (ClientsWedged), for new clients to take over."""
+        assert self.fetch_watch is not None and self.assignment is not None
+        held = self.held_back()
+        watched = [key for key in self.assignment.assigned if key not in held]
+        at = self.position(consumer, watched) if watched else {}
+        stuck = self.fetch_watch.look(
+            watched, at.get, lambda keys: kafka.end_offsets(self.admin, keys)
+        )
+        if stuck:
+            (t, p), every = stuck[0], self.fetch_watch.every_s
+            raise ClientsWedged(
+                f"{len(stuck)} partitions not read for {every:.0f} s though the broker has "
+                f"records for them ({t}[{p}] at {at[(t, p)]})"
+            )
 
     # -- the database -----------------------------------------------------------
 

@@ -48,8 +48,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cronwheel.kafka import end_offsets
 
 log = logging.getLogger("cronwheel.dozing")
 
@@ -223,23 +225,12 @@ class Dozing:
     ) -> list[Where] | None:
         """Those of `keys` whose end offset on the broker is past `position`
         (one ListOffsets request per broker); None if it cannot be asked."""
-        asked = {TopicPartition(t, p): (t, p) for t, p in keys}
-        try:
-            futures = admin.list_offsets(
-                {tp: OffsetSpec.latest() for tp in asked}, request_timeout=5
-            )
-        except KafkaException as exc:
-            log.warning("end offsets of %d partitions unavailable: %s", len(asked), exc)
+        ends = end_offsets(admin, keys)
+        if ends is None:
             return None
         past = []
-        for tp, fut in futures.items():
-            key = asked[tp]
-            try:
-                end = fut.result().offset
-            except KafkaException:
-                past.append(key)  # unknown: fetch it again rather than guess
-                continue
+        for key, end in ends.items():
             at = position(key)  # None or < 0: not known, so from the start
-            if end > max(at or 0, 0):
+            if end is None or end > max(at or 0, 0):  # unknown: fetch it again rather than guess
                 past.append(key)
         return past

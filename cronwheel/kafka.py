@@ -18,8 +18,8 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 
 from cronwheel import config
 from cronwheel.core.runs import NORMAL_RANK, PRIORITIES
@@ -205,6 +205,29 @@ def admin(bootstrap: str | None = None, *, principal: str | Credentials) -> Admi
             "log_level": 3,
         }
     )
+
+
+def end_offsets(
+    admin: AdminClient, keys: Iterable[tuple[str, int]], timeout_s: float = 5.0
+) -> dict[tuple[str, int], int | None] | None:
+    """The broker's end offset (the next offset to be written) of each
+    (topic, partition), one ListOffsets request per broker; None for one
+    whose answer failed, None altogether if the request could not be made."""
+    asked = {TopicPartition(t, p): (t, p) for t, p in keys}
+    try:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in asked}, request_timeout=timeout_s
+        )
+    except KafkaException as exc:
+        log.warning("end offsets of %d partitions unavailable: %s", len(asked), exc)
+        return None
+    ends: dict[tuple[str, int], int | None] = {}
+    for tp, fut in futures.items():
+        try:
+            ends[asked[tp]] = fut.result().offset
+        except KafkaException:
+            ends[asked[tp]] = None
+    return ends
 
 
 def ensure_topics(

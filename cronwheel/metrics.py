@@ -65,6 +65,11 @@ PROCESSED_PRUNED = Counter(
     ["consumer"],
 )
 CONSUMER_LAG = Gauge("cronwheel_consumer_lag", "Records behind the end of the topic", ["consumer"])
+KAFKA_CLIENTS_RESTARTED = Counter(
+    "cronwheel_kafka_clients_restarted_total",
+    "Times a service started new Kafka clients because its consumer held partitions it did not read (cronwheel.fetch_watch)",
+    ["service"],
+)
 QUOTA_HELD = Gauge(
     "cronwheel_quota_held",
     "Due job timers (fire) or read records (dispatch) that tenants' token buckets hold back"

@@ -52,6 +52,7 @@ from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_ow
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.dozing import NUDGE, Dozing
+from cronwheel.fetch_watch import FetchWatch
 from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.logs import run_fields
 from cronwheel.store.dispatch import Processed, Pruner, message_key, run_of
@@ -153,6 +154,7 @@ class Dispatcher(ConsumerService):
         lease_ttl_ms: int = 10_000,
         doze_after_ms: int = DispatcherSettings.doze_after_ms,
         doze_sweep_ms: int = DispatcherSettings.doze_sweep_ms,
+        fetch_watch_s: float = DispatcherSettings.fetch_watch_s,
         **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
     ):
         super().__init__(*args, batch=batch, max_wait_ms=max_wait_ms, **skeleton)
@@ -203,6 +205,9 @@ class Dispatcher(ConsumerService):
             on_destinations=self._new_destinations,
             scan_every_s=topic_scan_s,
         )
+        # A consumer librdkafka stopped fetching for ends the run for new
+        # clients (cronwheel.fetch_watch, main.py's run_restarting).
+        self.fetch_watch = FetchWatch(fetch_watch_s) if fetch_watch_s else None
 
     # -- the loop -------------------------------------------------------------
 
@@ -222,6 +227,16 @@ class Dispatcher(ConsumerService):
         if self.pruner.due(now_ms()):
             self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
         return True
+
+    def held_back(self) -> set[tuple[str, int]]:
+        """Paused for a class or a quota, or dozing: not read on purpose."""
+        dozing = self.dozing.dozing if self.dozing is not None else set()
+        return self._class_paused | set(self._held) | dozing
+
+    def position(self, consumer: Consumer, keys: list[tuple[str, int]]) -> dict:
+        """Where each was consumed to, or assigned at (`_next`) before its
+        first record."""
+        return {key: self._next[key] for key in keys if key in self._next}
 
     def describe(self, consumer: Consumer) -> dict:
         """ConsumerService's, and what this dispatcher holds back: batches on

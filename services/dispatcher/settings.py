@@ -25,3 +25,7 @@ class DispatcherSettings:
     doze_after_ms: int = setting("CRONWHEEL_DISPATCHER_DOZE_AFTER_MS", 10_000, minimum=0)
     # How often dozing partitions are checked for records no wake announced.
     doze_sweep_ms: int = setting("CRONWHEEL_DISPATCHER_DOZE_SWEEP_MS", 15_000, minimum=100)
+    # How often the consumer's positions are compared with the broker's ends;
+    # one held partition not read for this long, records waiting, means new
+    # Kafka clients (cronwheel.fetch_watch); 0: never.
+    fetch_watch_s: float = setting("CRONWHEEL_DISPATCHER_FETCH_WATCH_S", 15.0, minimum=0)

@@ -1,0 +1,78 @@
+"""Partitions a hand-assigned consumer holds, has not paused, and does not
+read although the broker has records for them: librdkafka sometimes stops
+fetching for good after a broker restart, with no error event and no log
+line (docs/reliability.md, "A dispatcher that stopped reading"; reported
+upstream for consumers that assign(): confluentinc/librdkafka#5153,
+fede1024/rust-rdkafka#597). Nothing inside the client can be asked about it,
+so the service compares its own position with the broker's end offsets and,
+when a partition stands still behind records that were there at the last
+look, replaces its consumer (cronwheel.consumer.ConsumerService).
+
+What holds:
+
+- Only partitions the service reads are judged: assigned, not paused (for a
+  class, a quota or a full executor) and not dozing (cronwheel.dozing); and
+  only those whose position the service knows (`position` gives None for one
+  assigned at the beginning and not read yet: nothing to compare).
+- A partition is stuck when, at two looks `every_s` apart, its position was
+  the same and the broker's end was past it at the first look: records that
+  were there the whole interval were not read. A backlog being worked moves
+  the position; an idle partition has nothing past it.
+- A look more than twice `every_s` after the last one starts over: the loop
+  was away (the database down, a long batch) and did not read, rightly.
+- The broker's end offsets come from another client (an admin, one
+  ListOffsets request per broker); when it cannot be asked, nothing is
+  judged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+Where = tuple[str, int]
+
+
+class FetchWatch:
+    def __init__(self, every_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.every_s = every_s
+        self._clock = clock
+        self._next = clock() + every_s
+        self._last = 0.0  # when the last look was
+        self._seen: dict[Where, tuple[int, int]] = {}  # (position, broker end) at the last look
+        self.stuck_total = 0  # partitions found stuck
+
+    def due(self) -> bool:
+        return self._clock() >= self._next
+
+    def look(
+        self,
+        watched: Iterable[Where],
+        position: Callable[[Where], int | None],
+        ends: Callable[[list[Where]], dict[Where, int | None] | None],
+    ) -> list[Where]:
+        """Once due: the partitions of `watched` that stood still behind
+        records since the last look. `ends(keys)` asks the broker's end
+        offsets (cronwheel.kafka.end_offsets: None where it could not)."""
+        now = self._clock()
+        self._next = now + self.every_s
+        fresh = now - self._last <= 2 * self.every_s
+        self._last = now
+        known = {key: at for key in watched if (at := position(key)) is not None and at >= 0}
+        got = ends(sorted(known)) if known else {}
+        if got is None:
+            self._seen = {}
+            return []
+        seen = {key: (known[key], end) for key, end in got.items() if end is not None}
+        stuck = [
+            key
+            for key, (at, _end) in seen.items()
+            if fresh and (before := self._seen.get(key)) and before[0] == at and before[1] > at
+        ]
+        self._seen = seen
+        self.stuck_total += len(stuck)
+        return stuck
+
+    def forget(self) -> None:
+        """The consumer was replaced: positions start over."""
+        self._seen = {}
