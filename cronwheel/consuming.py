@@ -129,14 +129,11 @@ def starting_points(
     if ask:
         try:
             got = consumer.committed(ask, timeout=timeout_s)
+            why = next((tp.error for tp in got if tp.error is not None), None)
         except KafkaException as exc:
-            log.warning("committed offsets of %d partitions unavailable: %s", len(ask), exc)
-            return None
-        failed = [tp for tp in got if tp.error is not None]
-        if failed:
-            log.warning(
-                "committed offsets of %d partitions unavailable: %s", len(failed), failed[0].error
-            )
+            why = exc
+        if why is not None:
+            log.warning("committed offsets of %d partitions unavailable: %s", len(ask), why)
             return None
         for tp in got:
             start[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING

@@ -246,8 +246,8 @@ class Worker:
                     self._cond.wait_for(self._room_or_stop, timeout=0.5)
                     room = 2 * self.concurrency - len(self._backlog)
                 full = room <= 0
-                if full != paused and consumer.assignment():
-                    (consumer.pause if full else consumer.resume)(consumer.assignment())
+                if full != paused and (parts := consumer.assignment()):
+                    (consumer.pause if full else consumer.resume)(parts)
                     paused = full
                 read = []
                 for msg in self._read(consumer, max(room, 1), 0.05):
