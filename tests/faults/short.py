@@ -16,19 +16,16 @@ from tests.faults.harness import PrivateStack, private_stack
 from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, NEEDS, SHORT, run
 
 # Scenarios make test leaves to `make chaos` (or CRONWHEEL_FAULTS_ALL=1)
-# because they fail at random for a cause not yet found.
-# kafka_restart: 2 of ~58 short runs did not catch up within 120 s (the SDK
-# worker's consumer out of its group for good after the broker's restart).
-# The worker now replaces such a consumer (cronwheel/sdk/watchdog.py), and
-# 40 of 40 short runs and one clean clone passed after that; but the long
-# version (`python -m tests.faults kafka_restart`, five restarts) still
-# failed 2 of 3 times on 2026-12-03: once a worker that took nothing for
-# 120 s after the dispatcher forwarded its runs, once the dispatcher
-# forwarding nothing after the broker came back (docs/reliability.md).
+# because they fail at random for a cause not yet found. None now.
+# kafka_restart was here twice: an SDK worker's consumer out of its group for
+# good after the broker's restart (cronwheel/sdk/watchdog.py replaces it), and
+# a dispatcher whose clients librdkafka left stuck (cronwheel/fetch_watch.py
+# starts new ones): its long version then passed 6 of 6 runs on 2026-12-03,
+# one of them rescued by new clients (docs/reliability.md).
 # pg_immediate was here until its cause was found and fixed (the dispatcher
 # skipped a lost firing's second announcement: docs/reliability.md): 0 of 18
 # runs failed after the fix, 6 of 31 before.
-FLAKY = {"kafka_restart"}
+FLAKY: set[str] = set()
 
 # The second half, chosen by the short versions' times on a quiet machine
 # (pytest --durations, 2026-12-02: kafka_disk_full 72 s, kafka_restart 44,
