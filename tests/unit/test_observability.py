@@ -266,6 +266,8 @@ tests:
         values: '0x5 1x30'
       - series: 'cronwheel_consumer_lag{{consumer="webhook", instance="a"}}'
         values: '4000x5 6000x30'
+      - series: 'cronwheel_kafka_clients_restarted_total{{service="dispatcher", instance="a"}}'
+        values: '0x5 1x10 4x20'
     alert_rule_test:
       - eval_time: 4m
         alertname: CronwheelFiringLatenessP99High
@@ -292,6 +294,13 @@ tests:
         alertname: CronwheelDeadLetters
         exp_alerts:
           - exp_labels: {{severity: warning, consumer: dispatcher, reason: undecodable}}
+      - eval_time: 12m
+        alertname: CronwheelKafkaClientsRestarting
+        exp_alerts: []
+      - eval_time: 25m
+        alertname: CronwheelKafkaClientsRestarting
+        exp_alerts:
+          - exp_labels: {{severity: warning, service: dispatcher}}
       - eval_time: 12m
         alertname: CronwheelConsumerLagHigh
         exp_alerts: []
