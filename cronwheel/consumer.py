@@ -408,14 +408,8 @@ class ConsumerService:
         """What this service reads and holds, for a diagnosis (SIGUSR2,
         cronwheel.runtime): its consumer's state (consuming.describe) and its
         leases; a subclass adds what it holds back."""
-        state = consuming.describe(consumer)
+        state = consuming.describe(consumer, admin=self.admin if self.assignment else None)
         if self.assignment is not None:
-            # The broker's end offsets beside what the consumer believes: a
-            # partition it stopped fetching shows its cached watermark stale.
-            shown = [tuple(k.rsplit("[", 1)) for k in state.get("partitions", {})]
-            keys = [(t, int(p[:-1])) for t, p in shown]
-            for (t, p), end in (kafka.end_offsets(self.admin, keys) or {}).items():
-                state["partitions"][f"{t}[{p}]"]["end"] = end
             state["leases"] = len(self.assignment.owned)
             state["tenant_topics"] = len(self.assignment.names)
             state["assignment_pending"] = self.assignment.pending

@@ -35,7 +35,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from cronwheel import metrics
+from cronwheel import kafka, metrics
 from cronwheel.core.offsets import OffsetTracker
 
 log = logging.getLogger("cronwheel.consuming")
@@ -155,7 +155,7 @@ def report_lag(consumer: Consumer, label: str) -> int:
     return total
 
 
-def describe(consumer: Consumer, *, detail: int = 50, timeout_s: float = 5.0) -> dict:
+def describe(consumer: Consumer, *, admin=None, detail: int = 50, timeout_s: float = 5.0) -> dict:
     """A consumer's state, for a diagnosis (cronwheel.runtime, SIGUSR2): how
     many partitions are assigned, which have records past their position
     (`behind`, by the watermarks the last fetches brought), how many no fetch
@@ -163,7 +163,9 @@ def describe(consumer: Consumer, *, detail: int = 50, timeout_s: float = 5.0) ->
     committed offsets, and each partition's position, high watermark and
     committed offset (the first `detail` of them: at 3,000 tenants the whole
     list is a megabyte). Asks the broker once (`committed`, up to
-    `timeout_s`); never raises."""
+    `timeout_s`), and with `admin` (another client) the end offsets of those
+    shown, beside the watermarks: a partition the consumer stopped fetching
+    shows its cached watermark stale. Never raises."""
     try:
         parts = consumer.assignment()
         positions = consumer.position(parts) if parts else []
@@ -192,7 +194,14 @@ def describe(consumer: Consumer, *, detail: int = 50, timeout_s: float = 5.0) ->
             state["coordinator"] = "answers"
         except KafkaException as exc:
             state["coordinator"] = f"no answer: {exc}"
-    state["partitions"] = dict(list(rows.items())[:detail])
+    shown = [tp for tp in positions if f"{tp.topic}[{tp.partition}]" in rows][:detail]
+    if admin is not None and shown:
+        ends = kafka.end_offsets(admin, [(tp.topic, tp.partition) for tp in shown]) or {}
+        for (t, p), end in ends.items():
+            rows[f"{t}[{p}]"]["end"] = end
+    state["partitions"] = {
+        f"{tp.topic}[{tp.partition}]": rows[f"{tp.topic}[{tp.partition}]"] for tp in shown
+    }
     return state
 
 
