@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 # The codec, the records and the offset tracker only: a customer's worker
 # installs confluent-kafka and fastavro and nothing of the platform (no metrics,
@@ -64,7 +65,14 @@ from cronwheel.core.offsets import OffsetTracker
 from cronwheel.sdk.api import Stopping, WorkerApi
 from cronwheel.sdk.completer import Completer
 from cronwheel.sdk.heartbeats import Heartbeats
-from cronwheel.sdk.watchdog import ANSWERS, BROKER_SILENT, COORDINATOR_SILENT, ConsumerWatchdog
+from cronwheel.sdk.watchdog import (
+    ANSWERS,
+    BROKER_SILENT,
+    COORDINATOR_SILENT,
+    STRANDED,
+    ConsumerWatchdog,
+    stranded,
+)
 
 log = logging.getLogger("cronwheel.sdk")
 
@@ -199,6 +207,7 @@ class Worker:
         self._cond = threading.Condition(self._active_lock)
         self._api = WorkerApi(self.api_url, self.api_key, self._stop, 8)
         self.watchdog = watchdog or ConsumerWatchdog()  # when to replace a stuck consumer
+        self._admin_of: tuple[str, AdminClient] | None = None  # (bootstrap, client): _admin
         self.completed = 0
         # Following a move: how often to ask the API for the tenant's cell (0:
         # never), the cell this worker consumes in (None until the API first
@@ -364,33 +373,80 @@ class Worker:
     def _unstick(self, consumer: Consumer) -> Consumer | None:
         """A new consumer if this one is stuck for good (watchdog.py says when);
         None while it is not."""
-        heard = (
-            self._ask(consumer) if self.watchdog.should_ask(bool(consumer.assignment())) else None
+        heard, detail = (
+            self._ask(consumer)
+            if self.watchdog.should_ask(bool(consumer.assignment()))
+            else (None, "")
         )
-        why = self.watchdog.replace(heard)
+        why = self.watchdog.replace(heard, detail)
         if why is None:
             return None
         log.warning("replacing the consumer of %s: %s", self.topic, why)
         self._let_go(consumer)
         return self._consumer(self.bootstrap)
 
-    def _ask(self, consumer: Consumer) -> str:
+    def _ask(self, consumer: Consumer) -> tuple[str, str]:
         """Whether the group's coordinator gives the topic's committed offsets
-        (watchdog.ANSWERS, COORDINATOR_SILENT), or the broker not even the
-        topic's metadata (BROKER_SILENT)."""
+        and, asked to describe the group, shows this consumer in it as it
+        should be (watchdog.ANSWERS), shows it stranded (STRANDED, with why),
+        or gives no offsets (COORDINATOR_SILENT); or the broker gives not even
+        the topic's metadata, to this consumer and to another client
+        (BROKER_SILENT), or to this consumer only (STRANDED)."""
         try:
             meta = consumer.list_topics(self.topic, timeout=5).topics[self.topic]
             parts = [TopicPartition(self.topic, p) for p in meta.partitions]
         except KafkaException:
-            return BROKER_SILENT
+            # The broker down, or this consumer's own client wedged (seen
+            # after a broker restart: not one log line, not one request):
+            # a client of its own tells them apart.
+            if not self._broker_answers():
+                return BROKER_SILENT, ""
+            return STRANDED, "the broker answers another client and not this consumer"
         try:
             refused = [tp.error for tp in consumer.committed(parts, timeout=5) if tp.error]
         except KafkaException as e:
             refused = [e]
         if refused:
             log.info("the group's coordinator does not answer: %s", refused[0])
-            return COORDINATOR_SILENT
-        return ANSWERS
+            return COORDINATOR_SILENT, ""
+        try:
+            group = self._admin().describe_consumer_groups([self.group_id])[self.group_id]
+            group = group.result(timeout=10)
+        except Exception as e:  # noqa: BLE001 - an unanswered description judges nothing
+            log.info("the group's coordinator did not describe %s: %s", self.group_id, e)
+            self._admin_of = None  # a new client next time, in case this one is stuck
+            return ANSWERS, ""
+        members = {
+            m.member_id: {
+                tp.partition
+                for tp in (m.assignment.topic_partitions if m.assignment else [])
+                if tp.topic == self.topic
+            }
+            for m in group.members
+        }
+        why = stranded(group.state.name, members, consumer.memberid() or "", len(parts))
+        return (STRANDED, why) if why else (ANSWERS, "")
+
+    def _broker_answers(self) -> bool:
+        """Whether the broker gives the topic's metadata to the worker's admin
+        client or, when that one is stuck as well, to a new one."""
+        for _ in range(2):
+            try:
+                self._admin().list_topics(self.topic, timeout=5)
+                return True
+            except KafkaException:
+                self._admin_of = None
+        return False
+
+    def _admin(self) -> AdminClient:
+        """An admin client of the broker this worker reads from, to ask its
+        group's coordinator for the group's description (made once asked)."""
+        if self._admin_of is None or self._admin_of[0] != self.bootstrap:
+            admin = AdminClient(
+                {"bootstrap.servers": self.bootstrap, "log_level": 3, **self.consumer_config}
+            )
+            self._admin_of = (self.bootstrap, admin)
+        return self._admin_of[1]
 
     def _read_to_end(self, consumer: Consumer) -> bool:
         """Every record of this consumer's partitions read, and each one's run

@@ -3,7 +3,14 @@ decided from what the worker saw, on a clock the test moves."""
 
 from __future__ import annotations
 
-from cronwheel.sdk.watchdog import ANSWERS, BROKER_SILENT, COORDINATOR_SILENT, ConsumerWatchdog
+from cronwheel.sdk.watchdog import (
+    ANSWERS,
+    BROKER_SILENT,
+    COORDINATOR_SILENT,
+    STRANDED,
+    ConsumerWatchdog,
+    stranded,
+)
 
 
 class Clock:
@@ -129,3 +136,55 @@ def test_broker_answers_again__its_silence_forgotten():
         assert dog.replace(heard) is None, t
         clock.now += 1
     assert dog.asked_total > 20
+
+
+def test_stranded__twice_in_a_row__replaced_with_the_coordinators_view():
+    """Out of its group while the coordinator answers (the CI run of 7dce62c):
+    replaced on the second stranded description, 10 s after the first."""
+    clock = Clock()
+    dog = watchdog(clock)
+    got = []
+    for _ in range(60):
+        heard = STRANDED if dog.should_ask(assigned=False) else None
+        if why := dog.replace(
+            heard, "no member of the group holds any of the topic's 1 partition(s)"
+        ):
+            got.append((clock.now - 100, why))
+        clock.now += 1
+    assert got == [
+        (40, "no partitions for 40 s and no member of the group holds any of the topic's "
+             "1 partition(s)")
+    ]  # fmt: skip
+
+
+def test_stranded_once__then_answers__not_replaced():
+    """One description caught between two steps of a group's life judges nothing."""
+    clock = Clock()
+    dog = watchdog(clock)
+    answers = iter([STRANDED, ANSWERS] * 10)
+    for _ in range(150):
+        heard = next(answers) if dog.should_ask(assigned=False) else None
+        assert dog.replace(heard, "x") is None
+        clock.now += 1
+    assert dog.asked_total > 5
+
+
+def test_stranded__not_listed__listed_with_partitions_it_lacks__nobody_reads():
+    assert "does not list this consumer among its 1 member(s) (group stable)" in (
+        stranded("STABLE", {"other": {0}}, "me", 1) or ""
+    )
+    assert "among its 0 member(s) (group empty)" in (stranded("EMPTY", {}, "me", 1) or "")
+    assert "among its 0 member(s)" in (stranded("STABLE", {}, "", 1) or "")
+    assert "says this consumer holds partitions [0, 2]" in (
+        stranded("STABLE", {"me": {2, 0}}, "me", 3) or ""
+    )
+    assert "no member of the group holds any of the topic's 2" in (
+        stranded("STABLE", {"me": set(), "other": set()}, "me", 2) or ""
+    )
+
+
+def test_not_stranded__another_member_reads__or_the_group_rebalancing():
+    """More workers than partitions: a member without any, the others read."""
+    assert stranded("STABLE", {"me": set(), "other": {0}}, "me", 1) is None
+    for moving in ("PREPARING_REBALANCING", "COMPLETING_REBALANCING", "UNKNOWN"):
+        assert stranded(moving, {}, "me", 1) is None
