@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -40,7 +41,7 @@ from cronwheel import consuming, kafka, metrics, runtime
 from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
-from cronwheel.fetch_watch import FetchWatch
+from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
@@ -237,7 +238,56 @@ def flush(producer: Producer, stop: threading.Event, grace_s: float) -> bool:
     return True
 
 
-def run_restarting(make: Callable[[], ConsumerService], stop: threading.Event) -> None:
+def positions(consumer: Consumer, keys: list[consuming.Where]) -> dict:
+    """Where `consumer` read each of `keys` to (the next offset), where known."""
+    got = consumer.position([TopicPartition(t, p) for t, p in keys])
+    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+
+
+def watch_fetching(
+    watch: FetchWatch,
+    watched: list[consuming.Where],
+    position: Callable[[list[consuming.Where]], dict],
+    admin: kafka.RenewingAdmin,
+) -> None:
+    """A fetch watch's look (cronwheel.fetch_watch) at the partitions a
+    consumer holds and means to read (`watched`): those it has not read for
+    a whole look though the broker (asked through `admin`) has records for
+    them raise ClientsWedged, for new clients to take over."""
+    at = position(watched) if watched else {}
+    stuck = watch.look(watched, at.get, admin.end_offsets)
+    if stuck:
+        (t, p), every = stuck[0], watch.every_s
+        raise ClientsWedged(
+            f"{len(stuck)} partitions not read for {every:.0f} s though the broker has "
+            f"records for them ({t}[{p}] at {at[(t, p)]})"
+        )
+
+
+def watch_delivering(
+    watch: DeliveryWatch, producer: Producer, reports: int, broker_answers: Callable[[], bool]
+) -> None:
+    """A delivery watch's look (cronwheel.fetch_watch) at `producer`, which
+    has given `reports` delivery reports so far: stuck raises ClientsWedged."""
+    producer.poll(0)
+    if watch.look(len(producer), reports, broker_answers):
+        raise ClientsWedged(
+            f"{len(producer)} records held by the producer with no delivery report for "
+            f"{watch.every_s:.0f} s, though the broker answers a new client"
+        )
+
+
+class Restartable(Protocol):
+    """What run_restarting runs: a service whose `run` ends with
+    ClientsWedged when its Kafka clients are stuck."""
+
+    name: str
+    log: logging.Logger
+
+    def run(self, stop: threading.Event) -> None: ...
+
+
+def run_restarting(make: Callable[[], Restartable], stop: threading.Event) -> None:
     """Run the service `make` makes until `stop`; when its Kafka clients are
     stuck (ClientsWedged), say why, count it, and run a new one: new clients,
     the same leases handed back and taken again, the records read again from
@@ -318,9 +368,15 @@ class ConsumerService:
         self.assignment: LeasedAssignment | None = None
         self.watch: TopicWatch | None = None
         # Hand-assigned consumers: partitions librdkafka stopped fetching
-        # (cronwheel.fetch_watch), asked of the broker through `_admin`.
+        # (cronwheel.fetch_watch), asked of the broker through `admin`, a
+        # client of the watch's own (renewed when it gets no answer).
         self.fetch_watch: FetchWatch | None = None
-        self._admin = None
+        self._watch_admin: kafka.RenewingAdmin | None = None
+        # A producer that holds records and reports no delivery while the
+        # broker answers a new client (cronwheel.fetch_watch): a subclass that
+        # sets it counts its delivery reports in `delivery_reports`.
+        self.delivery_watch: DeliveryWatch | None = None
+        self.delivery_reports = 0
 
     @property
     def dead_lettered_total(self) -> int:
@@ -355,6 +411,11 @@ class ConsumerService:
                 self.offsets.report_lag(consumer)
                 if self.fetch_watch is not None and self.fetch_watch.due():
                     self._watch_clients(consumer)
+                if self.delivery_watch is not None and self.delivery_watch.due():
+                    watch_delivering(
+                        self.delivery_watch, self.producer, self.delivery_reports,
+                        lambda: kafka.answers(self.bootstrap, principal=self.name),
+                    )  # fmt: skip
                 if runtime.describe_requested():
                     state = json.dumps(self.describe(consumer), default=str)
                     self.log.warning("state, as asked (SIGUSR2): %s", state)
@@ -408,7 +469,8 @@ class ConsumerService:
         """What this service reads and holds, for a diagnosis (SIGUSR2,
         cronwheel.runtime): its consumer's state (consuming.describe) and its
         leases; a subclass adds what it holds back."""
-        state = consuming.describe(consumer, admin=self.admin if self.assignment else None)
+        admin = self.admin.client if self.assignment else None
+        state = consuming.describe(consumer, admin=admin)
         if self.assignment is not None:
             state["leases"] = len(self.assignment.owned)
             state["tenant_topics"] = len(self.assignment.names)
@@ -437,14 +499,13 @@ class ConsumerService:
 
     def position(self, consumer: Consumer, keys: list[consuming.Where]) -> dict:
         """Where each of `keys` was read to (the next offset), where known."""
-        got = consumer.position([TopicPartition(t, p) for t, p in keys])
-        return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+        return positions(consumer, keys)
 
     @property
-    def admin(self):
-        if self._admin is None:
-            self._admin = kafka.admin(self.bootstrap, principal=self.name)
-        return self._admin
+    def admin(self) -> kafka.RenewingAdmin:
+        if self._watch_admin is None:
+            self._watch_admin = kafka.RenewingAdmin(self.bootstrap, principal=self.name)
+        return self._watch_admin
 
     def _watch_clients(self, consumer: Consumer) -> None:
         """The fetch watch's look (cronwheel.fetch_watch): partitions held and
@@ -453,16 +514,9 @@ class ConsumerService:
         assert self.fetch_watch is not None and self.assignment is not None
         held = self.held_back()
         watched = [key for key in self.assignment.assigned if key not in held]
-        at = self.position(consumer, watched) if watched else {}
-        stuck = self.fetch_watch.look(
-            watched, at.get, lambda keys: kafka.end_offsets(self.admin, keys)
+        watch_fetching(
+            self.fetch_watch, watched, lambda keys: self.position(consumer, keys), self.admin
         )
-        if stuck:
-            (t, p), every = stuck[0], self.fetch_watch.every_s
-            raise ClientsWedged(
-                f"{len(stuck)} partitions not read for {every:.0f} s though the broker has "
-                f"records for them ({t}[{p}] at {at[(t, p)]})"
-            )
 
     # -- the database -----------------------------------------------------------
 

@@ -23,6 +23,19 @@ What holds:
 - The broker's end offsets come from another client (an admin, one
   ListOffsets request per broker); when it cannot be asked, nothing is
   judged.
+
+The same happens to producers (`DeliveryWatch`): after a broker restart a
+relay's and a dispatcher's producers held records that were neither
+acknowledged nor failed for minutes, while the broker answered new clients
+at once (docs/reliability.md, "Producers that stopped delivering"). What
+holds there:
+
+- A producer is stuck when, at two looks `every_s` apart, it held records
+  (queued or awaiting an answer) at both, not one delivery report
+  (acknowledged or failed) came between them, and a new client of the
+  process got an answer from the broker at the second. A broker that is
+  down answers nobody; a busy producer reports deliveries.
+- A look more than twice `every_s` after the last starts over, as above.
 """
 
 from __future__ import annotations
@@ -76,3 +89,34 @@ class FetchWatch:
     def forget(self) -> None:
         """The consumer was replaced: positions start over."""
         self._seen = {}
+
+
+class DeliveryWatch:
+    def __init__(self, every_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.every_s = every_s
+        self._clock = clock
+        self._next = clock() + every_s
+        self._last = 0.0
+        self._seen: tuple[int, int] | None = None  # (records held, reports) at the last look
+        self.stuck_total = 0
+
+    def due(self) -> bool:
+        return self._clock() >= self._next
+
+    def look(self, held: int, reports: int, broker_answers: Callable[[], bool]) -> bool:
+        """Once due: whether the producer is stuck. `held`: records it holds
+        (len(producer)); `reports`: delivery reports it has given so far (a
+        count that only grows); `broker_answers()` asks the broker through a
+        new client (asked only when the rest says stuck)."""
+        now = self._clock()
+        self._next = now + self.every_s
+        fresh = now - self._last <= 2 * self.every_s
+        self._last = now
+        before, self._seen = self._seen, (held, reports)
+        if not (fresh and before and before[0] and held and before[1] == reports):
+            return False
+        if not broker_answers():
+            return False
+        self._seen = None  # judged: the next verdict needs two new looks
+        self.stuck_total += 1
+        return True

@@ -207,6 +207,43 @@ def admin(bootstrap: str | None = None, *, principal: str | Credentials) -> Admi
     )
 
 
+class RenewingAdmin:
+    """An admin client made when first needed, and made anew when a request
+    through it gets no answer: after a broker restart every long-lived
+    client of a process was seen stuck at once, and a watch that asks the
+    broker through one of them must not be stuck with them
+    (cronwheel.fetch_watch)."""
+
+    def __init__(self, bootstrap: str | None, *, principal: str | Credentials):
+        self.bootstrap, self.principal = bootstrap, principal
+        self._client: AdminClient | None = None
+
+    @property
+    def client(self) -> AdminClient:
+        if self._client is None:
+            self._client = admin(self.bootstrap, principal=self.principal)
+        return self._client
+
+    def end_offsets(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | None] | None:
+        """end_offsets through this client, or a new one when it answered none."""
+        got = end_offsets(self.client, keys)
+        if got is None or (keys and all(v is None for v in got.values())):
+            self._client = None
+            got = end_offsets(self.client, keys)
+        return got
+
+
+def answers(bootstrap: str | None = None, *, principal: str | Credentials, timeout_s=5.0) -> bool:
+    """Whether the broker gives its metadata to a new client: one that cannot
+    have been left stuck, to tell a broker that is down from clients that
+    are (cronwheel.fetch_watch)."""
+    try:
+        admin(bootstrap, principal=principal).list_topics(timeout=timeout_s)
+    except KafkaException:
+        return False
+    return True
+
+
 def end_offsets(
     admin: AdminClient, keys: Iterable[tuple[str, int]], timeout_s: float = 5.0
 ) -> dict[tuple[str, int], int | None] | None:

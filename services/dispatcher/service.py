@@ -52,7 +52,7 @@ from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_ow
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.dozing import NUDGE, Dozing
-from cronwheel.fetch_watch import FetchWatch
+from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.logs import run_fields
 from cronwheel.store.dispatch import Processed, Pruner, message_key, run_of
@@ -205,9 +205,11 @@ class Dispatcher(ConsumerService):
             on_destinations=self._new_destinations,
             scan_every_s=topic_scan_s,
         )
-        # A consumer librdkafka stopped fetching for ends the run for new
-        # clients (cronwheel.fetch_watch, main.py's run_restarting).
+        # A consumer librdkafka stopped fetching for, or a producer it stopped
+        # delivering for, ends the run for new clients (cronwheel.fetch_watch,
+        # main.py's run_restarting).
         self.fetch_watch = FetchWatch(fetch_watch_s) if fetch_watch_s else None
+        self.delivery_watch = DeliveryWatch(fetch_watch_s) if fetch_watch_s else None
 
     # -- the loop -------------------------------------------------------------
 
@@ -463,6 +465,7 @@ class Dispatcher(ConsumerService):
     def _produce(self, batch: _Batch, o: _Out) -> None:
         def on_delivery(err, _msg, o=o):
             batch.unacked -= 1
+            self.delivery_reports += 1
             if err is not None:
                 run_id, attempt = run_of(o.done_key or "") or (None, None)  # a forward's run
                 log.warning(

@@ -46,6 +46,7 @@ from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.events import traceparent
 from cronwheel.core.ids import partition_of_run
 from cronwheel.core.runs import priority_rank
+from cronwheel.fetch_watch import FetchWatch
 from cronwheel.logs import run_fields
 from cronwheel.store.db import LOST, Reconnecting
 from cronwheel.store.lifecycle import Lifecycle
@@ -119,6 +120,7 @@ class Executor(ConsumerService):
         instance: str | None = None,
         session_timeout_ms: int = ExecutorSettings.session_timeout_ms,
         shutdown_grace_ms: int = ExecutorSettings.shutdown_grace_ms,
+        fetch_watch_s: float = ExecutorSettings.fetch_watch_s,
         **skeleton,  # ConsumerService's: group_id, idle_ms, ...
     ):
         self.policy = policy or Policy()
@@ -134,6 +136,10 @@ class Executor(ConsumerService):
         # one. A dead instance's tenants move on after `session_timeout_ms`,
         # the leases' TTL.
         self.lease_tenant_topics("managed", ttl_ms=session_timeout_ms)
+        # A partition librdkafka holds and stopped fetching ends run() for new
+        # clients (cronwheel.fetch_watch, main.py's run_restarting); the
+        # commands under way finish first (stopping).
+        self.fetch_watch = FetchWatch(fetch_watch_s) if fetch_watch_s else None
         self.started_total = 0
         # A partition parked at a cap: its next record, held here, and paused
         # (pausing drops what was fetched after it; resuming continues after it).
@@ -156,6 +162,10 @@ class Executor(ConsumerService):
 
     def stopping(self, stop: threading.Event) -> None:
         self._wait_for_runners()
+
+    def held_back(self) -> set[tuple[str, int]]:
+        """Partitions parked at a cap (paused): not read on purpose."""
+        return set(self._held)
 
     def close(self) -> None:
         super().close()

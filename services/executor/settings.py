@@ -74,3 +74,6 @@ class ExecutorSettings:
     per_tenant: int = setting("CRONWHEEL_EXECUTOR_TENANT_CONCURRENCY", 2, minimum=1)
     session_timeout_ms: int = setting("CRONWHEEL_EXECUTOR_SESSION_TIMEOUT_MS", 10_000, minimum=1)
     shutdown_grace_ms: int = setting("CRONWHEEL_EXECUTOR_SHUTDOWN_GRACE_MS", 10_000, minimum=0)
+    # Partitions held and not read for this long though the broker has
+    # records for them: new Kafka clients (cronwheel.fetch_watch); 0: never.
+    fetch_watch_s: float = setting("CRONWHEEL_EXECUTOR_FETCH_WATCH_S", 15.0, minimum=0)

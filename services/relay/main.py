@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cronwheel import config, metrics
+from cronwheel.consumer import run_restarting
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.relay.service import Relay
 from services.relay.settings import RelaySettings
@@ -12,18 +13,25 @@ def main() -> None:
     settings = config.load(RelaySettings)
     log = setup_logging("relay", settings.common.log_level)
     metrics.serve("relay", settings.metrics)
-    relay = Relay(
-        settings.common.database_url,
-        settings.common.kafka_bootstrap,
-        batch=settings.batch,
-        lease_ttl_ms=settings.firing.lease_ttl_ms,
-        wake_every_ms=settings.wake_every_ms,
-        # Read held rows well before their time: a run fired ahead must be in
-        # memory by its instant, whatever the notifications did.
-        hold_ms=settings.firing.fire_ahead_ms + 1_000,
-    )
-    log.info("relay %s starting", relay.leases.owner)
-    relay.run(stop_on_signals())
+
+    def make() -> Relay:
+        relay = Relay(
+            settings.common.database_url,
+            settings.common.kafka_bootstrap,
+            batch=settings.batch,
+            lease_ttl_ms=settings.firing.lease_ttl_ms,
+            wake_every_ms=settings.wake_every_ms,
+            delivery_watch_s=settings.delivery_watch_s,
+            # Read held rows well before their time: a run fired ahead must be in
+            # memory by its instant, whatever the notifications did.
+            hold_ms=settings.firing.fire_ahead_ms + 1_000,
+        )
+        log.info("relay %s starting", relay.leases.owner)
+        return relay
+
+    # A new relay, with a new producer, when librdkafka leaves the producer
+    # stuck (cronwheel.fetch_watch).
+    run_restarting(make, stop_on_signals())
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ import psycopg
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Firing
-from cronwheel.consumer import make_known, produce
+from cronwheel.consumer import ClientsWedged, make_known, produce, watch_delivering
 from cronwheel.dozing import Waker
+from cronwheel.fetch_watch import DeliveryWatch
 from cronwheel.store import outbox
 from cronwheel.store.db import LOST, connect, keep_connected
 from cronwheel.store.leases import Leases
@@ -49,6 +50,9 @@ log = logging.getLogger("cronwheel.relay")
 
 
 class Relay:
+    name = "relay"  # run_restarting's
+    log = log
+
     def __init__(
         self,
         dsn: str,
@@ -60,8 +64,10 @@ class Relay:
         hold_ms: int = 1_000,
         instance: str | None = None,
         wake_every_ms: int = RelaySettings.wake_every_ms,
+        delivery_watch_s: float = RelaySettings.delivery_watch_s,
     ):
         self.dsn = dsn
+        self.bootstrap = bootstrap
         # linger 1 ms: the relay already batches by reading the outbox in bulk.
         self.producer = kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1})
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
@@ -94,6 +100,11 @@ class Relay:
         # Wakes the dispatcher's dozing partitions of a run topic before its records.
         self._wake_topics: set[str] = set()  # made and known to the producer
         self.waker = Waker(self.producer, every_ms=wake_every_ms, produce=self._produce_wake)
+        # A producer librdkafka left holding records it neither delivers nor
+        # fails ends the run for a new relay (cronwheel.fetch_watch, main.py's
+        # run_restarting); `_delivered` counts the reports.
+        self.delivery_watch = DeliveryWatch(delivery_watch_s) if delivery_watch_s else None
+        self.delivery_reports = 0
 
     def run(self, stop: threading.Event) -> None:
         """Publish until `stop`. A lost database (a restart, a terminated
@@ -142,10 +153,21 @@ class Relay:
                         renew = max(0.0, next_lease - time.monotonic())
                         wait = min(self.idle_ms / 1000, hold, renew)
                     notified = self._notified(listen, wait)
+                    if self.delivery_watch is not None and self.delivery_watch.due():
+                        watch_delivering(
+                            self.delivery_watch, self.producer, self.delivery_reports,
+                            lambda: kafka.answers(self.bootstrap, principal="relay"),
+                        )  # fmt: skip
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
             except LOST:
                 lost = True  # connected again by run(); nothing here is given up
+                raise
+            except ClientsWedged:
+                # Its rows in flight stay in the outbox, read and published
+                # again by the next relay; the stuck producer must not publish
+                # them later as well.
+                self.producer.purge()
                 raise
             finally:
                 if not lost:
@@ -319,6 +341,7 @@ class Relay:
 
     def _delivered(self, err, row_id: int) -> None:
         """Delivery callback (inside producer.poll/flush, on this thread)."""
+        self.delivery_reports += 1
         if err is None:
             self._acked.append(row_id)
         else:

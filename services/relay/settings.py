@@ -18,3 +18,6 @@ class RelaySettings:
     # this long without one; keep it below the dispatcher's
     # CRONWHEEL_DISPATCHER_DOZE_AFTER_MS, so a busy topic never dozes.
     wake_every_ms: int = setting("CRONWHEEL_RELAY_WAKE_EVERY_MS", 3_000, minimum=1)
+    # A producer that held records and reported no delivery for this long
+    # while the broker answers a new client: a new relay (cronwheel.fetch_watch).
+    delivery_watch_s: float = setting("CRONWHEEL_RELAY_DELIVERY_WATCH_S", 15.0, minimum=0)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from dataclasses import dataclass
 
 from cronwheel import config, metrics
 from cronwheel.config import Common, Destinations, Metrics, group, setting
+from cronwheel.consumer import run_restarting
 from cronwheel.kafka import Topics
 from cronwheel.runtime import setup_logging, stop_on_signals
 from services.webhook.service import Settings as Tunables
@@ -53,6 +55,9 @@ class TuningSettings:
         "CRONWHEEL_WEBHOOK_SHUTDOWN_GRACE_MS", Tunables.shutdown_grace_ms, minimum=0
     )
     keepalive_ms: int = setting("CRONWHEEL_WEBHOOK_KEEPALIVE_MS", Tunables.keepalive_ms, minimum=0)
+    fetch_watch_ms: int = setting(
+        "CRONWHEEL_WEBHOOK_FETCH_WATCH_MS", Tunables.fetch_watch_ms, minimum=0
+    )
 
 
 @dataclass(frozen=True)
@@ -69,21 +74,27 @@ def main() -> None:
     settings = config.load(WebhookSettings)
     log = setup_logging("webhook", settings.common.log_level)
     metrics.serve("webhook", settings.metrics)
-    service = WebhookService(
-        settings.common.database_url,
-        settings.common.kafka_bootstrap,
-        Topics(settings.common.topic_prefix),
-        instance=settings.instance,
-        allow=settings.destinations.allow,
-        settings=Tunables(**dataclasses.asdict(settings.tuning)),
-    )
-    log.info(
-        "webhook %s starting (group %s, allowed beyond public: %s)",
-        service.worker_id,
-        service.group_id,
-        ", ".join(map(str, service.allow)) or "nothing",
-    )
-    service.run(stop_on_signals())
+    instance = settings.instance or secrets.token_hex(4)  # one id across new clients
+
+    def make() -> WebhookService:
+        service = WebhookService(
+            settings.common.database_url,
+            settings.common.kafka_bootstrap,
+            Topics(settings.common.topic_prefix),
+            instance=instance,
+            allow=settings.destinations.allow,
+            settings=Tunables(**dataclasses.asdict(settings.tuning)),
+        )
+        log.info(
+            "webhook %s starting (group %s, allowed beyond public: %s)",
+            service.worker_id,
+            service.group_id,
+            ", ".join(map(str, service.allow)) or "nothing",
+        )
+        return service
+
+    # New Kafka clients when librdkafka leaves the consumer stuck (cronwheel.fetch_watch).
+    run_restarting(make, stop_on_signals())
 
 
 if __name__ == "__main__":

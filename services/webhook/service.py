@@ -55,13 +55,22 @@ except ImportError:  # pragma: no cover - a dependency; asyncio's loop does the 
 
 from cronwheel import consuming, kafka
 from cronwheel.assignment import LeasedAssignment
-from cronwheel.consumer import QUIET, DeadLetters, Poison, expect_owned, shut_down
+from cronwheel.consumer import (
+    QUIET,
+    DeadLetters,
+    Poison,
+    expect_owned,
+    positions,
+    shut_down,
+    watch_fetching,
+)
 from cronwheel.consuming import TrackedOffsets
 from cronwheel.core.clock import iso, now_ms
 from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.events import traceparent
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network
+from cronwheel.fetch_watch import FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.logs import run_fields
 from cronwheel.store import webhooks
@@ -139,9 +148,15 @@ class Settings:
     max_waiting_per_partition: int = 1000  # then the partition is paused
     shutdown_grace_ms: int = 10_000
     keepalive_ms: int = 30_000
+    # Partitions held and not read for this long though the broker has
+    # records for them: new Kafka clients (cronwheel.fetch_watch); 0: never.
+    fetch_watch_ms: int = 15_000
 
 
 class WebhookService:
+    name = "webhook"  # run_restarting's
+    log = log
+
     def __init__(
         self,
         dsn: str,
@@ -211,6 +226,12 @@ class WebhookService:
             Placement(self._producer),
         )
         self._lease_db = Reconnecting(self.dsn, log)
+        # Its consumer is assigned by hand, whose partitions librdkafka was
+        # seen to stop fetching: run() then ends with ClientsWedged
+        # (cronwheel.fetch_watch; main.py's run_restarting).
+        every_s = s.fetch_watch_ms / 1000
+        self._fetch_watch = FetchWatch(every_s) if every_s else None
+        self._admin: kafka.RenewingAdmin | None = None
         self._client = Client(
             Guard(self.allow),
             keepalive_s=s.keepalive_ms / 1000,
@@ -581,6 +602,13 @@ class WebhookService:
         self._producer.poll(0)
         self._offsets.commit(consumer, asynchronous=True)
         self._offsets.report_lag(consumer)
+        if self._fetch_watch is not None and self._fetch_watch.due():
+            if self._admin is None:
+                self._admin = kafka.RenewingAdmin(self.bootstrap, principal=CONSUMER)
+            watched = [key for key in self._assignment.assigned if key not in self._paused]
+            watch_fetching(
+                self._fetch_watch, watched, lambda keys: positions(consumer, keys), self._admin
+            )
 
     def _give_up(self, partitions: list[TopicPartition]) -> None:
         """A lease moved: commit what this instance finished of these partitions,

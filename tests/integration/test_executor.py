@@ -10,6 +10,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -45,7 +46,7 @@ class Platform:
     database_url: str
     topics: Topics
     conn: psycopg.Connection
-    executor: Executor
+    executor: Executor  # or what serving's `make` made
 
     def tenant(self) -> dict:
         return create_tenant(self.conn, f"team-{uuid.uuid4().hex[:8]}")
@@ -79,14 +80,15 @@ class Platform:
 
 
 @contextlib.contextmanager
-def serving(servers, db_template, new_topic_prefix, **executor) -> Iterator[Platform]:
+def serving(servers, db_template, new_topic_prefix, make=None, **executor) -> Iterator[Platform]:
     """A database of its own, fresh topics, and the services a managed run
-    passes through, with an Executor of `executor`'s arguments."""
+    passes through, with an Executor of `executor`'s arguments (or what
+    `make(url, bootstrap, topics)` makes, to run in its place)."""
     name = dbsupport.clone(servers.database_url, db_template)
     url = dbsupport.with_dbname(servers.database_url, name)
     bootstrap = servers.kafka_bootstrap
     topics = Topics(new_topic_prefix())
-    service = Executor(url, bootstrap, topics, **executor)
+    service = (make or partial(Executor, **executor))(url, bootstrap, topics)
     try:
         with contextlib.ExitStack() as stack:
             conn = stack.enter_context(psycopg.connect(url, autocommit=True))

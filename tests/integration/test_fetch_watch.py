@@ -15,32 +15,15 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import TopicPartition
-from prometheus_client import REGISTRY
 
-from cronwheel.consumer import run_restarting
 from cronwheel.kafka import Topics
 from services.dispatcher.service import Dispatcher
 from tests.integration.test_dispatcher import produce, ready
 from tests.support.kafka import read_all
-from tests.support.running import running
+from tests.support.running import Restarting, clients_restarted, running
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def restarted() -> float:
-    labels = {"service": "dispatcher"}
-    return REGISTRY.get_sample_value("cronwheel_kafka_clients_restarted_total", labels) or 0.0
-
-
-class Restarting:
-    """The dispatcher as `cronwheel serve dispatcher` runs it (main.py)."""
-
-    def __init__(self, make) -> None:
-        self.make = make
-
-    def run(self, stop) -> None:
-        run_restarting(self.make, stop)
 
 
 def test_partition_not_read_though_records_wait__new_clients__each_run_forwarded_once(
@@ -52,7 +35,7 @@ def test_partition_not_read_though_records_wait__new_clients__each_run_forwarded
     records = {i: (f"r{i}".encode(), ready("acme", f"r{i}")) for i in range(4)}
     # All in partition 0, the one paused below.
     produce(kafka_bootstrap, topic, [records[0], records[1]], partition=0)
-    before = restarted()
+    before = clients_restarted("dispatcher")
     made: list[Dispatcher] = []
 
     def make() -> Dispatcher:
@@ -73,7 +56,7 @@ def test_partition_not_read_though_records_wait__new_clients__each_run_forwarded
         produce(kafka_bootstrap, topic, [records[2], records[3]], partition=0)
         wait_for(lambda: len(made) >= 2, timeout=30, what="new clients")
         wait_for(lambda: forwarded() >= 4, timeout=60, what="the other two")
-    assert len(made) == 2 and restarted() - before == 1
+    assert len(made) == 2 and clients_restarted("dispatcher") - before == 1
     why = [r.getMessage() for r in caplog.records if "Kafka clients are stuck" in r.getMessage()]
     assert len(why) == 1 and f"{topic}[0] at 2" in why[0], why
     queue = topics.queue("acme", "billing")

@@ -1,8 +1,9 @@
-"""cronwheel.fetch_watch: which held partitions a consumer stopped reading."""
+"""cronwheel.fetch_watch: which held partitions a consumer stopped reading,
+and when a producer stopped delivering."""
 
 from __future__ import annotations
 
-from cronwheel.fetch_watch import FetchWatch
+from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 
 A, B = ("t.runs.a", 0), ("t.runs.b", 0)
 
@@ -77,3 +78,41 @@ def test_due__every_interval():
     assert w.due()
     w.look([], lambda _k: None, lambda _keys: {})
     assert not w.due()
+
+
+def deliveries(looks: list[tuple[int, int, bool]], gap_s: float = 15) -> list[bool]:
+    """A DeliveryWatch's verdicts at looks `gap_s` apart, each (records held,
+    delivery reports so far, whether a new client gets an answer)."""
+    clock = Clock()
+    w = DeliveryWatch(every_s=15, clock=clock)
+    asked = []
+    out = []
+    for held, reports, answers in looks:
+        clock.now += gap_s
+        assert w.due()
+        out.append(w.look(held, reports, lambda a=answers: asked.append(a) or a))
+    assert w.stuck_total == sum(out)
+    return out
+
+
+def test_delivery__held_and_no_report_between_two_looks__broker_answers__stuck():
+    assert deliveries([(3, 10, True), (3, 10, True)]) == [False, True]
+
+
+def test_delivery__reports_came__or_nothing_held__not_stuck():
+    assert deliveries([(3, 10, True), (3, 11, True), (0, 11, True), (0, 11, True)]) == [False] * 4
+
+
+def test_delivery__broker_down__not_stuck__until_it_answers():
+    """The broker away: nobody delivers, rightly; once it answers a new
+    client and this producer still reports nothing, stuck."""
+    got = deliveries([(5, 0, False), (5, 0, False), (5, 0, False), (5, 0, True)])
+    assert got == [False, False, False, True]
+
+
+def test_delivery__a_look_long_after_the_last__starts_over():
+    assert deliveries([(3, 10, True), (3, 10, True)], gap_s=40) == [False, False]
+
+
+def test_delivery__judged_stuck__the_next_verdict_needs_two_new_looks():
+    assert deliveries([(3, 1, True)] * 4) == [False, True, False, True]
