@@ -33,8 +33,11 @@ holds there:
 - A producer is stuck when, at two looks `every_s` apart, it held records
   (queued or awaiting an answer) at both, not one delivery report
   (acknowledged or failed) came between them, and a new client of the
-  process got an answer from the broker at the second. A broker that is
-  down answers nobody; a busy producer reports deliveries.
+  process got an answer from the broker at both. A broker that is down
+  answers nobody; a busy producer reports deliveries; a producer waiting out
+  its reconnect backoff (at most 10 s, librdkafka's
+  reconnect.backoff.max.ms) after the broker came back has done so within
+  the `every_s` (15 s) the broker answered throughout.
 - A look more than twice `every_s` after the last starts over, as above.
 """
 
@@ -97,7 +100,8 @@ class DeliveryWatch:
         self._clock = clock
         self._next = clock() + every_s
         self._last = 0.0
-        self._seen: tuple[int, int] | None = None  # (records held, reports) at the last look
+        # (records held, reports, whether the broker answered) at the last look
+        self._seen: tuple[int, int, bool] | None = None
         self.stuck_total = 0
 
     def due(self) -> bool:
@@ -107,15 +111,16 @@ class DeliveryWatch:
         """Once due: whether the producer is stuck. `held`: records it holds
         (len(producer)); `reports`: delivery reports it has given so far (a
         count that only grows); `broker_answers()` asks the broker through a
-        new client (asked only when the rest says stuck)."""
+        new client (asked only while records wait with no report)."""
         now = self._clock()
         self._next = now + self.every_s
         fresh = now - self._last <= 2 * self.every_s
         self._last = now
-        before, self._seen = self._seen, (held, reports)
-        if not (fresh and before and before[0] and held and before[1] == reports):
-            return False
-        if not broker_answers():
+        before = self._seen if fresh else None
+        waiting = held > 0 and (before is None or before[1] == reports)
+        answered = waiting and broker_answers()
+        self._seen = (held, reports, answered)
+        if not (before and before[0] and before[2] and answered and before[1] == reports):
             return False
         self._seen = None  # judged: the next verdict needs two new looks
         self.stuck_total += 1
