@@ -173,6 +173,68 @@ def bench_storm(jobs: int, days: int, per_day: int) -> None:
             delete_topics(names)
 
 
+# The four ways of finding one run, each a read and a heartbeat-shaped update.
+_LOOKUPS = {
+    "runs, by key": "{verb} runs {set} WHERE partition_id = %(p)s AND run_id = %(run_id)s",
+    "runs_daily, without the day": (
+        "{verb} runs_daily {set} WHERE partition_id = %(p)s AND run_id = %(run_id)s"
+    ),
+    "runs_daily, with the day": (
+        "{verb} runs_daily {set} WHERE partition_id = %(p)s AND run_id = %(run_id)s"
+        " AND scheduled_at = %(at)s"
+    ),
+    "runs_daily, the last two days": (
+        "{verb} runs_daily {set} WHERE partition_id = %(p)s AND run_id = %(run_id)s"
+        " AND scheduled_at >= now() - interval '2 days'"
+    ),
+}
+_VERBS = {
+    "read": ("SELECT state, attempt, scheduled_at FROM", ""),
+    "update": ("UPDATE", "SET updated_at = now()"),
+}
+
+
+def bench_lookup(days: int, per_day: int, calls: int) -> None:
+    with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
+        tenant = create_tenants(conn, 1)[0]["tenant_id"]
+        today = datetime.now(UTC).date()
+        runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
+        runs_daily.ensure_ahead(conn, today, 7)
+        midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
+        # The same rows in both shapes, written once: the mirror copies them.
+        _load(conn, "runs", tenant, days * per_day, per_day, midnight)
+        parts = conn.execute(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
+        ).fetchone()[0]
+        vacuum_analyze(url)
+        # Recent runs (the last day), as a worker's StartRun and heartbeats find
+        # them; the same keys for every way.
+        keys = conn.execute(
+            "SELECT partition_id, run_id, scheduled_at FROM runs"
+            " WHERE scheduled_at >= %s ORDER BY random() LIMIT %s",
+            [midnight - timedelta(days=1), calls],
+        ).fetchall()
+        for verb, (head, tail) in _VERBS.items():
+            for way, shape in _LOOKUPS.items():
+                sql = shape.format(verb=head, set=tail)
+                took = []
+                with conn.transaction(force_rollback=True):
+                    for i, (p, run_id, at) in enumerate(keys):
+                        began = time.perf_counter()
+                        cur = conn.execute(sql, {"p": p, "run_id": run_id, "at": at}, prepare=True)
+                        found = cur.rowcount if verb == "update" else len(cur.fetchall())
+                        if i >= 20:  # after the custom plans and the cache's warm-up
+                            took.append(time.perf_counter() - began)
+                        assert found == 1, (way, run_id, found)
+                took.sort()
+                say(
+                    f"lookup {verb}, {way}: p50 {took[len(took) // 2] * 1e6:,.0f} us,"
+                    f" p99 {took[int(len(took) * 0.99)] * 1e6:,.0f} us"
+                    f" ({len(took):,} calls; {days * per_day:,} runs in {parts} partitions,"
+                    " the default one of them)"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backfill-runs", type=int, default=200_000)
@@ -180,15 +242,18 @@ def main() -> None:
     ap.add_argument("--storm", type=int, default=10_000)
     ap.add_argument("--history-days", type=int, default=7)
     ap.add_argument("--history-per-day", type=int, default=100_000)
-    ap.add_argument("--only", choices=["backfill", "drop", "storm"], default=None)
+    ap.add_argument("--lookup-calls", type=int, default=3000)
+    ap.add_argument("--only", choices=["backfill", "drop", "storm", "lookup"], default=None)
     args = ap.parse_args()
-    header("bench_retention: run history by day (backfill, drop, storm with history)")
+    header("bench_retention: run history by day (backfill, drop, storm with history, lookup)")
     if args.only in (None, "backfill"):
         bench_backfill(args.backfill_runs)
     if args.only in (None, "drop"):
         bench_drop([args.day_runs, args.day_runs * 10])
     if args.only in (None, "storm"):
         bench_storm(args.storm, args.history_days, args.history_per_day)
+    if args.only in (None, "lookup"):
+        bench_lookup(args.history_days, args.history_per_day, args.lookup_calls)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,12 @@ class Dispatcher(ConsumerService):
     # -- the loop -------------------------------------------------------------
 
     def turn(self, consumer: Consumer, stop: threading.Event) -> bool:
+        # Pruned before reading: the first pass comes at the start, before this
+        # instance has recorded anything, so what it records in its first turn
+        # is kept a whole retention even when that turn's sends outlast it
+        # (replay_retention's check of what a replay forwarded again).
+        if self.pruner.due(now_ms()):
+            self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
         read = self._released(consumer) + self._consume(consumer)
         msgs = self._within_quota(consumer, read, stop) if read else read
         if msgs and not self._send(msgs, stop):
@@ -226,8 +232,6 @@ class Dispatcher(ConsumerService):
             self._prioritise(consumer)
         if self.dozing is not None:
             self._doze(consumer)
-        if self.pruner.due(now_ms()):
-            self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
         return True
 
     def held_back(self) -> set[tuple[str, int]]:

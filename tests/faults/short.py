@@ -16,17 +16,18 @@ from tests.faults.harness import PrivateStack, private_stack
 from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, NEEDS, SHORT, run
 
 # Scenarios make test leaves to `make chaos` (or CRONWHEEL_FAULTS_ALL=1)
-# because they fail at random for a cause not yet cured.
-# kafka_restart: a dispatcher whose clients librdkafka left stuck is cured
-# (cronwheel/fetch_watch.py; the long version passed 6 of 6 after it), but in
-# the clean clone of 7dce62c an SDK worker had no partitions for 120 s after
-# the restart while its group's coordinator answered, so its watchdog took it
-# for one of several workers and left it (cronwheel/sdk/watchdog.py); 417
-# forwarded runs waited (docs/reliability.md).
+# because they fail at random for a cause not yet cured. None now.
+# kafka_restart was here until 2026-12-04: after some broker restarts
+# librdkafka left every long-lived client of a process stuck (a dispatcher's
+# consumer, a relay's and a dispatcher's producers, an SDK worker's consumer
+# out of its group), and each is now replaced (cronwheel/fetch_watch.py,
+# cronwheel/sdk/watchdog.py; docs/reliability.md). The long version failed
+# 2 of 2 that morning before the last of those cures, then passed 6 of 6 (2
+# of them beside a spinning core) and its `make chaos` run.
 # pg_immediate was here until its cause was found and fixed (the dispatcher
 # skipped a lost firing's second announcement: docs/reliability.md): 0 of 18
 # runs failed after the fix, 6 of 31 before.
-FLAKY = {"kafka_restart"}
+FLAKY: set[str] = set()
 
 # The second half, chosen by the short versions' times on a quiet machine
 # (pytest --durations, 2026-12-02: kafka_disk_full 72 s, kafka_restart 44,
