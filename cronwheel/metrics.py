@@ -70,6 +70,11 @@ KAFKA_CLIENTS_RESTARTED = Counter(
     "Times a service started new Kafka clients because its consumer held partitions it did not read (cronwheel.fetch_watch)",
     ["service"],
 )
+PRODUCERS_RENEWED = Counter(
+    "cronwheel_producers_renewed_total",
+    "Times a service replaced a producer that had met many topics gone quiet (cronwheel.topics_met)",
+    ["service"],
+)
 QUOTA_HELD = Gauge(
     "cronwheel_quota_held",
     "Due job timers (fire) or read records (dispatch) that tenants' token buckets hold back"

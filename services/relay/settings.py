@@ -21,3 +21,8 @@ class RelaySettings:
     # A producer that held records and reported no delivery for this long
     # while the broker answers a new client: a new relay (cronwheel.fetch_watch).
     delivery_watch_s: float = setting("CRONWHEEL_RELAY_DELIVERY_WATCH_S", 15.0, minimum=0)
+    # Every this often, a producer that has met at least renew_producer_topics
+    # topics, at most half of them used since the last look, is replaced by a
+    # fresh one (cronwheel.topics_met); 0 never.
+    renew_producer_s: float = setting("CRONWHEEL_RELAY_RENEW_PRODUCER_S", 600.0, minimum=0)
+    renew_producer_topics: int = setting("CRONWHEEL_RELAY_RENEW_PRODUCER_TOPICS", 500, minimum=1)
