@@ -40,12 +40,14 @@ def test_dispatcher__sigusr1_stacks__sigusr2_its_kafka_state__and_it_goes_on(
         wait_for(lambda: "dispatcher starting" in dispatcher.log(), timeout=60, what="start")
 
         def state_with_the_run_topic_read() -> dict | None:
-            # Asked again until it has fetched every partition it holds and
-            # read them to their end (nothing behind).
+            # Asked again until it has fetched every partition it holds, read
+            # them to their end (nothing behind) and had what it forwarded
+            # acknowledged (a loaded machine answers that after the read).
             dispatcher.proc.send_signal(signal.SIGUSR2)
             for s in reversed(states(dispatcher.log())):
                 mine = [k for k in s["partitions"] if k.startswith(f"{topic}[")]
-                if len(mine) == kafka.RUN_PARTITIONS and not s["unfetched"] and not s["behind"]:
+                read = len(mine) == kafka.RUN_PARTITIONS and not s["unfetched"]
+                if read and not s["behind"] and not s["batches_on_their_way"]:
                     return s
             return None
 
