@@ -352,6 +352,18 @@ class Processed:
     retention_ms: int = setting("CRONWHEEL_PROCESSED_RETENTION_MS", 7 * 86_400_000, minimum=1)
 
 
+@dataclass(frozen=True)
+class ProducerRenewal:
+    """The relay's and the dispatcher's producers, made anew when most topics
+    they met went quiet (cronwheel.topics_met)."""
+
+    # How often a producer is looked at; 0: never renewed.
+    every_s: float = setting("CRONWHEEL_PRODUCER_RENEW_S", 600.0, minimum=0)
+    # Renewed only once it has met at least this many topics, at most half of
+    # them used since the last look.
+    at_least_topics: int = setting("CRONWHEEL_PRODUCER_RENEW_TOPICS", 500, minimum=1)
+
+
 # The longest a tenant's own run retention may be (tenants.run_retention_days).
 MAX_RUN_RETENTION_DAYS = 3650
 

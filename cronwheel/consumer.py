@@ -46,6 +46,7 @@ from cronwheel.kafka import Placement, Topics
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import TopicWatch
+from cronwheel.topics_met import RenewingProducer
 
 RECORD_HEADER = "record"  # the Avro record a produced value holds (`RunReady`, `DeadLetter`)
 # Error events logged at debug only: a topic assigned before the broker knows
@@ -355,7 +356,9 @@ class ConsumerService:
         self.lag_every_ms = lag_every_ms
         self.shutdown_grace_ms = shutdown_grace_ms
         self.log = logging.getLogger(f"cronwheel.{self.name}")
-        self.producer = kafka.producer(bootstrap, principal=self.name)
+        # Made anew in place when a subclass gives it a TopicsMet and most
+        # topics it met went quiet (cronwheel.topics_met).
+        self.producer = RenewingProducer(lambda: kafka.producer(bootstrap, principal=self.name))
         self.dead_letters = DeadLetters(
             self.producer, topics.dead_letter, self.name, self.log, self.make_topic
         )
@@ -416,6 +419,7 @@ class ConsumerService:
                         self.delivery_watch, self.producer, self.delivery_reports,
                         lambda: kafka.answers(self.bootstrap, principal=self.name),
                     )  # fmt: skip
+                self.producer.renew_if_quiet(self.name, self.log)
                 if runtime.describe_requested():
                     state = json.dumps(self.describe(consumer), default=str)
                     self.log.warning("state, as asked (SIGUSR2): %s", state)

@@ -11,13 +11,22 @@ once a day. `TopicsMet` counts what the producer met and what it used since
 the last look, every `every_s`; a producer that has met at least
 `at_least` topics, at most half of them used since the last look, is worth
 replacing: the new one meets only the topics that are in use.
+`RenewingProducer` is that producer, replaced in place: whoever holds it (a
+placement, the relay's waker, a service's dead letters and topic watch) goes
+on with the new one.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from confluent_kafka import Producer
+
+from cronwheel import metrics
+from cronwheel.config import ProducerRenewal
 
 
 @dataclass(frozen=True)
@@ -61,3 +70,56 @@ class TopicsMet:
     def renewed(self) -> None:
         """A new producer, which has met nothing yet."""
         self._met = set()
+
+
+def topics_met(renewal: ProducerRenewal) -> TopicsMet | None:
+    """What a RenewingProducer counts with the settings given; None: never renewed."""
+    return TopicsMet(renewal.every_s, renewal.at_least_topics) if renewal.every_s else None
+
+
+class RenewingProducer:
+    """A producer (`make()`) that counts the topics it is given records for
+    in `topics_met` and is made anew, in place, by `renew_if_quiet`. Every
+    other call goes to the producer of the moment."""
+
+    def __init__(self, make: Callable[[], Producer], topics_met: TopicsMet | None = None):
+        self._make = make
+        self._producer = make()
+        self.topics_met = topics_met
+        self.renewed_total = 0
+
+    def produce(self, *args, **kwargs) -> None:
+        if self.topics_met is not None:
+            self.topics_met.used(kwargs["topic"] if "topic" in kwargs else args[0])
+        self._producer.produce(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def __getattr__(self, name: str):
+        return getattr(self._producer, name)
+
+    def renew_if_quiet(self, service: str, log: logging.Logger, flush_s: float = 10) -> bool:
+        """At each look (`topics_met.due()`), a new producer if the look says
+        so. What the old one holds is delivered first: its delivery reports
+        come inside this flush, on the caller's thread, as at any flush. One
+        that cannot deliver it all in `flush_s` is kept, and the next look
+        asks again."""
+        if self.topics_met is None or not self.topics_met.due():
+            return False
+        verdict = self.topics_met.look()
+        if not verdict.renew:
+            return False
+        if left := self._producer.flush(flush_s):
+            log.warning("%s: kept its producer: %d records not delivered in %.0f s",
+                        service, left, flush_s)  # fmt: skip
+            return False
+        self._producer = self._make()
+        self.topics_met.renewed()
+        self.renewed_total += 1
+        metrics.PRODUCERS_RENEWED.labels(service).inc()
+        log.info(
+            "%s: a new producer; the last had met %d topics, %d of them used in the last %.0f s",
+            service, verdict.met, verdict.used, self.topics_met.every_s,
+        )  # fmt: skip
+        return True

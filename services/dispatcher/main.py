@@ -27,6 +27,7 @@ def main() -> None:
             doze_sweep_ms=settings.doze_sweep_ms,
             fetch_watch_s=settings.fetch_watch_s,
             processed_retention_ms=settings.processed.retention_ms,
+            renewal=settings.renewal,
         )
 
     log.info("dispatcher starting (group %s.%s)", settings.common.topic_prefix, CONSUMER)

@@ -48,6 +48,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Processed as ProcessedSettings
+from cronwheel.config import ProducerRenewal
 from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
@@ -58,6 +59,7 @@ from cronwheel.logs import run_fields
 from cronwheel.store.dispatch import Processed, Pruner, message_key, run_of
 from cronwheel.store.quotas import Buckets
 from cronwheel.topic_watch import announce
+from cronwheel.topics_met import topics_met
 from services.dispatcher.settings import DispatcherSettings
 
 log = logging.getLogger("cronwheel.dispatcher")
@@ -155,6 +157,7 @@ class Dispatcher(ConsumerService):
         doze_after_ms: int = DispatcherSettings.doze_after_ms,
         doze_sweep_ms: int = DispatcherSettings.doze_sweep_ms,
         fetch_watch_s: float = DispatcherSettings.fetch_watch_s,
+        renewal: ProducerRenewal | None = None,  # the settings' defaults
         **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
     ):
         super().__init__(*args, batch=batch, max_wait_ms=max_wait_ms, **skeleton)
@@ -210,6 +213,9 @@ class Dispatcher(ConsumerService):
         # main.py's run_restarting).
         self.fetch_watch = FetchWatch(fetch_watch_s) if fetch_watch_s else None
         self.delivery_watch = DeliveryWatch(fetch_watch_s) if fetch_watch_s else None
+        # Its producer meets every tenant's queue topics: made anew when most
+        # went quiet (cronwheel.topics_met).
+        self.producer.topics_met = topics_met(renewal or ProducerRenewal())
 
     # -- the loop -------------------------------------------------------------
 

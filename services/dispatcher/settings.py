@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cronwheel.config import Common, Metrics, Processed, group, setting
+from cronwheel.config import Common, Metrics, Processed, ProducerRenewal, group, setting
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,7 @@ class DispatcherSettings:
     common: Common = group(Common)
     metrics: Metrics = group(Metrics)
     processed: Processed = group(Processed)
+    renewal: ProducerRenewal = group(ProducerRenewal)
     batch: int = setting("CRONWHEEL_DISPATCHER_BATCH", 500, minimum=1)  # records per batch
     # How long a batch waits to fill.
     max_wait_ms: int = setting("CRONWHEEL_DISPATCHER_MAX_WAIT_MS", 5, minimum=0)

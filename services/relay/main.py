@@ -22,8 +22,7 @@ def main() -> None:
             lease_ttl_ms=settings.firing.lease_ttl_ms,
             wake_every_ms=settings.wake_every_ms,
             delivery_watch_s=settings.delivery_watch_s,
-            renew_producer_s=settings.renew_producer_s,
-            renew_producer_topics=settings.renew_producer_topics,
+            renewal=settings.renewal,
             # Read held rows well before their time: a run fired ahead must be in
             # memory by its instant, whatever the notifications did.
             hold_ms=settings.firing.fire_ahead_ms + 1_000,

@@ -36,7 +36,7 @@ import time
 import psycopg
 
 from cronwheel import kafka, metrics
-from cronwheel.config import Firing
+from cronwheel.config import Firing, ProducerRenewal
 from cronwheel.consumer import ClientsWedged, make_known, produce, watch_delivering
 from cronwheel.dozing import Waker
 from cronwheel.fetch_watch import DeliveryWatch
@@ -44,7 +44,7 @@ from cronwheel.store import outbox
 from cronwheel.store.db import LOST, connect, keep_connected
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import announce
-from cronwheel.topics_met import TopicsMet
+from cronwheel.topics_met import RenewingProducer, topics_met
 from services.relay.settings import RelaySettings
 
 log = logging.getLogger("cronwheel.relay")
@@ -66,13 +66,17 @@ class Relay:
         instance: str | None = None,
         wake_every_ms: int = RelaySettings.wake_every_ms,
         delivery_watch_s: float = RelaySettings.delivery_watch_s,
-        renew_producer_s: float = RelaySettings.renew_producer_s,
-        renew_producer_topics: int = RelaySettings.renew_producer_topics,
+        renewal: ProducerRenewal | None = None,  # the settings' defaults
     ):
         self.dsn = dsn
         self.bootstrap = bootstrap
         # linger 1 ms: the relay already batches by reading the outbox in bulk.
-        self.producer = kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1})
+        # Made anew when most topics it met went quiet (cronwheel.topics_met:
+        # librdkafka walks every topic a producer has met).
+        self.producer = RenewingProducer(
+            lambda: kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1}),
+            topics_met(renewal or ProducerRenewal()),
+        )
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
         if instance:
             self.leases.owner = instance
@@ -108,12 +112,6 @@ class Relay:
         # run_restarting); `_delivered` counts the reports.
         self.delivery_watch = DeliveryWatch(delivery_watch_s) if delivery_watch_s else None
         self.delivery_reports = 0
-        # A producer that has met many topics now quiet is replaced by a fresh
-        # one (cronwheel.topics_met: librdkafka walks every topic it has met).
-        self.topics_met = (
-            TopicsMet(renew_producer_s, renew_producer_topics) if renew_producer_s else None
-        )
-        self.producers_renewed = 0
 
     def run(self, stop: threading.Event) -> None:
         """Publish until `stop`. A lost database (a restart, a terminated
@@ -167,8 +165,7 @@ class Relay:
                             self.delivery_watch, self.producer, self.delivery_reports,
                             lambda: kafka.answers(self.bootstrap, principal="relay"),
                         )  # fmt: skip
-                    if self.topics_met is not None and self.topics_met.due():
-                        self._renew_producer()
+                    self.producer.renew_if_quiet("relay", log)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
             except LOST:
@@ -183,30 +180,6 @@ class Relay:
             finally:
                 if not lost:
                     self._wind_down(conn)
-
-    def _renew_producer(self) -> None:
-        """A fresh producer in place of one that has met many topics gone
-        quiet. What the old one holds is delivered first (its reports land
-        in `_delivered`, as at any flush); one that cannot deliver it all in
-        10 s is kept, and the next look asks again."""
-        verdict = self.topics_met.look()
-        if not verdict.renew:
-            return
-        if left := self.producer.flush(10):
-            log.warning("relay %s: kept its producer: %d records not delivered in 10 s",
-                        self.leases.owner, left)  # fmt: skip
-            return
-        self.producer = kafka.producer(self.bootstrap, principal="relay", **{"linger.ms": 1})
-        self._placement.producer = self.producer
-        self.waker.producer = self.producer
-        self._wake_topics.clear()  # made, but not yet known to the new producer
-        self.topics_met.renewed()
-        self.producers_renewed += 1
-        metrics.PRODUCERS_RENEWED.labels("relay").inc()
-        log.info(
-            "relay %s: a new producer; the last had met %d topics, %d of them used in the"
-            " last %.0f s", self.leases.owner, verdict.met, verdict.used, self.topics_met.every_s,
-        )  # fmt: skip
 
     def _wind_down(self, conn: psycopg.Connection) -> None:
         """Leaving: wait for what is in flight, delete what was acknowledged,
@@ -311,8 +284,6 @@ class Relay:
 
     def _produce(self, row_id: int, record: dict) -> None:
         self._inflight.add(row_id)
-        if self.topics_met is not None:
-            self.topics_met.used(record["topic"])
         # A full local queue is waited out (consumer.produce), never dropped.
         # A topic the broker does not have was made by the placement first.
         produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))

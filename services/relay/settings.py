@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cronwheel.config import Common, Firing, Metrics, group, setting
+from cronwheel.config import Common, Firing, Metrics, ProducerRenewal, group, setting
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,7 @@ class RelaySettings:
     common: Common = group(Common)
     metrics: Metrics = group(Metrics)
     firing: Firing = group(Firing)
+    renewal: ProducerRenewal = group(ProducerRenewal)
     batch: int = setting("CRONWHEEL_RELAY_BATCH", 5000, minimum=1)
     # A run topic gets a wake (cronwheel.dozing) when a row for it comes after
     # this long without one; keep it below the dispatcher's
@@ -21,8 +22,3 @@ class RelaySettings:
     # A producer that held records and reported no delivery for this long
     # while the broker answers a new client: a new relay (cronwheel.fetch_watch).
     delivery_watch_s: float = setting("CRONWHEEL_RELAY_DELIVERY_WATCH_S", 15.0, minimum=0)
-    # Every this often, a producer that has met at least renew_producer_topics
-    # topics, at most half of them used since the last look, is replaced by a
-    # fresh one (cronwheel.topics_met); 0 never.
-    renew_producer_s: float = setting("CRONWHEEL_RELAY_RENEW_PRODUCER_S", 600.0, minimum=0)
-    renew_producer_topics: int = setting("CRONWHEEL_RELAY_RENEW_PRODUCER_TOPICS", 500, minimum=1)

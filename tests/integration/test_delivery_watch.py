@@ -21,6 +21,7 @@ from cronwheel import kafka
 from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
+from cronwheel.topics_met import RenewingProducer
 from services.dispatcher.service import Dispatcher
 from services.relay.service import Relay
 from tests.integration.test_dispatcher import produce, ready
@@ -31,9 +32,13 @@ from tests.support.wait import wait_for
 pytestmark = pytest.mark.integration
 
 
-def wedged(bootstrap: str, principal: str):
+def wedged(bootstrap: str, principal: str) -> RenewingProducer:
     """A producer that cannot talk to the broker, in place of a stuck one."""
-    return kafka.producer(bootstrap, principal=principal, **{"sasl.password": "not-the-password"})
+    return RenewingProducer(
+        lambda: kafka.producer(
+            bootstrap, principal=principal, **{"sasl.password": "not-the-password"}
+        )
+    )
 
 
 def needs_authentication(bootstrap: str) -> None:

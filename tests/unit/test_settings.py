@@ -33,6 +33,7 @@ COMMON = {
 METRICS = {"CRONWHEEL_METRICS_ADDR": None, "CRONWHEEL_METRICS_PORT": None}
 FIRING = {"CRONWHEEL_LEASE_TTL_MS": 10_000, "CRONWHEEL_FIRE_AHEAD_MS": 1_000}
 PROCESSED = {"CRONWHEEL_PROCESSED_RETENTION_MS": 7 * 24 * 3600 * 1000}
+RENEWAL = {"CRONWHEEL_PRODUCER_RENEW_S": 600.0, "CRONWHEEL_PRODUCER_RENEW_TOPICS": 500}
 
 # Each service's variables and defaults as they were before settings objects
 # (README, deploy/ and tests set them): names and defaults are public.
@@ -73,16 +74,16 @@ DEFAULTS = {
         **COMMON,
         **METRICS,
         **FIRING,
+        **RENEWAL,
         "CRONWHEEL_RELAY_BATCH": 5000,
         "CRONWHEEL_RELAY_WAKE_EVERY_MS": 3_000,
         "CRONWHEEL_RELAY_DELIVERY_WATCH_S": 15.0,
-        "CRONWHEEL_RELAY_RENEW_PRODUCER_S": 600.0,
-        "CRONWHEEL_RELAY_RENEW_PRODUCER_TOPICS": 500,
     },
     "dispatcher": {
         **COMMON,
         **METRICS,
         **PROCESSED,
+        **RENEWAL,
         "CRONWHEEL_DISPATCHER_BATCH": 500,
         "CRONWHEEL_DISPATCHER_MAX_WAIT_MS": 5,
         "CRONWHEEL_DISPATCHER_IN_FLIGHT": 4,
