@@ -15,7 +15,11 @@ CPU (CLOCK_PROCESS_CPUTIME_ID: every thread, precise) over `--window` (20) s:
    topics, the broker's one-time stall of their fresh partitions waited out;
 3. `--shards` (4) producers, each meeting the topics whose name hashes to
    it, busy and idle: the walk split that many ways, against each
-   producer's own threads and timers.
+   producer's own threads and timers;
+4. the services' RenewingProducer (cronwheel/topics_met.py), looked at once
+   a window: it meets the busy and idle topics (a look: all used), sends a
+   window to the busy ones alone, and the look after it renews it (at
+   least 500 met, at most half used); the next window is measured.
 
 Prints figures; asserts nothing.
 """
@@ -23,6 +27,7 @@ Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 import uuid
 import zlib
@@ -30,16 +35,21 @@ import zlib
 from common import delete_topics, grant, header, machine_load, say
 
 from cronwheel import kafka
+from cronwheel.topics_met import RenewingProducer, TopicsMet
 
 RATE = 1_000
 STALL_S = 20  # fresh partitions' one-time stall, 8-15 s after their first records
 
 
+def relays_producer():
+    return kafka.producer(principal="relay", **{"linger.ms": 1})
+
+
 class Shards:
     """Producers that each take the topics whose name hashes to them."""
 
-    def __init__(self, n: int):
-        self.producers = [kafka.producer(principal="relay", **{"linger.ms": 1}) for _ in range(n)]
+    def __init__(self, n: int = 0, producers: list | None = None):
+        self.producers = producers or [relays_producer() for _ in range(n)]
 
     def produce(self, topic: str, value: bytes) -> None:
         p = self.producers[zlib.crc32(topic.encode()) % len(self.producers)]
@@ -112,6 +122,21 @@ def main() -> None:
                 f"{args.shards} producers, {len(busy) + len(idle):,} topics met among them:"
                 f" {window(many, busy, args.window):.0f}% of a core"
             )
+        # Looked at once a window, the first look right after the meeting
+        # (everything used), the second after a window of the busy ones.
+        renewing = RenewingProducer(relays_producer, TopicsMet(args.window - 1, at_least=500))
+        meet(Shards(producers=[renewing]), busy + idle)
+        time.sleep(STALL_S)
+        renewing.topics_met.look()
+        say(
+            f"a RenewingProducer, {len(busy) + len(idle):,} topics met, before its look:"
+            f" {window(Shards(producers=[renewing]), busy, args.window):.0f}% of a core"
+        )
+        renewed = renewing.renew_if_quiet("bench", logging.getLogger("bench"))
+        say(
+            f"the same after its look (renewed: {renewed}):"
+            f" {window(Shards(producers=[renewing]), busy, args.window):.0f}% of a core"
+        )
         say(f"machine after: {machine_load()}")
     finally:
         delete_topics(busy + idle)
