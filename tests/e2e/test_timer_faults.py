@@ -346,3 +346,72 @@ def test_timer__paused_past_its_lease__taken_over_and_fenced__one_run_per_instan
         f"{len(taken)} partitions at higher epochs; a fenced {fenced:.0f} timers on resume; "
         f"{runs} runs, each instant exactly once"
     )
+
+
+# -- a takeover inside the firing transaction, made certain -----------------------
+
+
+def _waiting_in_verify(conn, app: str) -> bool:
+    """Whether a session of `app` waits for a lock in verify_and_lock (leases.sql)."""
+    return (
+        conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()"
+            "   AND wait_event_type = 'Lock' AND query LIKE '%%partition_leases%%FOR SHARE%%'",
+            [app],
+        ).fetchone()[0]
+        > 0
+    )
+
+
+def test_timer__leases_taken_between_claim_and_verify__claimed_timers_fenced__one_run_per_instant(
+    conn, launch, database_url, topic_prefix
+):
+    """The window the paused test above aims at and seldom hits (about a
+    millisecond per firing; it landed in 0 of 4 runs on 2026-12-04), made
+    certain: this test holds the timer's lease rows locked, so its next firing
+    claims its due timers and then waits in verify_and_lock; the leases are
+    taken from it meanwhile (released at a higher epoch, as a takeover leaves
+    them) and the lock let go. Its verify then finds none of them its own, so
+    what it claimed is fenced, not fired; it takes the leases again at newer
+    epochs and fires those instants once."""
+    seed = random.randrange(1 << 32)
+    create_interval_jobs(conn, Topics(topic_prefix), 50, (300, 600), random.Random(seed))
+    port = _free_port()  # the timer's metrics listen on CRONWHEEL_METRICS_PORT + 1
+    a = launch.start("timer", CRONWHEEL_METRICS_PORT=str(port - 1), PGAPPNAME="timer-a")
+    wait_for(lambda: owned_count(conn, "timer", a.owner()) == 1024, 15, 0.05, "a owns all")
+    fenced_before = _fenced_total(port)
+    with psycopg.connect(database_url) as holder:  # one transaction, until its commit
+        held = dict(
+            holder.execute(
+                "SELECT partition_id, epoch FROM partition_leases"
+                " WHERE service = 'timer' AND owner = %s FOR UPDATE",
+                [a.owner()],
+            ).fetchall()
+        )
+        wait_for(
+            lambda: _waiting_in_verify(conn, "timer-a"), 15, 0.02, "a's firing to wait in verify"
+        )
+        # Landed: a's transaction holds the due timers it claimed.
+        claimed = _locked_timers(conn, list(held))
+        assert claimed > 0, "a waits in verify_and_lock holding no claimed timer"
+        holder.execute(
+            "UPDATE partition_leases SET owner = NULL, expires_at = '-infinity',"
+            "       epoch = epoch + 1"
+            " WHERE service = 'timer' AND owner = %s",
+            [a.owner()],
+        )
+        holder.commit()
+    wait_for(lambda: _fenced_total(port) > fenced_before, 10, 0.05, "a's claimed timers fenced")
+    fenced = _fenced_total(port) - fenced_before
+    assert fenced <= claimed
+    wait_for(lambda: owned_count(conn, "timer", a.owner()) == 1024, 15, 0.05, "a to lease again")
+    again = lease_epochs(conn, a.owner())
+    assert all(again[p] > e for p, e in held.items())
+    wait_caught_up(conn, now_ms())
+    assert a.stop() == 0
+    runs = assert_one_run_per_instant(conn)
+    print(
+        f"seed {seed}: a claimed {claimed} timers, its leases were taken before it verified;"
+        f" {fenced:.0f} fenced; {runs} runs, each instant exactly once"
+    )
