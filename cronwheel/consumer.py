@@ -372,9 +372,10 @@ class ConsumerService:
         self.watch: TopicWatch | None = None
         # Hand-assigned consumers: partitions librdkafka stopped fetching
         # (cronwheel.fetch_watch), asked of the broker through `admin`, a
-        # client of the watch's own (renewed when it gets no answer).
+        # client of the watch's own (made when first asked, renewed when it
+        # gets no answer).
         self.fetch_watch: FetchWatch | None = None
-        self._watch_admin: kafka.RenewingAdmin | None = None
+        self.admin = kafka.RenewingAdmin(bootstrap, principal=self.name)
         # A producer that holds records and reports no delivery while the
         # broker answers a new client (cronwheel.fetch_watch): a subclass that
         # sets it counts its delivery reports in `delivery_reports`.
@@ -504,12 +505,6 @@ class ConsumerService:
     def position(self, consumer: Consumer, keys: list[consuming.Where]) -> dict:
         """Where each of `keys` was read to (the next offset), where known."""
         return positions(consumer, keys)
-
-    @property
-    def admin(self) -> kafka.RenewingAdmin:
-        if self._watch_admin is None:
-            self._watch_admin = kafka.RenewingAdmin(self.bootstrap, principal=self.name)
-        return self._watch_admin
 
     def _watch_clients(self, consumer: Consumer) -> None:
         """The fetch watch's look (cronwheel.fetch_watch): partitions held and

@@ -72,8 +72,10 @@ class TopicsMet:
         self._met = set()
 
 
-def topics_met(renewal: ProducerRenewal) -> TopicsMet | None:
-    """What a RenewingProducer counts with the settings given; None: never renewed."""
+def topics_met(renewal: ProducerRenewal | None) -> TopicsMet | None:
+    """What a RenewingProducer counts with the settings given (None: their
+    defaults); None when renewal is off."""
+    renewal = renewal or ProducerRenewal()
     return TopicsMet(renewal.every_s, renewal.at_least_topics) if renewal.every_s else None
 
 

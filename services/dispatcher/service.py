@@ -215,7 +215,7 @@ class Dispatcher(ConsumerService):
         self.delivery_watch = DeliveryWatch(fetch_watch_s) if fetch_watch_s else None
         # Its producer meets every tenant's queue topics: made anew when most
         # went quiet (cronwheel.topics_met).
-        self.producer.topics_met = topics_met(renewal or ProducerRenewal())
+        self.producer.topics_met = topics_met(renewal)
 
     # -- the loop -------------------------------------------------------------
 

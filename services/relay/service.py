@@ -75,7 +75,7 @@ class Relay:
         # librdkafka walks every topic a producer has met).
         self.producer = RenewingProducer(
             lambda: kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1}),
-            topics_met(renewal or ProducerRenewal()),
+            topics_met(renewal),
         )
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)
         if instance:

@@ -231,7 +231,7 @@ class WebhookService:
         # (cronwheel.fetch_watch; main.py's run_restarting).
         every_s = s.fetch_watch_ms / 1000
         self._fetch_watch = FetchWatch(every_s) if every_s else None
-        self._admin: kafka.RenewingAdmin | None = None
+        self._admin = kafka.RenewingAdmin(self.bootstrap, principal=CONSUMER)  # made when asked
         self._client = Client(
             Guard(self.allow),
             keepalive_s=s.keepalive_ms / 1000,
@@ -603,8 +603,6 @@ class WebhookService:
         self._offsets.commit(consumer, asynchronous=True)
         self._offsets.report_lag(consumer)
         if self._fetch_watch is not None and self._fetch_watch.due():
-            if self._admin is None:
-                self._admin = kafka.RenewingAdmin(self.bootstrap, principal=CONSUMER)
             watched = [key for key in self._assignment.assigned if key not in self._paused]
             watch_fetching(
                 self._fetch_watch, watched, lambda keys: positions(consumer, keys), self._admin
