@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 
 from cronwheel import config
-from cronwheel.store import roles
+from cronwheel.store import partition_indexes, roles
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 LOCK_KEY = 0x63726F6E  # "cron": one advisory lock id for every migrate call
@@ -139,8 +139,10 @@ def migrate(
     the tests, benchmarks and the schema snapshot run this release's code on
     this release's whole schema.
 
-    Then the services' roles (migration 0018) get their logins, with the
-    passwords of config.role_passwords() (CRONWHEEL_DB_PLATFORM_PASSWORD,
+    Then the indexes a step declared on a partitioned table alone are built
+    on each partition (store/partition_indexes.py), and the services' roles
+    (migration 0018) get their logins, with the passwords of
+    config.role_passwords() (CRONWHEEL_DB_PLATFORM_PASSWORD,
     CRONWHEEL_DB_GATEWAY_PASSWORD, or the local stack's; docs/tenancy.md
     "Roles"): a role belongs to the cluster, its password to the deployment,
     neither to a migration file."""
@@ -166,6 +168,9 @@ def migrate(
                 else:
                     _retry_cluster_race(_apply_in_transaction, conn, sql, record, mig)
                 applied.append(mig)
+            # A step's indexes declared ON ONLY a partitioned parent, built
+            # partition by partition without stopping its writers.
+            partition_indexes.complete(conn)
             _retry_cluster_race(roles.set_logins, conn, config.role_passwords())
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])

@@ -27,8 +27,8 @@ TABLES = (
     "tenant_quotas",
     "idempotency_keys",
     "jobs",
-    "runs",
-    "run_attempts",
+    "runs_daily",
+    "run_attempts_daily",
     "timers",
     "webhook_secrets",
     "workflows",
@@ -79,7 +79,7 @@ def copy(source: psycopg.Connection, target: psycopg.Connection, tenant_id: str,
 
 # The history (store/sql/moves.sql, recent_<table>): what the freeze's
 # catch-up copies only in part; every other table it copies whole again.
-HISTORY = ("runs", "run_attempts", "workflow_runs", "workflow_run_nodes")
+HISTORY = ("runs_daily", "run_attempts_daily", "workflow_runs", "workflow_run_nodes")
 
 
 def catch_up(

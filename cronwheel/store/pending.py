@@ -13,7 +13,7 @@ starts a run once whatever number of records name it.
 
 Per-run timers would cost every run a timer row written at creation and
 deleted at StartRun, on the steady firing path; a sweep per partition costs
-the path one entry per run in a small partial index (runs_unfinished) and
+the path one entry per run in a small partial index (runs_daily_unfinished) and
 nothing per run otherwise.
 """
 

@@ -90,6 +90,9 @@ CREATE FUNCTION public.run_attempts_daily_mirror_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
     DELETE FROM run_attempts_daily d USING mirrored o
      WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id AND d.attempt = o.attempt;
     RETURN NULL;
@@ -103,12 +106,53 @@ CREATE FUNCTION public.run_attempts_daily_mirror_upsert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO run_attempts_daily
     SELECT a.partition_id, a.run_id, a.attempt, a.worker_id, a.started_at, a.finished_at,
            a.outcome, a.error, r.scheduled_at, r.tenant_id
       FROM mirrored a
       JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
     ON CONFLICT (partition_id, run_id, attempt, scheduled_at) DO UPDATE SET
+        worker_id = EXCLUDED.worker_id, started_at = EXCLUDED.started_at,
+        finished_at = EXCLUDED.finished_at, outcome = EXCLUDED.outcome,
+        error = EXCLUDED.error;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: run_attempts_legacy_mirror_delete(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.run_attempts_legacy_mirror_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM run_attempts d USING mirrored o
+     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id AND d.attempt = o.attempt;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: run_attempts_legacy_mirror_upsert(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.run_attempts_legacy_mirror_upsert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at,
+                              finished_at, outcome, error)
+    SELECT partition_id, run_id, attempt, worker_id, started_at, finished_at, outcome, error
+      FROM mirrored
+    ON CONFLICT (partition_id, run_id, attempt) DO UPDATE SET
         worker_id = EXCLUDED.worker_id, started_at = EXCLUDED.started_at,
         finished_at = EXCLUDED.finished_at, outcome = EXCLUDED.outcome,
         error = EXCLUDED.error;
@@ -123,6 +167,9 @@ CREATE FUNCTION public.runs_daily_mirror_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
     DELETE FROM runs_daily d USING mirrored o
      WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id
        AND d.scheduled_at = o.scheduled_at;
@@ -137,10 +184,56 @@ CREATE FUNCTION public.runs_daily_mirror_upsert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO runs_daily SELECT * FROM mirrored
     ON CONFLICT (partition_id, run_id, scheduled_at) DO UPDATE SET
         tenant_id = EXCLUDED.tenant_id, job_id = EXCLUDED.job_id,
         workflow_run_id = EXCLUDED.workflow_run_id, node = EXCLUDED.node,
+        covers = EXCLUDED.covers, priority = EXCLUDED.priority, spec = EXCLUDED.spec,
+        state = EXCLUDED.state, attempt = EXCLUDED.attempt,
+        start_token = EXCLUDED.start_token, worker_id = EXCLUDED.worker_id,
+        lease_expires_at = EXCLUDED.lease_expires_at, result = EXCLUDED.result,
+        error = EXCLUDED.error, created_at = EXCLUDED.created_at,
+        started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
+        updated_at = EXCLUDED.updated_at, reannounced = EXCLUDED.reannounced,
+        last_reannounced_at = EXCLUDED.last_reannounced_at;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: runs_legacy_mirror_delete(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.runs_legacy_mirror_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM runs d USING mirrored o
+     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id;
+    RETURN NULL;
+END $$;
+
+--
+-- Name: runs_legacy_mirror_upsert(); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.runs_legacy_mirror_upsert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO runs SELECT * FROM mirrored
+    ON CONFLICT (partition_id, run_id) DO UPDATE SET
+        tenant_id = EXCLUDED.tenant_id, job_id = EXCLUDED.job_id,
+        workflow_run_id = EXCLUDED.workflow_run_id, node = EXCLUDED.node,
+        scheduled_at = EXCLUDED.scheduled_at,
         covers = EXCLUDED.covers, priority = EXCLUDED.priority, spec = EXCLUDED.spec,
         state = EXCLUDED.state, attempt = EXCLUDED.attempt,
         start_token = EXCLUDED.start_token, worker_id = EXCLUDED.worker_id,
@@ -929,6 +1022,18 @@ CREATE INDEX runs_daily_job ON ONLY public.runs_daily USING btree (job_id, sched
 CREATE INDEX runs_daily_default_job_id_scheduled_at_idx ON public.runs_daily_default USING btree (job_id, scheduled_at DESC) WHERE (job_id IS NOT NULL);
 
 --
+-- Name: runs_daily_open_job; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_open_job ON ONLY public.runs_daily USING btree (job_id) WHERE ((finished_at IS NULL) AND (job_id IS NOT NULL));
+
+--
+-- Name: runs_daily_default_open_job; Type: INDEX; Schema: public
+--
+
+CREATE INDEX runs_daily_default_open_job ON public.runs_daily_default USING btree (job_id) WHERE ((finished_at IS NULL) AND (job_id IS NOT NULL));
+
+--
 -- Name: runs_daily_unfinished; Type: INDEX; Schema: public
 --
 
@@ -1043,6 +1148,12 @@ ALTER INDEX public.run_attempts_daily_pkey ATTACH PARTITION public.run_attempts_
 ALTER INDEX public.runs_daily_job ATTACH PARTITION public.runs_daily_default_job_id_scheduled_at_idx;
 
 --
+-- Name: runs_daily_default_open_job; Type: INDEX ATTACH; Schema: public
+--
+
+ALTER INDEX public.runs_daily_open_job ATTACH PARTITION public.runs_daily_default_open_job;
+
+--
 -- Name: runs_daily_default_partition_id_scheduled_at_idx; Type: INDEX ATTACH; Schema: public
 --
 
@@ -1085,6 +1196,24 @@ CREATE TRIGGER run_attempts_daily_mirror_insert AFTER INSERT ON public.run_attem
 CREATE TRIGGER run_attempts_daily_mirror_update AFTER UPDATE ON public.run_attempts REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_upsert();
 
 --
+-- Name: run_attempts_daily run_attempts_legacy_mirror_delete; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER run_attempts_legacy_mirror_delete AFTER DELETE ON public.run_attempts_daily REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_legacy_mirror_delete();
+
+--
+-- Name: run_attempts_daily run_attempts_legacy_mirror_insert; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER run_attempts_legacy_mirror_insert AFTER INSERT ON public.run_attempts_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_legacy_mirror_upsert();
+
+--
+-- Name: run_attempts_daily run_attempts_legacy_mirror_update; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER run_attempts_legacy_mirror_update AFTER UPDATE ON public.run_attempts_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_legacy_mirror_upsert();
+
+--
 -- Name: runs runs_daily_mirror_delete; Type: TRIGGER; Schema: public
 --
 
@@ -1101,6 +1230,24 @@ CREATE TRIGGER runs_daily_mirror_insert AFTER INSERT ON public.runs REFERENCING 
 --
 
 CREATE TRIGGER runs_daily_mirror_update AFTER UPDATE ON public.runs REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_upsert();
+
+--
+-- Name: runs_daily runs_legacy_mirror_delete; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER runs_legacy_mirror_delete AFTER DELETE ON public.runs_daily REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_legacy_mirror_delete();
+
+--
+-- Name: runs_daily runs_legacy_mirror_insert; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER runs_legacy_mirror_insert AFTER INSERT ON public.runs_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_legacy_mirror_upsert();
+
+--
+-- Name: runs_daily runs_legacy_mirror_update; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER runs_legacy_mirror_update AFTER UPDATE ON public.runs_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_legacy_mirror_upsert();
 
 --
 -- Name: tenants tenants_notify; Type: TRIGGER; Schema: public
@@ -1121,13 +1268,6 @@ ALTER TABLE ONLY public.api_keys
 
 ALTER TABLE ONLY public.jobs
     ADD CONSTRAINT jobs_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(tenant_id);
-
---
--- Name: run_attempts run_attempts_partition_id_run_id_fkey; Type: FK CONSTRAINT; Schema: public
---
-
-ALTER TABLE ONLY public.run_attempts
-    ADD CONSTRAINT run_attempts_partition_id_run_id_fkey FOREIGN KEY (partition_id, run_id) REFERENCES public.runs(partition_id, run_id) ON DELETE CASCADE;
 
 --
 -- Name: tenant_limits tenant_limits_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public

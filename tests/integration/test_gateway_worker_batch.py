@@ -90,7 +90,7 @@ def test_start_batch__each_item_answered_as_the_single_route(client, database_ur
     assert client.post(f"/v1/runs/{done}/complete", json=body).status_code == 200
     with psycopg.connect(database_url) as conn:
         conn.execute(
-            "UPDATE runs SET scheduled_at = scheduled_at + interval '1 hour' WHERE run_id = %s",
+            "UPDATE runs_daily SET scheduled_at = scheduled_at + interval '1 hour' WHERE run_id = %s",
             [future],
         )
     items = [

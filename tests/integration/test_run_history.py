@@ -150,6 +150,40 @@ def test_mirror__runs_and_attempts__written_updated_and_rolled_back_with_runs(
     assert [states[r] for r in run_ids] == ["SUCCEEDED", "RUNNING", "PENDING"]
 
 
+def test_mirror__both_ways__a_write_on_either_table_reaches_the_other_once(
+    client, admin_database_url
+):
+    """Migration 0029: this release writes runs_daily (mirrored back to runs),
+    the previous one runs (mirrored to runs_daily), both at once during a
+    rolling upgrade. A write crosses once: were it mirrored back again, the
+    two triggers would call each other until PostgreSQL's stack limit."""
+    t, job = _tenant_job(client, "mirror-both")
+    now = datetime.now(UTC).replace(microsecond=0)
+    _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=27))
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        run_ids = [r[0] for r in _runs_at(conn, job)]
+    _start(client, t, run_ids[0])  # this release: runs_daily first
+
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert _same_rows(conn) == (4, 1)
+        # The previous release's writes, on runs and run_attempts.
+        conn.execute("UPDATE runs SET error = 'old' WHERE run_id = %s", [run_ids[1]])
+        conn.execute(
+            "INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at)"
+            " SELECT partition_id, run_id, 1, 'old-worker', now() FROM runs WHERE run_id = %s",
+            [run_ids[1]],
+        )
+        # This release's, on the new tables: an update, then deletes both ways.
+        conn.execute("UPDATE runs_daily SET error = 'new' WHERE run_id = %s", [run_ids[2]])
+        assert _same_rows(conn) == (4, 2)
+        conn.execute("DELETE FROM run_attempts_daily WHERE run_id = %s", [run_ids[1]])
+        conn.execute("DELETE FROM runs_daily WHERE run_id = %s", [run_ids[3]])
+        conn.execute("DELETE FROM runs WHERE run_id = %s", [run_ids[2]])
+        assert _same_rows(conn) == (2, 1)
+        errors = dict(conn.execute("SELECT run_id, error FROM runs_daily").fetchall())
+    assert errors == {run_ids[0]: None, run_ids[1]: "old"}
+
+
 def test_duplicate_fire__across_a_day_boundary__still_one_run_per_instant(
     client, admin_database_url
 ):
@@ -187,9 +221,19 @@ def test_duplicate_fire__across_a_day_boundary__still_one_run_per_instant(
 
 def _as_before_the_expand(conn) -> None:
     """runs and run_attempts as a database has them when 0025 is applied: rows
-    the mirror never saw (its copies removed), the backfill not done."""
-    conn.execute("DELETE FROM run_attempts_daily")
-    conn.execute("DELETE FROM runs_daily")
+    the mirror never saw (its copies removed, with the reverse mirror of
+    migration 0029 held off so that `runs` keeps them), the backfill not done."""
+    with conn.transaction():
+        conn.execute(
+            "ALTER TABLE run_attempts_daily DISABLE TRIGGER run_attempts_legacy_mirror_delete"
+        )
+        conn.execute("ALTER TABLE runs_daily DISABLE TRIGGER runs_legacy_mirror_delete")
+        conn.execute("DELETE FROM run_attempts_daily")
+        conn.execute("DELETE FROM runs_daily")
+        conn.execute(
+            "ALTER TABLE run_attempts_daily ENABLE TRIGGER run_attempts_legacy_mirror_delete"
+        )
+        conn.execute("ALTER TABLE runs_daily ENABLE TRIGGER runs_legacy_mirror_delete")
     runs_daily.backfill_reset(conn)
 
 
@@ -259,7 +303,16 @@ def test_backfill__runs_written_while_it_runs__mirrored_not_copied_again(
             "SELECT run_id FROM runs ORDER BY partition_id DESC, run_id DESC LIMIT 1"
         ).fetchone()[0]
     _fire(client, t, job, now - timedelta(seconds=50), now - timedelta(seconds=1))  # 50 more
-    _succeed(client, t, uncopied)  # its update mirrored before the copy reaches it
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        # The previous release ending it, as that release writes (on runs):
+        # this one's worker protocol finds runs in runs_daily only (0026
+        # holds it back until the backfill is done). Mirrored before the
+        # copy reaches it.
+        conn.execute(
+            "UPDATE runs SET state = 'SUCCEEDED', finished_at = now(), updated_at = now()"
+            " WHERE run_id = %s",
+            [uncopied],
+        )
 
     cursor = _backfill_row(admin_database_url)
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
@@ -277,7 +330,7 @@ def test_backfill__runs_written_while_it_runs__mirrored_not_copied_again(
         True, 20 + ahead, 20 + 29, 0
     )  # fmt: skip
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
-        assert _same_rows(conn) == (100, 1)
+        assert _same_rows(conn) == (100, 0)
 
 
 # -- retention -----------------------------------------------------------------------------

@@ -108,13 +108,13 @@ RETURNING *;
 -- instants as epoch milliseconds: no per-row JSON decoding or datetimes.
 -- has_active: an unfinished run of a job whose overlap is not `allow`
 -- (finished_at IS NULL is state IN (PENDING, RUNNING, RETRY_WAIT) by the
--- finished_iff_terminal check; runs_open_job serves it).
+-- finished_iff_terminal check; runs_daily_open_job serves it).
 SELECT j.partition_id, j.job_id, j.tenant_id, j.schedule::text, j.target::text, j.payload,
        j.priority, j.retry::text, j.timeout_ms, j.lease_ms, j.overlap, j.catchup::text,
        j.jitter_ms, floor(extract(epoch FROM j.anchor_at) * 1000)::bigint,
        floor(extract(epoch FROM j.last_instant) * 1000)::bigint, j.version,
        (j.overlap <> 'allow' AND EXISTS (
-            SELECT 1 FROM runs r
+            SELECT 1 FROM runs_daily r
              WHERE r.job_id = j.job_id AND r.finished_at IS NULL))
          AS has_active,
        j.target->>'type', j.target->>'queue'

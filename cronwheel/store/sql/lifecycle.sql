@@ -3,18 +3,22 @@
 -- Where an attempt ends, the next state is decided in code
 -- (cronwheel.core.runs.decide) and passed in: no statement here knows the
 -- retry rule. lifecycle.py is the only caller, and the only writer of
--- runs.state (the firing loop and the workflow service insert runs PENDING).
+-- runs_daily.state (the firing loop and the workflow service insert runs
+-- PENDING). A run is found by its key (partition_id, run_id) without its day
+-- (the worker protocol names a run by id and attempt): every day partition's
+-- key is probed, and where a statement has found the run once, its
+-- scheduled_at goes on with it, so the statements after touch its day only.
 -- An attempt's timers are armed and ended by fragments of timers.sql, written
 -- in where they stand as {{timers.<name>}} (timers.spliced, at load): the
 -- statement is still one, its timer part written once.
 
 -- name: run_state
-SELECT state, attempt, scheduled_at FROM runs
+SELECT state, attempt, scheduled_at FROM runs_daily
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
 
 -- name: heartbeat
 -- Fenced on (attempt, start_token) and RUNNING; the lease timer reads the new expiry.
-UPDATE runs
+UPDATE runs_daily
    SET lease_expires_at = %(now)s + make_interval(secs => (spec->>'lease_ms')::int / 1000.0),
        updated_at = %(now)s
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
@@ -23,7 +27,7 @@ RETURNING lease_expires_at;
 
 -- name: retry_run
 -- The backoff timer fired: RETRY_WAIT -> PENDING with attempt + 1, published again.
-UPDATE runs
+UPDATE runs_daily
    SET state = 'PENDING', attempt = attempt + 1, start_token = NULL, worker_id = NULL,
        started_at = NULL, updated_at = %(now)s
  WHERE partition_id = %(p)s AND run_id = %(run_id)s
@@ -32,7 +36,7 @@ RETURNING attempt, spec, tenant_id, job_id, workflow_run_id, node, scheduled_at,
 
 -- name: run_spec
 -- What a platform worker (webhook, executor) needs to execute the run: its snapshot.
-SELECT spec FROM runs
+SELECT spec FROM runs_daily
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
 
 -- The worker protocol's transitions of one run, as single statements
@@ -55,10 +59,10 @@ SELECT spec FROM runs
 -- refusal says why without a second query, unless the run looked startable and
 -- a concurrent StartRun won the row (then cur is out of date: ask again).
 WITH cur AS (
-    SELECT state, attempt, scheduled_at FROM runs
+    SELECT state, attempt, scheduled_at FROM runs_daily
      WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s),
 s AS (
-    UPDATE runs
+    UPDATE runs_daily
        SET state = 'RUNNING', start_token = %(token)s, worker_id = %(worker_id)s,
            started_at = %(now)s, updated_at = %(now)s,
            lease_expires_at = %(now)s + make_interval(secs => (spec->>'lease_ms')::int / 1000.0)
@@ -66,11 +70,13 @@ s AS (
        AND state = 'PENDING' AND scheduled_at <= %(now)s + interval '1 second'
        AND (%(attempt)s::int IS NULL OR attempt = %(attempt)s)
     RETURNING partition_id, run_id, tenant_id, attempt, lease_expires_at, spec, job_id,
-              workflow_run_id, node, priority),
+              workflow_run_id, node, priority, scheduled_at),
 a AS (
-    INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at)
-    SELECT partition_id, run_id, attempt, %(worker_id)s, %(now)s FROM s
-    ON CONFLICT (partition_id, run_id, attempt) DO NOTHING),
+    INSERT INTO run_attempts_daily (partition_id, run_id, attempt, worker_id, started_at,
+                                    scheduled_at, tenant_id)
+    SELECT partition_id, run_id, attempt, %(worker_id)s, %(now)s, scheduled_at, tenant_id
+      FROM s
+    ON CONFLICT (partition_id, run_id, attempt, scheduled_at) DO NOTHING),
 {{timers.arm_attempt_timers}}
 SELECT s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
        cur.state AS found_state, cur.attempt AS found_attempt,
@@ -87,7 +93,7 @@ SELECT c.i, r.spec->'retry' AS retry
   FROM unnest(%(p)b::smallint[], %(run_id)b::text[], %(tenant_id)b::text[],
               %(attempt)b::int[], %(token)b::text[])
        WITH ORDINALITY AS c(p, run_id, tenant_id, attempt, token, i)
-  LEFT JOIN runs r
+  LEFT JOIN runs_daily r
     ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
    AND r.state = 'RUNNING' AND r.attempt = c.attempt AND r.start_token = c.token
  ORDER BY c.i;
@@ -97,7 +103,7 @@ SELECT c.i, r.spec->'retry' AS retry
 -- what decide() is told is what end_attempts finds.
 SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry' AS retry,
        tenant_id, job_id, workflow_run_id, node, priority
-  FROM runs
+  FROM runs_daily
  WHERE (partition_id, run_id) IN (SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[]))
  ORDER BY partition_id, run_id
    FOR UPDATE;
@@ -106,10 +112,10 @@ SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry
 -- A deleted job's runs that no worker holds (PENDING, RETRY_WAIT), locked.
 SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry' AS retry,
        tenant_id, job_id, workflow_run_id, node, priority
-  FROM runs
+  FROM runs_daily
  WHERE job_id = %(job_id)s AND partition_id = %(p)s
    AND state IN ('PENDING', 'RETRY_WAIT')
-   AND finished_at IS NULL  -- implied by the states; lets runs_open_job serve it
+   AND finished_at IS NULL  -- implied by the states; lets runs_daily_open_job serve it
  ORDER BY run_id
    FOR UPDATE;
 
@@ -143,24 +149,26 @@ b AS (
 -- caller's next statement (arm_retry, outbox.append). The scalar shape of
 -- end_attempts (see above on why both).
 WITH cur AS (
-    SELECT partition_id, run_id FROM runs
+    SELECT partition_id, run_id, scheduled_at FROM runs_daily
      WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
        AND state = 'RUNNING' AND attempt = %(attempt)s AND start_token = %(token)s
        FOR UPDATE),
 u AS (
-    UPDATE runs r
+    UPDATE runs_daily r
        SET state = %(next_state)s::run_state,
            finished_at = CASE WHEN %(next_state)s = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
            lease_expires_at = NULL, result = %(result)s, error = %(error)s, updated_at = %(now)s
       FROM cur
      WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
+       AND r.scheduled_at = cur.scheduled_at
     RETURNING r.partition_id, r.run_id, r.state, r.attempt, r.tenant_id, r.job_id,
-              r.workflow_run_id, r.node, r.priority),
+              r.workflow_run_id, r.node, r.priority, r.scheduled_at),
 a AS (
-    UPDATE run_attempts ra
+    UPDATE run_attempts_daily ra
        SET finished_at = %(now)s, outcome = %(outcome)s, error = %(attempt_error)s
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
+       AND ra.scheduled_at = u.scheduled_at
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
 {{timers.end_attempt_timers}},
 {{lifecycle.buffered_instant_given_up}}
@@ -176,10 +184,10 @@ WITH c AS (
            WITH ORDINALITY AS c(p, run_id, tenant_id, worker_id, token, attempt, i)),
 cur AS (
     SELECT c.i, r.state, r.attempt, r.scheduled_at
-      FROM c JOIN runs r
+      FROM c JOIN runs_daily r
         ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id),
 s AS (
-    UPDATE runs r
+    UPDATE runs_daily r
        SET state = 'RUNNING', start_token = c.token, worker_id = c.worker_id,
            started_at = %(now)s, updated_at = %(now)s,
            lease_expires_at = %(now)s + make_interval(secs => (r.spec->>'lease_ms')::int / 1000.0)
@@ -188,11 +196,13 @@ s AS (
        AND r.state = 'PENDING' AND r.scheduled_at <= %(now)s + interval '1 second'
        AND (c.attempt IS NULL OR r.attempt = c.attempt)
     RETURNING c.i, c.worker_id, r.partition_id, r.run_id, r.tenant_id, r.attempt,
-              r.lease_expires_at, r.spec, r.job_id, r.workflow_run_id, r.node, r.priority),
+              r.lease_expires_at, r.spec, r.job_id, r.workflow_run_id, r.node, r.priority,
+              r.scheduled_at),
 a AS (
-    INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at)
-    SELECT partition_id, run_id, attempt, worker_id, %(now)s FROM s
-    ON CONFLICT (partition_id, run_id, attempt) DO NOTHING),
+    INSERT INTO run_attempts_daily (partition_id, run_id, attempt, worker_id, started_at,
+                                    scheduled_at, tenant_id)
+    SELECT partition_id, run_id, attempt, worker_id, %(now)s, scheduled_at, tenant_id FROM s
+    ON CONFLICT (partition_id, run_id, attempt, scheduled_at) DO NOTHING),
 {{timers.arm_attempt_timers}}
 SELECT c.i, s.attempt, s.lease_expires_at, s.spec, s.job_id, s.workflow_run_id, s.node,
        cur.state AS found_state, cur.attempt AS found_attempt,
@@ -223,14 +233,15 @@ WITH c AS (
                                 attempt_error, i)),
 cur AS (
     SELECT c.i, c.next_state::run_state AS next_state, c.set_result, c.result, c.set_error,
-           c.error, c.attempt_outcome, c.attempt_error, r.partition_id, r.run_id
-      FROM c JOIN runs r
+           c.error, c.attempt_outcome, c.attempt_error, r.partition_id, r.run_id,
+           r.scheduled_at
+      FROM c JOIN runs_daily r
         ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
        AND r.state = c.from_state::run_state AND r.attempt = c.attempt
        AND (c.token IS NULL OR r.start_token = c.token)
        FOR UPDATE OF r),
 u AS (
-    UPDATE runs r
+    UPDATE runs_daily r
        SET state = cur.next_state,
            finished_at = CASE WHEN cur.next_state = 'RETRY_WAIT' THEN NULL ELSE %(now)s END,
            lease_expires_at = NULL,
@@ -239,14 +250,16 @@ u AS (
            updated_at = %(now)s
       FROM cur
      WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
+       AND r.scheduled_at = cur.scheduled_at
     RETURNING cur.i, cur.attempt_outcome, cur.attempt_error, r.partition_id, r.run_id,
               r.state, r.attempt, r.tenant_id, r.job_id, r.workflow_run_id, r.node,
-              r.priority),
+              r.priority, r.scheduled_at),
 a AS (
-    UPDATE run_attempts ra
+    UPDATE run_attempts_daily ra
        SET finished_at = %(now)s, outcome = u.attempt_outcome, error = u.attempt_error
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
+       AND ra.scheduled_at = u.scheduled_at
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
 {{timers.end_attempt_timers}},
 {{lifecycle.buffered_instant_given_up}}

@@ -27,13 +27,11 @@ SELECT * FROM idempotency_keys WHERE scope = %(t)s;
 -- name: rows_jobs
 SELECT * FROM jobs WHERE tenant_id = %(t)s;
 
--- name: rows_runs
-SELECT * FROM runs WHERE tenant_id = %(t)s;
+-- name: rows_runs_daily
+SELECT * FROM runs_daily WHERE tenant_id = %(t)s;
 
--- name: rows_run_attempts
-SELECT a.* FROM run_attempts a
-  JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
- WHERE r.tenant_id = %(t)s;
+-- name: rows_run_attempts_daily
+SELECT * FROM run_attempts_daily WHERE tenant_id = %(t)s;
 
 -- name: rows_timers
 -- Its armed timers and those a freeze parked (the source's, after the
@@ -74,14 +72,12 @@ SELECT tenant_id, name, priority_classes, created_at, kafka_scram_mechanism,
 -- The tenant's runs and workflow runs with their attempts and nodes (every
 -- CTE sees the rows as the statement began, so the children are found
 -- through the parents it deletes). With delete_small: all of the tenant.
-WITH a AS (
-    DELETE FROM run_attempts a USING runs r
-     WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id AND r.tenant_id = %(t)s),
+WITH a AS (DELETE FROM run_attempts_daily WHERE tenant_id = %(t)s),
 wrn AS (
     DELETE FROM workflow_run_nodes n USING workflow_runs w
      WHERE w.partition_id = n.partition_id AND w.workflow_run_id = n.workflow_run_id
        AND w.tenant_id = %(t)s),
-r AS (DELETE FROM runs WHERE tenant_id = %(t)s)
+r AS (DELETE FROM runs_daily WHERE tenant_id = %(t)s)
 DELETE FROM workflow_runs WHERE tenant_id = %(t)s;
 
 -- name: delete_small
@@ -108,13 +104,14 @@ DELETE FROM tenants WHERE tenant_id = %(t)s;
 -- name: defer_workflow_refs
 SET CONSTRAINTS workflow_runs_partition_id_workflow_id_fkey DEFERRED;
 
--- name: recent_runs
-SELECT * FROM runs
+-- name: recent_runs_daily
+SELECT * FROM runs_daily
  WHERE tenant_id = %(t)s AND (finished_at IS NULL OR finished_at >= %(since)s);
 
--- name: recent_run_attempts
-SELECT a.* FROM run_attempts a
-  JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
+-- name: recent_run_attempts_daily
+SELECT a.* FROM run_attempts_daily a
+  JOIN runs_daily r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
+                   AND r.scheduled_at = a.scheduled_at
  WHERE r.tenant_id = %(t)s AND (r.finished_at IS NULL OR r.finished_at >= %(since)s);
 
 -- name: recent_workflow_runs
@@ -127,13 +124,13 @@ SELECT n.* FROM workflow_run_nodes n
                       AND w.workflow_run_id = n.workflow_run_id
  WHERE w.tenant_id = %(t)s AND (w.finished_at IS NULL OR w.finished_at >= %(since)s);
 
--- name: stage_runs
+-- name: stage_runs_daily
 -- The recent rows are copied into temporary tables first (dropped at
 -- commit), then merged.
-CREATE TEMP TABLE moved_runs (LIKE runs) ON COMMIT DROP;
+CREATE TEMP TABLE moved_runs_daily (LIKE runs_daily) ON COMMIT DROP;
 
--- name: stage_run_attempts
-CREATE TEMP TABLE moved_run_attempts (LIKE run_attempts) ON COMMIT DROP;
+-- name: stage_run_attempts_daily
+CREATE TEMP TABLE moved_run_attempts_daily (LIKE run_attempts_daily) ON COMMIT DROP;
 
 -- name: stage_workflow_runs
 CREATE TEMP TABLE moved_workflow_runs (LIKE workflow_runs) ON COMMIT DROP;
@@ -146,8 +143,9 @@ CREATE TEMP TABLE moved_workflow_run_nodes (LIKE workflow_run_nodes) ON COMMIT D
 -- source's recent rows; its older finished rows stay as the first copy
 -- wrote them.
 WITH a AS (
-    DELETE FROM run_attempts a USING runs r
-     WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id AND r.tenant_id = %(t)s
+    DELETE FROM run_attempts_daily a USING runs_daily r
+     WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id
+       AND r.scheduled_at = a.scheduled_at AND r.tenant_id = %(t)s
        AND (r.finished_at IS NULL OR r.finished_at >= %(since)s)),
 wrn AS (
     DELETE FROM workflow_run_nodes n USING workflow_runs w
@@ -157,21 +155,23 @@ SELECT 1;
 
 -- name: forget_recent_parents
 WITH r AS (
-    DELETE FROM runs r
+    DELETE FROM runs_daily r
      WHERE r.tenant_id = %(t)s AND (r.finished_at IS NULL OR r.finished_at >= %(since)s))
 DELETE FROM workflow_runs w
  WHERE w.tenant_id = %(t)s AND (w.finished_at IS NULL OR w.finished_at >= %(since)s);
 
--- name: drop_staged_runs
+-- name: drop_staged_runs_daily
 -- What is left of the recent rows' ids in the target (a row the first copy
 -- saw finished before `since` that the source changed since) goes too;
 -- then the recent rows go in.
-DELETE FROM runs r USING moved_runs m
- WHERE r.partition_id = m.partition_id AND r.run_id = m.run_id;
+DELETE FROM runs_daily r USING moved_runs_daily m
+ WHERE r.partition_id = m.partition_id AND r.run_id = m.run_id
+   AND r.scheduled_at = m.scheduled_at;
 
--- name: drop_staged_run_attempts
-DELETE FROM run_attempts a USING moved_run_attempts m
- WHERE a.partition_id = m.partition_id AND a.run_id = m.run_id AND a.attempt = m.attempt;
+-- name: drop_staged_run_attempts_daily
+DELETE FROM run_attempts_daily a USING moved_run_attempts_daily m
+ WHERE a.partition_id = m.partition_id AND a.run_id = m.run_id AND a.attempt = m.attempt
+   AND a.scheduled_at = m.scheduled_at;
 
 -- name: drop_staged_workflow_runs
 DELETE FROM workflow_runs w USING moved_workflow_runs m
@@ -182,11 +182,11 @@ DELETE FROM workflow_run_nodes n USING moved_workflow_run_nodes m
  WHERE n.partition_id = m.partition_id AND n.workflow_run_id = m.workflow_run_id
    AND n.node = m.node;
 
--- name: insert_staged_runs
-INSERT INTO runs SELECT * FROM moved_runs;
+-- name: insert_staged_runs_daily
+INSERT INTO runs_daily SELECT * FROM moved_runs_daily;
 
--- name: insert_staged_run_attempts
-INSERT INTO run_attempts SELECT * FROM moved_run_attempts;
+-- name: insert_staged_run_attempts_daily
+INSERT INTO run_attempts_daily SELECT * FROM moved_run_attempts_daily;
 
 -- name: insert_staged_workflow_runs
 INSERT INTO workflow_runs SELECT * FROM moved_workflow_runs;
@@ -235,7 +235,7 @@ RETURNING state;
 SELECT pg_notify('cw_timers', (extract(epoch FROM clock_timestamp()) * 1000)::bigint::text);
 
 -- name: tenant_runs
-SELECT count(*) FROM runs WHERE tenant_id = %(t)s;
+SELECT count(*) FROM runs_daily WHERE tenant_id = %(t)s;
 
 -- name: workflows_under_way
 -- Through the tenant's workflows (workflows_tenant) and each one's running
@@ -250,7 +250,7 @@ SELECT EXISTS (
 -- The tenant's runs held by the webhook or executor service (worker ids
 -- `webhook:<instance>`, `executor:<instance>`; a tenant's own worker may
 -- call itself so too, and is then waited for as well, up to the timeout).
-SELECT count(*) FROM runs
+SELECT count(*) FROM runs_daily
  WHERE tenant_id = %(t)s AND finished_at IS NULL AND state = 'RUNNING'
    AND (worker_id LIKE 'webhook:%%' OR worker_id LIKE 'executor:%%');
 

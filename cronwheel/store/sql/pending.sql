@@ -15,12 +15,12 @@
 -- starting it) and the UPDATE is conditional on PENDING again, so a run that
 -- started before this statement is never announced again; one that starts
 -- after it waits for this transaction and then starts as usual.
--- runs_unfinished (partition_id, scheduled_at) WHERE finished_at IS NULL
+-- runs_daily_unfinished (partition_id, scheduled_at) WHERE finished_at IS NULL
 -- serves the scan: only open runs whose instant is older than the shortest
 -- deadline (%(oldest)s) are read, never a partition's history.
 WITH overdue AS (
-    SELECT r.partition_id, r.run_id
-      FROM runs r
+    SELECT r.partition_id, r.run_id, r.scheduled_at
+      FROM runs_daily r
      WHERE r.partition_id = ANY(%(partitions)b::smallint[])
        AND r.finished_at IS NULL
        AND r.scheduled_at <= %(oldest)s
@@ -37,10 +37,11 @@ WITH overdue AS (
      ORDER BY r.scheduled_at
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED)
-UPDATE runs r
+UPDATE runs_daily r
    SET reannounced = coalesce(r.reannounced, 0) + 1, last_reannounced_at = %(now)s
   FROM overdue o
- WHERE r.partition_id = o.partition_id AND r.run_id = o.run_id AND r.state = 'PENDING'
+ WHERE r.partition_id = o.partition_id AND r.run_id = o.run_id
+   AND r.scheduled_at = o.scheduled_at AND r.state = 'PENDING'
 RETURNING r.partition_id, r.run_id, r.tenant_id, r.attempt, r.spec, r.job_id,
           r.workflow_run_id, r.node, r.scheduled_at, r.priority, r.covers;
 

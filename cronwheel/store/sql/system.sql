@@ -62,7 +62,7 @@ SELECT count(*) AS scanned, min(t.due_at) AS oldest_due_at
 -- the instant); started = a first attempt's StartRun less the instant (the
 -- worker's pickup included). Workflow nodes are left out: a node's instant is
 -- its workflow run's, and it waits for its parents by design.
--- Read per tenant through runs_tenant_created (tenant_id, created_at): a run
+-- Read per tenant through runs_daily_tenant_created (tenant_id, created_at): a run
 -- of an instant in the window was created at most a minute before the window
 -- opened (firing ahead is 1 s by default). Bounded to a sample of about
 -- %(sample)s runs: each tenant's newest runs, an equal share each (at least
@@ -76,7 +76,7 @@ WITH share AS (
      CROSS JOIN LATERAL (
            SELECT x.scheduled_at, x.created_at, x.started_at, x.attempt,
                   row_number() OVER (ORDER BY x.created_at DESC) AS nth
-             FROM runs x
+             FROM runs_daily x
             WHERE x.tenant_id = t.tenant_id
               AND x.created_at >= %(since)s - interval '1 minute'
               AND x.job_id IS NOT NULL
@@ -109,7 +109,7 @@ SELECT count(*) FILTER (WHERE NOT over) AS runs,
 -- Runs not finished, by state, and the PENDING ones the pending-deadline
 -- sweep announced again because no worker started them by their deadline
 -- (docs/pending-deadline.md): still waiting, and announced again since
--- %(since)s. runs_unfinished (WHERE finished_at IS NULL) serves it; at most
+-- %(since)s. runs_daily_unfinished (WHERE finished_at IS NULL) serves it; at most
 -- %(cap)s open runs are read.
 SELECT count(*) AS scanned,
        count(*) FILTER (WHERE o.state = 'PENDING') AS pending,
@@ -119,7 +119,7 @@ SELECT count(*) AS scanned,
            AS reannounced_waiting,
        count(*) FILTER (WHERE o.last_reannounced_at >= %(since)s) AS reannounced_recently,
        max(o.last_reannounced_at) AS last_reannounced_at
-  FROM (SELECT state, reannounced, last_reannounced_at FROM runs
+  FROM (SELECT state, reannounced, last_reannounced_at FROM runs_daily
          WHERE finished_at IS NULL
-         ORDER BY partition_id, scheduled_at  -- runs_unfinished's order: never a table scan
+         ORDER BY partition_id, scheduled_at  -- runs_daily_unfinished's order: never a table scan
          LIMIT %(cap)s) o;

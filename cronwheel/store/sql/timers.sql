@@ -130,7 +130,7 @@ VALUES (%(p)s, %(id)s, %(kind)s, %(owner)s, %(due)s, %(prio)s, %(attempt)s,
                               WHERE j.partition_id = %(p)s AND j.job_id = %(owner)s)
             WHEN 'workflow' THEN (SELECT w.tenant_id FROM workflows w
                                    WHERE w.partition_id = %(p)s AND w.workflow_id = %(owner)s)
-            ELSE (SELECT r.tenant_id FROM runs r
+            ELSE (SELECT r.tenant_id FROM runs_daily r
                    WHERE r.partition_id = %(p)s AND r.run_id = %(owner)s)
         END, ''))
 ON CONFLICT (partition_id, timer_id)

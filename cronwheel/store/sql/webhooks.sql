@@ -52,7 +52,7 @@ SELECT secret_id, secret, created_at, expires_at, sealed, key_id FROM webhook_se
 SELECT r.run_id, r.tenant_id, r.state, r.attempt, r.spec, r.job_id, r.workflow_run_id,
        r.node, r.scheduled_at, o.owner_id, s.ids, s.plain, s.sealed, s.key_ids
   FROM unnest(%(p)s::smallint[], %(id)s::text[]) AS k(p, id)
-  JOIN runs r ON r.partition_id = k.p AND r.run_id = k.id
+  JOIN runs_daily r ON r.partition_id = k.p AND r.run_id = k.id
  CROSS JOIN LATERAL (
        SELECT COALESCE(r.job_id, (SELECT w.workflow_id FROM workflow_runs w
                                    WHERE w.partition_id = r.partition_id

@@ -135,8 +135,8 @@ SELECT n.node, n.spec
 -- id is hash(workflow_run_id, node)) and the node's move WAITING -> CREATED, in
 -- one statement. Returns the runs that are new.
 WITH ins AS (
-    INSERT INTO runs (partition_id, run_id, tenant_id, workflow_run_id, node, scheduled_at,
-                      covers, priority, spec, created_at, updated_at)
+    INSERT INTO runs_daily (partition_id, run_id, tenant_id, workflow_run_id, node,
+                            scheduled_at, covers, priority, spec, created_at, updated_at)
     SELECT %(p)s, v.id, %(tenant_id)s, %(wfr)s, v.node, %(scheduled)s, %(covers)s::jsonb,
            %(priority)s, v.spec::jsonb, %(now)s, %(now)s
       FROM unnest(%(id)s::text[], %(node)s::text[], %(spec)s::text[]) AS v(id, node, spec)
@@ -169,7 +169,8 @@ SELECT n.node, n.state AS node_state, n.pending_deps, n.run_id, r.state AS run_s
     ON wr.partition_id = n.partition_id AND wr.workflow_run_id = n.workflow_run_id
   JOIN workflow_nodes wn
     ON wn.partition_id = n.partition_id AND wn.workflow_id = wr.workflow_id AND wn.node = n.node
-  LEFT JOIN runs r ON r.partition_id = n.partition_id AND r.run_id = n.run_id
+  LEFT JOIN runs_daily r ON r.partition_id = n.partition_id AND r.run_id = n.run_id
+                        AND r.scheduled_at = wr.scheduled_at
  WHERE n.partition_id = %(p)s AND n.workflow_run_id = %(wfr)s
  ORDER BY n.idx;
 
@@ -200,7 +201,7 @@ SELECT workflow_id, tenant_id, state, priority, scheduled_at, covers
 -- steps apply one after the other, the statements after this one see all that
 -- came before, and a transaction applying several records in workflow run
 -- order cannot deadlock with another doing the same.
--- The record is believed only where `runs` agrees with it (`refused` NULL): the
+-- The record is believed only where `runs_daily` agrees with it (`refused` NULL): the
 -- run exists, is the record's tenant's, belongs to the record's workflow run and
 -- node (and that workflow run to the same tenant), is at the record's attempt
 -- and in the terminal state the record claims. Otherwise `refused` names the
@@ -228,7 +229,7 @@ verdict AS (
            r.error
       FROM (SELECT 1) AS one
       LEFT JOIN wr ON true
-      LEFT JOIN runs r ON r.partition_id = %(p)s AND r.run_id = %(key)s),
+      LEFT JOIN runs_daily r ON r.partition_id = %(p)s AND r.run_id = %(key)s),
 fresh AS (
     INSERT INTO processed (consumer, message_key, processed_at)
     SELECT %(consumer)s, %(key)s, %(now)s FROM verdict WHERE refused IS NULL
