@@ -3,8 +3,13 @@ in-process against the store (no HTTP, no Kafka): what the batch statements
 save per run, for the platform's own workers and the batch routes.
 
     .venv/bin/python bench/bench_lifecycle_batch.py [--runs 3000] [--batch 32]
+        [--history-days 0,30] [--history-per-day 20000]
 
-Prints wall time and CPU per run of this process and of its PostgreSQL backend.
+Prints wall time and CPU per run of this process and of its PostgreSQL backend,
+once per history: with `D` days of finished runs kept (one day partition each,
+a week ahead made too), the worker protocol finds a run by its id alone, so
+every partition's key is probed (docs/migrations.md, "Finding a run without
+its day").
 """
 
 from __future__ import annotations
@@ -13,14 +18,17 @@ import argparse
 import os
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.bench_retention import _load  # noqa: E402
 from bench.common import cpu_seconds, fresh_database, machine_load, say  # noqa: E402
 from cronwheel.core.clock import now_ms  # noqa: E402
 from cronwheel.kafka import Topics  # noqa: E402
+from cronwheel.store import runs_daily  # noqa: E402
 from cronwheel.store.jobs import Jobs, create_tenant  # noqa: E402
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall  # noqa: E402
 
@@ -34,6 +42,20 @@ def make_runs(conn, jobs: Jobs, tenant: dict, n: int) -> list[str]:
     job = jobs.create(conn, tenant, body, now_ms())
     t0 = now_ms() - 10_000
     return [jobs.trigger(conn, tenant, job["job_id"], t0 - k)["run_id"] for k in range(n)]
+
+
+def keep_history(conn, tenant_id: str, days: int, per_day: int) -> int:
+    """`days` days of finished runs before today, and today's partition and
+    a week's ahead: the partitions a lookup without the day probes."""
+    today = datetime.now(UTC).date()
+    runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
+    runs_daily.ensure_ahead(conn, today, 7)
+    if days:
+        midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
+        _load(conn, "runs_daily", tenant_id, days * per_day, per_day, midnight)
+    return conn.execute(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
+    ).fetchone()[0]
 
 
 def measure(conn, label: str, work, n: int) -> None:
@@ -51,13 +73,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--history-days", default="0", help="comma-separated, one case each")
+    ap.add_argument("--history-per-day", type=int, default=20_000)
     a = ap.parse_args()
     say(f"load: {machine_load()}")
+    for days in (int(d) for d in a.history_days.split(",")):
+        one_history(a, days)
+    say(f"load: {machine_load()}")
+
+
+def one_history(a, days: int) -> None:
     with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
         topics = Topics("bench")
         jobs, life = Jobs(topics), Lifecycle(topics)
         tenant = create_tenant(conn, "bench")
         t = tenant["tenant_id"]
+        parts = keep_history(conn, t, days, a.history_per_day)
+        say(f"history: {days} days of {a.history_per_day:,} runs, {parts} partitions of runs_daily")
         single, batched = (
             make_runs(conn, jobs, tenant, a.runs),
             make_runs(conn, jobs, tenant, a.runs),
@@ -86,7 +118,6 @@ def main() -> None:
 
         measure(conn, "start + complete, alone", one_by_one, a.runs)
         measure(conn, f"start_many + complete_many/{a.batch}", in_batches, a.runs)
-    say(f"load: {machine_load()}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Every end of an attempt (CompleteRun, a lease or timeout expiring, a cancel,
 a job's deletion) is decided in code, by cronwheel.core.runs.decide, and
 written by one statement conditional on the run being where the decision
 found it (end_attempt, end_attempts): the retry rule exists once. This module
-is the only writer of runs.state.
+is the only writer of runs_daily.state.
 
 StartRun and CompleteRun are one statement each (data-modifying CTEs in
 lifecycle.sql), plus one for what needs the statement's answer first (the
@@ -49,6 +49,7 @@ from cronwheel.core.runs import (
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays, timers
 from cronwheel.store.new_runs import NewRuns, insert_runs, ready_row, run_spec
+from cronwheel.store.run_days import in_days, one_in_days
 from cronwheel.store.sql_loader import queries, splice
 from cronwheel.store.timers import FireReport, Timer
 
@@ -241,7 +242,9 @@ class Lifecycle:
             "p": p, "run_id": run_id, "tenant_id": tenant_id, "worker_id": worker_id,
             "token": token, "now": to_dt(now), "attempt": attempt, **timers.CLASS_PARAMS,
         }  # fmt: skip
-        row = _named(Started, conn.execute(Q["start_attempt"], args)).fetchone()
+        row = one_in_days(
+            now, lambda w: _named(Started, conn.execute(Q["start_attempt"], args | w)).fetchone()
+        )
         if row is None:
             raise NotFound("run")
         if row.attempt is None:
@@ -274,20 +277,10 @@ class Lifecycle:
             for rnd in rounds:
                 batch = [todo[k] for k in rnd]
                 cs = [calls[i] for i, _p, _t in batch]
-                cur = conn.execute(
-                    Q["start_many"],
-                    {  # binary arrays: the list dumper cost ~2 us an element
-                        "p": pgarrays.int2_array([p for _i, p, _t in batch]),
-                        "run_id": pgarrays.text_array([c.run_id for c in cs]),
-                        "tenant_id": pgarrays.text_array([c.tenant_id for c in cs]),
-                        "worker_id": pgarrays.text_array([c.worker_id for c in cs]),
-                        "token": pgarrays.text_array([t for _i, _p, t in batch]),
-                        "attempt": pgarrays.int4_array([c.attempt for c in cs]),
-                        "now": to_dt(now),
-                        **timers.CLASS_PARAMS,
-                    },
-                )
-                rows = _named(Started, cur).fetchall()
+                rows = in_days(
+                    now, batch, lambda b, w: self._start_rows(conn, calls, b, now, w),
+                    lambda row: row.found_state is None,
+                )  # fmt: skip
                 for (i, p, token), c, row in zip(batch, cs, rows, strict=True):
                     if row.attempt is not None:
                         answers[i] = _started(c.run_id, token, row)
@@ -299,6 +292,25 @@ class Lifecycle:
                         )
         return answers  # type: ignore[return-value]
 
+    @staticmethod
+    def _start_rows(conn, calls, batch, now: int, window: dict) -> list[Started]:
+        cs = [calls[i] for i, _p, _t in batch]
+        cur = conn.execute(
+            Q["start_many"],
+            {  # binary arrays: the list dumper cost ~2 us an element
+                "p": pgarrays.int2_array([p for _i, p, _t in batch]),
+                "run_id": pgarrays.text_array([c.run_id for c in cs]),
+                "tenant_id": pgarrays.text_array([c.tenant_id for c in cs]),
+                "worker_id": pgarrays.text_array([c.worker_id for c in cs]),
+                "token": pgarrays.text_array([t for _i, _p, t in batch]),
+                "attempt": pgarrays.int4_array([c.attempt for c in cs]),
+                "now": to_dt(now),
+                **timers.CLASS_PARAMS,
+                **window,
+            },
+        )
+        return _named(Started, cur).fetchall()
+
     def _refusal(self, conn, p, run_id, tenant_id, attempt, now, seen: Seen) -> Exception:
         """Why StartRun did not start the run, from the state it found (`seen`).
         A run that looked startable lost a race for its row: ask again."""
@@ -308,21 +320,18 @@ class Lifecycle:
             return self._why_not_started(conn, p, run_id, tenant_id, attempt, now)
         return _refused(state, cur_attempt, scheduled, attempt, now)
 
-    def spec(self, conn, tenant_id: str, run_id: str) -> dict | None:
+    def spec(self, conn, tenant_id: str, run_id: str, now: int) -> dict | None:
         """The run's snapshot (target, payload, retry, timeout_ms, lease_ms), for the
         platform's own workers; never sent over the worker API (webhook headers)."""
-        row = conn.execute(
-            Q["run_spec"], {"p": _partition(run_id), "run_id": run_id, "tenant_id": tenant_id}
-        ).fetchone()
+        key = {"p": _partition(run_id), "run_id": run_id, "tenant_id": tenant_id}
+        row = one_in_days(now, lambda w: conn.execute(Q["run_spec"], key | w).fetchone())
         if row is None:
             return None
         (spec,) = row
         return spec
 
     def _why_not_started(self, conn, p, run_id, tenant_id, attempt, now) -> Exception:
-        cur = _named(
-            Seen, conn.execute(Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id})
-        ).fetchone()
+        cur = self._seen(conn, p, run_id, tenant_id, now)
         if cur is None:
             return NotFound("run")
         return _refused(RunState(cur.state), cur.attempt, to_ms(cur.scheduled_at), attempt, now)
@@ -332,13 +341,11 @@ class Lifecycle:
     ) -> dict:
         _check_fence(attempt, start_token)
         p = _partition(run_id)
-        row = conn.execute(
-            Q["heartbeat"],
-            {"p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
-             "token": start_token, "now": to_dt(now)},
-        ).fetchone()  # fmt: skip
+        args = {"p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
+                "token": start_token, "now": to_dt(now)}  # fmt: skip
+        row = one_in_days(now, lambda w: conn.execute(Q["heartbeat"], args | w).fetchone())
         if row is None:
-            raise self._stale_or_missing(conn, p, run_id, tenant_id)
+            raise self._stale_or_missing(conn, p, run_id, tenant_id, now)
         (lease_expires_at,) = row
         return {"lease_expires_at": iso(to_ms(lease_expires_at))}
 
@@ -361,25 +368,24 @@ class Lifecycle:
             policy = None
             if needs_policy(outcome, retryable):
                 _generic_plans(conn)
-                (policy,) = self._policies(conn, [(p, tenant_id, run_id, attempt, start_token)])
+                (policy,) = self._policies(
+                    conn, [(p, tenant_id, run_id, attempt, start_token)], now
+                )
                 if policy is None:
-                    raise self._stale_or_missing(conn, p, run_id, tenant_id)
+                    raise self._stale_or_missing(conn, p, run_id, tenant_id, now)
             decision = decide(Outcome(outcome), retryable, attempt, policy, now)
-            row = _named(
-                Ended,
-                conn.execute(
-                    Q["end_attempt"],
-                    {
-                        "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
-                        "token": start_token, "outcome": outcome, "next_state": decision.state,
-                        "now": to_dt(now), "result": None if result is None else Jsonb(result),
-                        "error": error[:MAX_ERROR_CHARS] if error else None,
-                        "attempt_error": error,
-                    },
-                ),
-            ).fetchone()  # fmt: skip
+            args = {
+                "p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
+                "token": start_token, "outcome": outcome, "next_state": decision.state,
+                "now": to_dt(now), "result": None if result is None else Jsonb(result),
+                "error": error[:MAX_ERROR_CHARS] if error else None,
+                "attempt_error": error,
+            }  # fmt: skip
+            row = one_in_days(
+                now, lambda w: _named(Ended, conn.execute(Q["end_attempt"], args | w)).fetchone()
+            )
             if row is None:
-                raise self._stale_or_missing(conn, p, run_id, tenant_id)
+                raise self._stale_or_missing(conn, p, run_id, tenant_id, now)
             self._after_finish(conn, p, run_id, row, decision, error, now)
         return {"state": row.state, "attempt": row.attempt}
 
@@ -419,12 +425,14 @@ class Lifecycle:
                 ]
                 keys = [(p, calls[i].tenant_id, calls[i].run_id, calls[i].attempt,
                          calls[i].start_token) for i, p in need]  # fmt: skip
-                policies = dict(zip([i for i, _p in need], self._policies(conn, keys), strict=True))
+                policies = dict(
+                    zip([i for i, _p in need], self._policies(conn, keys, now), strict=True)
+                )
                 endings: list[tuple[int, Ending]] = []
                 for i, p, result in batch:
                     c = calls[i]
                     if i in policies and policies[i] is None:
-                        answers[i] = self._stale_or_missing(conn, p, c.run_id, c.tenant_id)
+                        answers[i] = self._stale_or_missing(conn, p, c.run_id, c.tenant_id, now)
                         continue
                     decision = decide(
                         Outcome(c.outcome), c.retryable, c.attempt, policies.get(i), now
@@ -433,7 +441,7 @@ class Lifecycle:
                 ended = self._write_ends(conn, [e for _i, e in endings], now)
                 for (i, e), row in zip(endings, ended, strict=True):
                     if row.state is None:
-                        answers[i] = self._stale_or_missing(conn, e.p, e.run_id, e.tenant_id)
+                        answers[i] = self._stale_or_missing(conn, e.p, e.run_id, e.tenant_id, now)
                     else:
                         answers[i] = {"state": row.state, "attempt": row.attempt}
                 self._follow_ups(conn, [e for _i, e in endings], ended, now, retries, records)
@@ -441,29 +449,41 @@ class Lifecycle:
         return answers  # type: ignore[return-value]
 
     def _policies(
-        self, conn, keys: list[tuple[int, str, str, int, str]]
+        self, conn, keys: list[tuple[int, str, str, int, str]], now: int
     ) -> list[RetryPolicy | None]:
         """The retry policy of each running attempt (partition, tenant, run,
         attempt, token) names; None for a stale call or an unknown run."""
         if not keys:
             return []
-        rows = conn.execute(
-            Q["attempt_policies"],
-            {
-                "p": pgarrays.int2_array([k[0] for k in keys]),
-                "tenant_id": pgarrays.text_array([k[1] for k in keys]),
-                "run_id": pgarrays.text_array([k[2] for k in keys]),
-                "attempt": pgarrays.int4_array([k[3] for k in keys]),
-                "token": pgarrays.text_array([k[4] for k in keys]),
-            },
-        ).fetchall()
-        return [None if retry is None else RetryPolicy.of(retry) for _i, retry in rows]
+
+        def ask(keys, window: dict) -> list:
+            return [retry for _i, retry in conn.execute(
+                Q["attempt_policies"],
+                {
+                    "p": pgarrays.int2_array([k[0] for k in keys]),
+                    "tenant_id": pgarrays.text_array([k[1] for k in keys]),
+                    "run_id": pgarrays.text_array([k[2] for k in keys]),
+                    "attempt": pgarrays.int4_array([k[3] for k in keys]),
+                    "token": pgarrays.text_array([k[4] for k in keys]),
+                    **window,
+                },
+            ).fetchall()]  # fmt: skip
+
+        retries = in_days(now, keys, ask, lambda retry: retry is None)
+        return [None if retry is None else RetryPolicy.of(retry) for retry in retries]
 
     @staticmethod
     def _write_ends(conn, endings: list[Ending], now: int) -> list[Ended]:
         """end_attempts: one row per ending, in order."""
         if not endings:
             return []
+        return in_days(
+            now, endings, lambda e, w: Lifecycle._end_rows(conn, e, now, w),
+            lambda row: row.state is None,
+        )  # fmt: skip
+
+    @staticmethod
+    def _end_rows(conn, endings: list[Ending], now: int, window: dict) -> list[Ended]:
         return _named(
             Ended,
             conn.execute(
@@ -483,6 +503,7 @@ class Lifecycle:
                     "attempt_outcome": pgarrays.text_array([e.attempt_outcome for e in endings]),
                     "attempt_error": pgarrays.text_array([e.attempt_error for e in endings]),
                     "now": to_dt(now),
+                    **window,
                 },
             ),
         ).fetchall()
@@ -528,20 +549,27 @@ class Lifecycle:
         return ended
 
     @staticmethod
-    def _runs_to_end(conn, keys: list[tuple[int, str]]) -> list[RunToEnd]:
-        return _named(
-            RunToEnd,
-            conn.execute(
-                Q["runs_to_end"], {"p": [p for p, _r in keys], "run_id": [r for _p, r in keys]}
-            ),
-        ).fetchall()
+    def _runs_to_end(conn, keys: list[tuple[int, str]], now: int) -> list[RunToEnd]:
+        """The runs of `keys` that exist, locked; over every day for those the
+        recent days did not have."""
+
+        def ask(keys, window: dict) -> list[RunToEnd | None]:
+            found = {
+                (r.p, r.run_id): r
+                for r in _named(RunToEnd, conn.execute(Q["runs_to_end"], {
+                    "p": [p for p, _r in keys], "run_id": [r for _p, r in keys], **window,
+                })).fetchall()
+            }  # fmt: skip
+            return [found.get(k) for k in keys]
+
+        return [r for r in in_days(now, keys, ask, lambda r: r is None) if r is not None]
 
     def cancel(
         self, conn, tenant_id: str, run_id: str, now: int, reason: str = "cancelled"
     ) -> dict:
         p = _partition(run_id)
         with _atomic(conn):
-            (run,) = self._runs_to_end(conn, [(p, run_id)]) or (None,)
+            (run,) = self._runs_to_end(conn, [(p, run_id)], now) or (None,)
             if run is None or run.tenant_id != tenant_id:
                 raise NotFound("run")
             if RunState(run.state).terminal:
@@ -560,10 +588,15 @@ class Lifecycle:
         if runs:
             self._end(conn, [_cancelling(r, reason, set_error=False, now=now) for r in runs], now)
 
-    def _stale_or_missing(self, conn, p, run_id, tenant_id) -> Exception:
-        cur = conn.execute(
-            Q["run_state"], {"p": p, "run_id": run_id, "tenant_id": tenant_id}
-        ).fetchone()
+    @staticmethod
+    def _seen(conn, p, run_id, tenant_id, now: int) -> Seen | None:
+        key = {"p": p, "run_id": run_id, "tenant_id": tenant_id}
+        return one_in_days(
+            now, lambda w: _named(Seen, conn.execute(Q["run_state"], key | w)).fetchone()
+        )
+
+    def _stale_or_missing(self, conn, p, run_id, tenant_id, now: int) -> Exception:
+        cur = self._seen(conn, p, run_id, tenant_id, now)
         if cur is None:
             return NotFound("run")
         return Conflict("STALE_ATTEMPT", "this attempt is no longer running")
@@ -613,7 +646,7 @@ class Lifecycle:
         """`lease` and `timeout` timers: end the attempt unless it already ended;
         a lease that heartbeats extended is re-armed at its new expiry."""
         keys = sorted({(t.partition_id, t.owner_id) for t in due})
-        runs = {(r.p, r.run_id): r for r in self._runs_to_end(conn, keys)}
+        runs = {(r.p, r.run_id): r for r in self._runs_to_end(conn, keys, now)}
         endings: dict[tuple[int, str], Ending] = {}
         moves = timers.Moves()
         for t in due:
@@ -644,15 +677,11 @@ class Lifecycle:
             gone.drop(t)
         gone.apply(conn)
         for t in due:
-            got = conn.execute(
-                Q["retry_run"],
-                {
-                    "p": t.partition_id,
-                    "run_id": t.owner_id,
-                    "attempt": t.attempt,
-                    "now": to_dt(now),
-                },
-            ).fetchone()
+            args = {"p": t.partition_id, "run_id": t.owner_id, "attempt": t.attempt,
+                    "now": to_dt(now)}  # fmt: skip
+            got = one_in_days(
+                now, lambda w, args=args: conn.execute(Q["retry_run"], args | w).fetchone()
+            )
             if got is None:
                 continue
             attempt, spec, tenant_id, job_id, wf_run, node, scheduled, priority = got

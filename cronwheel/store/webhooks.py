@@ -33,6 +33,7 @@ from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.ids import new_id, partition_of, partition_of_run
 from cronwheel.core.sealing import Keyring, SealingError
 from cronwheel.store import sealed as sealed_store
+from cronwheel.store.run_days import in_days
 from cronwheel.store.sql_loader import queries
 
 Q = queries("webhooks")
@@ -211,10 +212,23 @@ def delivery_targets(
             continue
     if not keys:
         return {}
-    rows = conn.execute(
-        Q["delivery_targets"],
-        {"p": [k[0] for k in keys], "id": [k[1] for k in keys], "now": to_dt(now)},
-    ).fetchall()
+
+    def ask(keys: list[tuple[int, str]], window: dict) -> list[tuple | None]:
+        found = {
+            row[0]: row
+            for row in conn.execute(
+                Q["delivery_targets"],
+                {
+                    "p": [k[0] for k in keys],
+                    "id": [k[1] for k in keys],
+                    "now": to_dt(now),
+                    **window,
+                },
+            )
+        }
+        return [found.get(run_id) for _p, run_id in keys]
+
+    rows = [r for r in in_days(now, keys, ask, lambda r: r is None) if r is not None]
     out = {}
     for run_id, tenant_id, state, attempt, spec, job_id, _wf, _node, sched, owner, *held in rows:
         secs = [] if held[0] is None else [_open(owner, *one) for one in zip(*held, strict=True)]

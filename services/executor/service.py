@@ -222,7 +222,7 @@ class Executor(ConsumerService):
         early_ms = datum["scheduled_at"] - now_ms()
         if 0 < early_ms <= 5000:  # a clock ahead of ours: wait rather than drop it
             self._stop.wait(early_ms / 1000)
-        spec = self.lifecycle.spec(conn, tenant, run_id)
+        spec = self.lifecycle.spec(conn, tenant, run_id, now_ms())
         if spec is None:
             log.warning(
                 "run %s: no such run for tenant %s",

@@ -5,16 +5,25 @@
 -- retry rule. lifecycle.py is the only caller, and the only writer of
 -- runs_daily.state (the firing loop and the workflow service insert runs
 -- PENDING). A run is found by its key (partition_id, run_id) without its day
--- (the worker protocol names a run by id and attempt): every day partition's
--- key is probed, and where a statement has found the run once, its
--- scheduled_at goes on with it, so the statements after touch its day only.
+-- (the worker protocol names a run by id and attempt), within a window of
+-- its instant, [lo, hi): the caller asks the days around now first,
+-- which PostgreSQL's partition pruning turns into those days' partitions and
+-- the default one, and asks every day only for the runs that found nothing
+-- (store/run_days.py). The bounds go through date_trunc(.., 'UTC'),
+-- which is STABLE: PostgreSQL then prunes at the executor's start in every
+-- plan, never at planning, so a custom plan looks no cheaper than the generic
+-- one and a prepared statement keeps its generic plan (with the bounds as
+-- constants, it would be planned anew at each call, and planning over a
+-- month of partitions costs more than running it). Where a statement has found the run once, its scheduled_at
+-- goes on with it, so the statements after touch its day only.
 -- An attempt's timers are armed and ended by fragments of timers.sql, written
 -- in where they stand as {{timers.<name>}} (timers.spliced, at load): the
 -- statement is still one, its timer part written once.
 
 -- name: run_state
 SELECT state, attempt, scheduled_at FROM runs_daily
- WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
+ WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+   AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC');
 
 -- name: heartbeat
 -- Fenced on (attempt, start_token) and RUNNING; the lease timer reads the new expiry.
@@ -22,6 +31,7 @@ UPDATE runs_daily
    SET lease_expires_at = %(now)s + make_interval(secs => (spec->>'lease_ms')::int / 1000.0),
        updated_at = %(now)s
  WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+   AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
    AND state = 'RUNNING' AND attempt = %(attempt)s AND start_token = %(token)s
 RETURNING lease_expires_at;
 
@@ -31,13 +41,15 @@ UPDATE runs_daily
    SET state = 'PENDING', attempt = attempt + 1, start_token = NULL, worker_id = NULL,
        started_at = NULL, updated_at = %(now)s
  WHERE partition_id = %(p)s AND run_id = %(run_id)s
+   AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
    AND state = 'RETRY_WAIT' AND attempt = %(attempt)s
 RETURNING attempt, spec, tenant_id, job_id, workflow_run_id, node, scheduled_at, priority;
 
 -- name: run_spec
 -- What a platform worker (webhook, executor) needs to execute the run: its snapshot.
 SELECT spec FROM runs_daily
- WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s;
+ WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+   AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC');
 
 -- The worker protocol's transitions of one run, as single statements
 -- (data-modifying CTEs): one round trip each instead of one per table, and
@@ -60,13 +72,15 @@ SELECT spec FROM runs_daily
 -- a concurrent StartRun won the row (then cur is out of date: ask again).
 WITH cur AS (
     SELECT state, attempt, scheduled_at FROM runs_daily
-     WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s),
+     WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+       AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')),
 s AS (
     UPDATE runs_daily
        SET state = 'RUNNING', start_token = %(token)s, worker_id = %(worker_id)s,
            started_at = %(now)s, updated_at = %(now)s,
            lease_expires_at = %(now)s + make_interval(secs => (spec->>'lease_ms')::int / 1000.0)
      WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+       AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
        AND state = 'PENDING' AND scheduled_at <= %(now)s + interval '1 second'
        AND (%(attempt)s::int IS NULL OR attempt = %(attempt)s)
     RETURNING partition_id, run_id, tenant_id, attempt, lease_expires_at, spec, job_id,
@@ -95,6 +109,7 @@ SELECT c.i, r.spec->'retry' AS retry
        WITH ORDINALITY AS c(p, run_id, tenant_id, attempt, token, i)
   LEFT JOIN runs_daily r
     ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
+   AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
    AND r.state = 'RUNNING' AND r.attempt = c.attempt AND r.start_token = c.token
  ORDER BY c.i;
 
@@ -105,6 +120,7 @@ SELECT partition_id AS p, run_id, state, attempt, lease_expires_at, spec->'retry
        tenant_id, job_id, workflow_run_id, node, priority
   FROM runs_daily
  WHERE (partition_id, run_id) IN (SELECT * FROM unnest(%(p)s::smallint[], %(run_id)s::text[]))
+   AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
  ORDER BY partition_id, run_id
    FOR UPDATE;
 
@@ -151,6 +167,7 @@ b AS (
 WITH cur AS (
     SELECT partition_id, run_id, scheduled_at FROM runs_daily
      WHERE partition_id = %(p)s AND run_id = %(run_id)s AND tenant_id = %(tenant_id)s
+       AND scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
        AND state = 'RUNNING' AND attempt = %(attempt)s AND start_token = %(token)s
        FOR UPDATE),
 u AS (
@@ -161,6 +178,7 @@ u AS (
       FROM cur
      WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
        AND r.scheduled_at = cur.scheduled_at
+       AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
     RETURNING r.partition_id, r.run_id, r.state, r.attempt, r.tenant_id, r.job_id,
               r.workflow_run_id, r.node, r.priority, r.scheduled_at),
 a AS (
@@ -169,6 +187,7 @@ a AS (
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.scheduled_at = u.scheduled_at
+       AND ra.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND ra.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
 {{timers.end_attempt_timers}},
 {{lifecycle.buffered_instant_given_up}}
@@ -185,7 +204,8 @@ WITH c AS (
 cur AS (
     SELECT c.i, r.state, r.attempt, r.scheduled_at
       FROM c JOIN runs_daily r
-        ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id),
+        ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
+       AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')),
 s AS (
     UPDATE runs_daily r
        SET state = 'RUNNING', start_token = c.token, worker_id = c.worker_id,
@@ -193,6 +213,7 @@ s AS (
            lease_expires_at = %(now)s + make_interval(secs => (r.spec->>'lease_ms')::int / 1000.0)
       FROM c
      WHERE r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
+       AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
        AND r.state = 'PENDING' AND r.scheduled_at <= %(now)s + interval '1 second'
        AND (c.attempt IS NULL OR r.attempt = c.attempt)
     RETURNING c.i, c.worker_id, r.partition_id, r.run_id, r.tenant_id, r.attempt,
@@ -237,6 +258,7 @@ cur AS (
            r.scheduled_at
       FROM c JOIN runs_daily r
         ON r.partition_id = c.p AND r.run_id = c.run_id AND r.tenant_id = c.tenant_id
+       AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
        AND r.state = c.from_state::run_state AND r.attempt = c.attempt
        AND (c.token IS NULL OR r.start_token = c.token)
        FOR UPDATE OF r),
@@ -251,6 +273,7 @@ u AS (
       FROM cur
      WHERE r.partition_id = cur.partition_id AND r.run_id = cur.run_id
        AND r.scheduled_at = cur.scheduled_at
+       AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
     RETURNING cur.i, cur.attempt_outcome, cur.attempt_error, r.partition_id, r.run_id,
               r.state, r.attempt, r.tenant_id, r.job_id, r.workflow_run_id, r.node,
               r.priority, r.scheduled_at),
@@ -260,6 +283,7 @@ a AS (
       FROM u
      WHERE ra.partition_id = u.partition_id AND ra.run_id = u.run_id
        AND ra.scheduled_at = u.scheduled_at
+       AND ra.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC') AND ra.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
        AND ra.attempt = u.attempt AND ra.finished_at IS NULL),
 {{timers.end_attempt_timers}},
 {{lifecycle.buffered_instant_given_up}}

@@ -48,11 +48,14 @@ SELECT secret_id, secret, created_at, expires_at, sealed, key_id FROM webhook_se
 -- Per run id: the run's state and attempt (to skip stale records), its spec (the
 -- target as the run was created with it) and the secrets that sign it now, as
 -- parallel arrays (newest first): id, plaintext (rows from before 0016), sealed
--- value and its key id.
+-- value and its key id. Runs whose instant is in the window [lo, hi) only
+-- (store/run_days.py: the days around now first).
 SELECT r.run_id, r.tenant_id, r.state, r.attempt, r.spec, r.job_id, r.workflow_run_id,
        r.node, r.scheduled_at, o.owner_id, s.ids, s.plain, s.sealed, s.key_ids
   FROM unnest(%(p)s::smallint[], %(id)s::text[]) AS k(p, id)
   JOIN runs_daily r ON r.partition_id = k.p AND r.run_id = k.id
+   AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC')
+   AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')
  CROSS JOIN LATERAL (
        SELECT COALESCE(r.job_id, (SELECT w.workflow_id FROM workflow_runs w
                                    WHERE w.partition_id = r.partition_id
