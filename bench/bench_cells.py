@@ -101,7 +101,7 @@ def storm(urls: dict[str, str], tenants: dict[str, dict], cells: tuple[str, ...]
                 if cell not in busy:
                     continue
                 made = conn.execute(
-                    "SELECT count(*) FROM runs WHERE scheduled_at = %s", [to_dt(due)]
+                    "SELECT count(*) FROM runs_daily WHERE scheduled_at = %s", [to_dt(due)]
                 ).fetchone()[0]
                 if made == jobs:
                     ended[cell] = now_ms()
@@ -109,7 +109,7 @@ def storm(urls: dict[str, str], tenants: dict[str, dict], cells: tuple[str, ...]
         out = {}
         for cell, conn in conns.items():
             n, first, last = conn.execute(
-                "SELECT count(*), min(created_at), max(created_at) FROM runs"
+                "SELECT count(*), min(created_at), max(created_at) FROM runs_daily"
                 " WHERE scheduled_at = %s",
                 [to_dt(due)],
             ).fetchone()

@@ -91,7 +91,7 @@ def trigger_all(conn, jobs: Jobs, targets: list[tuple[dict, str]], n: int) -> No
 
 
 def finished(conn) -> int:
-    return conn.execute("SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'").fetchone()[0]
+    return conn.execute("SELECT count(*) FROM runs_daily WHERE state = 'SUCCEEDED'").fetchone()[0]
 
 
 def throughput() -> None:
@@ -146,7 +146,7 @@ def throughput() -> None:
                 wall = time.monotonic() - t0
                 cpu1 = services.cpu()
                 rows = conn.execute(
-                    "SELECT started_at, finished_at FROM runs ORDER BY finished_at DESC LIMIT %s",
+                    "SELECT started_at, finished_at FROM runs_daily ORDER BY finished_at DESC LIMIT %s",
                     [RUNS],
                 ).fetchall()
             held = [to_ms(f) - to_ms(s) for s, f in rows]

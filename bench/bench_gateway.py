@@ -101,12 +101,12 @@ _START_BODY = json.dumps({"worker_id": "bench", "attempt": 1})
 # Copies of one real run: PENDING, due in the past, the partition in the id's
 # first three hex digits (as cronwheel.core.ids makes them).
 _BULK_RUNS = """
-INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, priority, spec,
+INSERT INTO runs_daily (partition_id, run_id, tenant_id, job_id, scheduled_at, priority, spec,
                   created_at, updated_at)
 SELECT g %% 1024, lpad(to_hex(g %% 1024), 3, '0') || substr(md5(%(seed)s || g::text), 1, 29),
        r.tenant_id, r.job_id, r.scheduled_at - interval '1 millisecond' * g, r.priority, r.spec,
        r.created_at, r.created_at
-  FROM runs r, generate_series(0, %(n)s - 1) AS g
+  FROM runs_daily r, generate_series(0, %(n)s - 1) AS g
  WHERE r.run_id = %(template)s
 RETURNING run_id
 """

@@ -446,7 +446,8 @@ def per_request(before: dict, after: dict, runs: int) -> str:
 def n_steady_all(conn, due: int) -> int:
     """The storm's runs started so far (each started once, by one request item)."""
     return conn.execute(
-        "SELECT count(*) FROM runs WHERE scheduled_at = %s AND started_at IS NOT NULL", [to_dt(due)]
+        "SELECT count(*) FROM runs_daily WHERE scheduled_at = %s AND started_at IS NOT NULL",
+        [to_dt(due)],
     ).fetchone()[0]
 
 
@@ -689,7 +690,7 @@ def wait_succeeded(conn, where: str, args: list, want: int, timeout: float, plat
     deadline = time.monotonic() + timeout
     while True:
         got = conn.execute(
-            f"SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND {where}", args
+            f"SELECT count(*) FROM runs_daily WHERE state = 'SUCCEEDED' AND {where}", args
         ).fetchone()[0]
         if got >= want or time.monotonic() > deadline:
             return got
@@ -776,7 +777,7 @@ def steady(
         " (SELECT job_id FROM jobs WHERE name LIKE 'steady-%%')"
     )
     rows = conn.execute(
-        "SELECT run_id, created_at, scheduled_at FROM runs WHERE job_id IN"
+        "SELECT run_id, created_at, scheduled_at FROM runs_daily WHERE job_id IN"
         " (SELECT job_id FROM jobs WHERE name LIKE 'steady-%%')"
         " AND scheduled_at >= %s AND scheduled_at < %s",
         [to_dt(start), to_dt(end)],
@@ -848,13 +849,13 @@ def steady(
     )
     # Let the steady runs finish before the storm.
     steady_jobs = "job_id IN (SELECT job_id FROM jobs WHERE name LIKE 'steady-%%')"
-    total = conn.execute(f"SELECT count(*) FROM runs WHERE {steady_jobs}").fetchone()[0]
+    total = conn.execute(f"SELECT count(*) FROM runs_daily WHERE {steady_jobs}").fetchone()[0]
     done = wait_succeeded(conn, steady_jobs, [], total, 30, platform)
     if done < total:
         say(f"steady: {total - done:,} steady runs still unfinished 30 s on; the storm follows")
     # Runs completed in the window (a complete-batch request completes several).
     completed = conn.execute(
-        "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND finished_at BETWEEN %s AND %s",
+        "SELECT count(*) FROM runs_daily WHERE state = 'SUCCEEDED' AND finished_at BETWEEN %s AND %s",
         [to_dt(start), to_dt(end)],
     ).fetchone()[0]
     return completed / (STEADY_WINDOW_MS / 1000)
@@ -887,7 +888,7 @@ def storm(conn, url, platform, cpu: CpuTimeline, tenants, topics, steady_rate: f
     while now_ms() < stop_at:
         platform.check_alive()
         done = conn.execute(
-            "SELECT count(*) FROM runs WHERE scheduled_at = %s AND state = 'SUCCEEDED'",
+            "SELECT count(*) FROM runs_daily WHERE scheduled_at = %s AND state = 'SUCCEEDED'",
             [to_dt(due)],
         ).fetchone()[0]
         if done >= n:
@@ -897,7 +898,7 @@ def storm(conn, url, platform, cpu: CpuTimeline, tenants, topics, steady_rate: f
     http1, text1 = http_counts(platform.base), scrape(platform.base)
     created, started, finished = (
         sorted(to_ms(x) for (x,) in conn.execute(
-            f"SELECT {col} FROM runs WHERE scheduled_at = %s AND {col} IS NOT NULL",
+            f"SELECT {col} FROM runs_daily WHERE scheduled_at = %s AND {col} IS NOT NULL",
             [to_dt(due)],
         ))
         for col in ("created_at", "started_at", "finished_at")
@@ -922,7 +923,7 @@ def storm(conn, url, platform, cpu: CpuTimeline, tenants, topics, steady_rate: f
         lo, hi = due + 5000, end
     # Every run that completed in the interval (a steady run left over counts too).
     n_steady = conn.execute(
-        "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND finished_at BETWEEN %s AND %s",
+        "SELECT count(*) FROM runs_daily WHERE state = 'SUCCEEDED' AND finished_at BETWEEN %s AND %s",
         [to_dt(lo), to_dt(hi)],
     ).fetchone()[0]
     rate = n_steady / max((hi - lo) / 1000, 1e-3)
@@ -935,7 +936,7 @@ def storm(conn, url, platform, cpu: CpuTimeline, tenants, topics, steady_rate: f
     held = [
         to_ms(f) - to_ms(s)
         for s, f in conn.execute(
-            "SELECT started_at, finished_at FROM runs WHERE scheduled_at = %s"
+            "SELECT started_at, finished_at FROM runs_daily WHERE scheduled_at = %s"
             " AND finished_at IS NOT NULL",
             [to_dt(due)],
         )

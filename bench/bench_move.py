@@ -33,7 +33,7 @@ from cronwheel.store.jobs import create_tenant
 _RUNS = """
 WITH js AS (SELECT row_number() OVER (ORDER BY job_id) - 1 AS i, partition_id, tenant_id, job_id
               FROM jobs)
-INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state, attempt,
+INSERT INTO runs_daily (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state, attempt,
                   created_at, started_at, finished_at, updated_at)
 SELECT j.partition_id, 'run_' || md5(%(seed)s || g::text), j.tenant_id, j.job_id,
        now() - interval '1 minute' * g, '{}'::jsonb, 'SUCCEEDED', 1,
@@ -69,7 +69,7 @@ def one_round(jobs: int, runs: int) -> None:
             bulk_jobs(conn, [tenant], JobBatch(jobs, now_ms(), every_ms=60_000))
             with conn.transaction():
                 conn.execute(_RUNS, {"seed": uuid.uuid4().hex, "n": runs, "jobs": jobs})
-            conn.execute("VACUUM ANALYZE runs")
+            conn.execute("VACUUM ANALYZE runs_daily")
         with psycopg.connect(directory, autocommit=True) as d:
             dirstore.place(d, tenant["tenant_id"], "us")
         mover = Mover(directory, {"us": us, "eu": eu})

@@ -1,10 +1,11 @@
 """Run retention (issue 25; docs/migrations.md, "Worked example: run
 retention"), three figures:
 
-1. backfill: `--backfill-runs` (200,000) finished runs, each with one
-   attempt, written to `runs` with the mirror triggers off (as rows older
-   than migration 0025 are), then copied by the backfill (cronwheel
-   run_history.backfill, unthrottled) at two batch sizes: runs/s.
+1. backfill: on a database without the contract steps (the backfill's
+   source, `runs`, is what they drop), `--backfill-runs` (200,000) finished
+   runs, each with one attempt, written to `runs` with the mirror triggers
+   off (as rows older than migration 0025 are), then copied by the backfill
+   (cronwheel run_history.backfill, unthrottled) at two batch sizes: runs/s.
 2. drop: a day partition of `--day-runs` runs (100,000, then 10x that) past
    the horizon, with 10 runs still RUNNING, dropped by a retention pass: the
    drop's transaction in ms (the time the parents' lock is held), which does
@@ -12,10 +13,11 @@ retention"), three figures:
    big for this box; the figure at two sizes shows the cost is the catalog
    work and the files' unlink, not the rows.
 3. storm: the firing storm (bench/bench_firing_storm's `storm`, `--storm`
-   one-off jobs due at one instant) on a fresh database with the mirror
-   triggers off (as before the expand step), with them on, then on one
-   holding `--history-days` (7) days of `--history-per-day` (100,000) runs in
-   runs and runs_daily (its day partitions made): runs/s end to end.
+   one-off jobs due at one instant) on a fresh database, then on one holding
+   `--history-days` (7) days of `--history-per-day` (100,000) runs in
+   runs_daily (its day partitions made): runs/s end to end.
+4. lookup: a recent run found by its key in runs_daily without its day,
+   with it, and within the last two days; read and one-row update, p50/p99.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store import runs_daily
 
 # Finished runs of one tenant, `n` of them, spread over the days before
-# `until` (`per_day` a day), into `target` (runs, or runs_daily directly).
+# `until` (`per_day` a day), into `target` (runs_daily; runs for the backfill).
 _RUNS = """
 INSERT INTO {target} (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state,
                       attempt, start_token, lease_expires_at, created_at, started_at,
@@ -60,7 +62,16 @@ SELECT g %% 1024, lpad(to_hex(g %% 1024), 3, '0') || substr(md5(%(seed)s || g::t
                        + interval '1 millisecond' * (g %% %(per_day)s)
                          * (86400000 / %(per_day)s) AS s) t
 """
+# An attempt for each run, with its run's scheduled_at and tenant_id.
 _ATTEMPTS = """
+INSERT INTO run_attempts_daily (partition_id, run_id, attempt, worker_id, started_at,
+                                finished_at, outcome, scheduled_at, tenant_id)
+SELECT partition_id, run_id, 1, 'bench', started_at, finished_at, 'SUCCEEDED', scheduled_at,
+       tenant_id
+  FROM runs_daily
+"""
+# The same in the legacy tables, for the backfill to copy.
+_LEGACY_ATTEMPTS = """
 INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at, finished_at,
                           outcome)
 SELECT partition_id, run_id, 1, 'bench', started_at, finished_at, 'SUCCEEDED' FROM runs
@@ -79,12 +90,15 @@ def _load(conn, target: str, tenant: str, n: int, per_day: int, until: datetime,
 def bench_backfill(n: int) -> None:
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     for batch in (1000, 5000):
-        with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
+        with (
+            fresh_database(contract=False) as url,
+            psycopg.connect(url, autocommit=True) as conn,
+        ):
             tenant = create_tenants(conn, 1)[0]["tenant_id"]
             conn.execute("ALTER TABLE runs DISABLE TRIGGER USER")
             conn.execute("ALTER TABLE run_attempts DISABLE TRIGGER USER")
             _load(conn, "runs", tenant, n, max(1, n // 5), today)
-            conn.execute(_ATTEMPTS)
+            conn.execute(_LEGACY_ATTEMPTS)
             conn.execute("ALTER TABLE runs ENABLE TRIGGER USER")
             conn.execute("ALTER TABLE run_attempts ENABLE TRIGGER USER")
             runs_daily.backfill_reset(conn)
@@ -134,20 +148,17 @@ def bench_storm(jobs: int, days: int, per_day: int) -> None:
     grant(prefix)
     names: list[str] = []
     try:
-        # The mirror off first: what the expand step's triggers cost the storm.
-        for history, mirror in ((0, False), (0, True), (days, True)):
+        for history in (0, days):
             with fresh_database() as url:
                 with psycopg.connect(url, autocommit=True) as conn:
                     tenants = create_tenants(conn, 10)
-                    if not mirror:
-                        conn.execute("ALTER TABLE runs DISABLE TRIGGER USER")
                     if history:
                         today = datetime.now(UTC).date()
                         runs_daily.ensure_days(
                             conn, [today - timedelta(days=i) for i in range(1, history + 1)]
                         )
                         midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-                        _load(conn, "runs", tenants[0]["tenant_id"], history * per_day,
+                        _load(conn, "runs_daily", tenants[0]["tenant_id"], history * per_day,
                               per_day, midnight)  # fmt: skip
                         conn.execute(_ATTEMPTS)
                     runs_daily.ensure_ahead(conn, datetime.now(UTC).date(), 1)
@@ -159,7 +170,7 @@ def bench_storm(jobs: int, days: int, per_day: int) -> None:
                     # history too: it must end before the instant.
                     lead_ms = 3000 + n_runs // 50
                     r = storm(url, services, reader, tenants, topics, jobs, lead_ms=lead_ms)
-                case = f"{history} days of history" + ("" if mirror else ", mirror off")
+                case = f"{history} days of history"
                 say(
                     f"storm {jobs // 1000}k, {case} ({n_runs:,} runs in runs_daily):"
                     f" {r.rate:,.0f} runs/s end to end"
@@ -173,9 +184,8 @@ def bench_storm(jobs: int, days: int, per_day: int) -> None:
             delete_topics(names)
 
 
-# The four ways of finding one run, each a read and a heartbeat-shaped update.
+# The three ways of finding one run, each a read and a heartbeat-shaped update.
 _LOOKUPS = {
-    "runs, by key": "{verb} runs {set} WHERE partition_id = %(p)s AND run_id = %(run_id)s",
     "runs_daily, without the day": (
         "{verb} runs_daily {set} WHERE partition_id = %(p)s AND run_id = %(run_id)s"
     ),
@@ -201,8 +211,7 @@ def bench_lookup(days: int, per_day: int, calls: int) -> None:
         runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
         runs_daily.ensure_ahead(conn, today, 7)
         midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-        # The same rows in both shapes, written once: the mirror copies them.
-        _load(conn, "runs", tenant, days * per_day, per_day, midnight)
+        _load(conn, "runs_daily", tenant, days * per_day, per_day, midnight)
         parts = conn.execute(
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
         ).fetchone()[0]
@@ -210,7 +219,7 @@ def bench_lookup(days: int, per_day: int, calls: int) -> None:
         # Recent runs (the last day), as a worker's StartRun and heartbeats find
         # them; the same keys for every way.
         keys = conn.execute(
-            "SELECT partition_id, run_id, scheduled_at FROM runs"
+            "SELECT partition_id, run_id, scheduled_at FROM runs_daily"
             " WHERE scheduled_at >= %s ORDER BY random() LIMIT %s",
             [midnight - timedelta(days=1), calls],
         ).fetchall()

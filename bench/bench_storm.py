@@ -247,11 +247,11 @@ def storm(total: int) -> None:
                 after = machine_load()
                 with psycopg.connect(url, autocommit=True) as conn:
                     n_runs = conn.execute(
-                        "SELECT count(*) FROM runs WHERE scheduled_at = %s", [to_dt(due)]
+                        "SELECT count(*) FROM runs_daily WHERE scheduled_at = %s", [to_dt(due)]
                     ).fetchone()[0]
                     left = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
                     fired = conn.execute(
-                        "SELECT priority, min(created_at), max(created_at) FROM runs"
+                        "SELECT priority, min(created_at), max(created_at) FROM runs_daily"
                         " WHERE scheduled_at = %s GROUP BY 1",
                         [to_dt(due)],
                     ).fetchall()

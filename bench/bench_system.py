@@ -34,7 +34,7 @@ SELECT 'ten_' || lpad(g::text, 6, '0'), 'bench-' || g, 'local', '{normal}'
 # minutes, created 0-99 ms after, half started, half PENDING (1 in 50
 # announced again).
 _RUNS = """
-INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state, attempt,
+INSERT INTO runs_daily (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state, attempt,
                   created_at, started_at, finished_at, updated_at, reannounced,
                   last_reannounced_at)
 SELECT g %% 1024, 'run_' || md5(%(seed)s || g::text),

@@ -192,7 +192,7 @@ class Receiver:
 # poll, taken from the service it measures).
 _OF_IDS = (
     "FROM unnest(%s::smallint[], %s::text[]) AS u(partition_id, run_id)"
-    " JOIN runs r USING (partition_id, run_id)"
+    " JOIN runs_daily r USING (partition_id, run_id)"
 )
 
 

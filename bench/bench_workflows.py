@@ -234,7 +234,7 @@ class LifecycleWorker:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self.stop_flag.is_set():
                 rows = conn.execute(
-                    "SELECT run_id FROM runs WHERE state = 'PENDING' AND tenant_id = %s"
+                    "SELECT run_id FROM runs_daily WHERE state = 'PENDING' AND tenant_id = %s"
                     " AND abs(hashtext(run_id)) %% %s = %s LIMIT 200",
                     [self.tenant_id, self.threads, i],
                 ).fetchall()
@@ -297,7 +297,7 @@ def fan_run(url: str, topics: Topics, tenant: dict, n: int, procs: Procs) -> tup
             if state[0] != "SUCCEEDED":
                 raise RuntimeError(f"the {n}-node workflow run ended {state[0]}")
             runs = conn.execute(
-                "SELECT count(*) FROM runs WHERE workflow_run_id = %s", [wfr]
+                "SELECT count(*) FROM runs_daily WHERE workflow_run_id = %s", [wfr]
             ).fetchone()[0]
             say(
                 f"  {n} nodes, where the time went (ms after the trigger): {_phases(conn, wfr, t0)}"
@@ -313,7 +313,7 @@ def _phases(conn, wfr: str, t0: int) -> str:
     row = conn.execute(
         """SELECT min(r.created_at), max(r.created_at), min(r.started_at), max(r.started_at),
                   min(r.finished_at), max(r.finished_at), min(p.processed_at), max(p.processed_at)
-             FROM runs r JOIN processed p ON p.consumer = 'workflow' AND p.message_key = r.run_id
+             FROM runs_daily r JOIN processed p ON p.consumer = 'workflow' AND p.message_key = r.run_id
             WHERE r.workflow_run_id = %s AND r.node LIKE 'm%%'""",
         [wfr],
     ).fetchone()

@@ -151,33 +151,40 @@ def with_dbname(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
-def _template(admin_url: str) -> str:
-    """A migrated template per migration set (as tests/support/db.py keeps one)."""
+def _template_names() -> dict[bool, str]:
+    """{contract: name} of this migration set's two templates."""
     h = hashlib.sha256()
     for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
         h.update(path.name.encode() + path.read_bytes())
-    name = f"cw_bench_template_{h.hexdigest()[:12]}"
+    digest = h.hexdigest()[:12]
+    return {True: f"cw_bench_template_{digest}", False: f"cw_bench_template_expand_{digest}"}
+
+
+def _template(admin_url: str, contract: bool = True) -> str:
+    """A migrated template per migration set (as tests/support/db.py keeps one);
+    `contract=False`: the expand steps only, as a platform mid-upgrade has it."""
+    name = _template_names()[contract]
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(4243)")
         try:
             if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
                 conn.execute(f'CREATE DATABASE "{name}"')
                 try:
-                    migrate(with_dbname(admin_url, name))
+                    migrate(with_dbname(admin_url, name), contract=contract)
                 except Exception:
                     conn.execute(f'DROP DATABASE "{name}"')
                     raise
-                _drop_stale_templates(conn, keep=name)
+                _drop_stale_templates(conn, keep=list(_template_names().values()))
         finally:
             conn.execute("SELECT pg_advisory_unlock(4243)")
     return name
 
 
-def _drop_stale_templates(conn: psycopg.Connection, keep: str) -> None:
+def _drop_stale_templates(conn: psycopg.Connection, keep: list[str]) -> None:
     """Templates of earlier migration sets; one still in use is left alone."""
     stale = conn.execute(
         "SELECT datname FROM pg_database WHERE datname LIKE 'cw\\_bench\\_template\\_%%'"
-        " AND datname <> %s",
+        " AND datname <> ALL(%s)",
         [keep],
     ).fetchall()
     for (old,) in stale:
@@ -186,13 +193,13 @@ def _drop_stale_templates(conn: psycopg.Connection, keep: str) -> None:
 
 
 @contextlib.contextmanager
-def fresh_database(template: str | None = None) -> Iterator[str]:
+def fresh_database(template: str | None = None, *, contract: bool = True) -> Iterator[str]:
     """A database of this benchmark's own, dropped afterwards: a clone of the
-    migrated template, or of `template` (a database a benchmark built, copied
-    file by file). The admin URL is config.database_url() (DATABASE_URL
-    overrides it)."""
+    migrated template (`contract=False`: without the contract steps), or of
+    `template` (a database a benchmark built, copied file by file). The admin
+    URL is config.database_url() (DATABASE_URL overrides it)."""
     admin = config.database_url()
-    source = template or _template(admin)
+    source = template or _template(admin, contract)
     strategy = " STRATEGY = FILE_COPY" if template else ""
     name = f"cw_bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -798,11 +805,11 @@ def storm(
         empty = now_ms()
         cpu1 = services.cpu()
         first, last = conn.execute(
-            "SELECT min(created_at), max(created_at) FROM runs WHERE scheduled_at = %s",
+            "SELECT min(created_at), max(created_at) FROM runs_daily WHERE scheduled_at = %s",
             [to_dt(due)],
         ).fetchone()
         n_runs = conn.execute(
-            "SELECT count(*) FROM runs WHERE scheduled_at = %s", [to_dt(due)]
+            "SELECT count(*) FROM runs_daily WHERE scheduled_at = %s", [to_dt(due)]
         ).fetchone()[0]
     if n_runs != count:
         raise RuntimeError(f"{n_runs} runs for {count} due jobs")

@@ -92,7 +92,7 @@ def test_deleted_before_the_relay__announced_again__run_once__overlap_skip_not_b
         # No relay yet: the first run's record waits in the outbox. Lose it.
         first = wait_for(
             lambda: conn.execute(
-                "SELECT run_id FROM runs WHERE job_id = %s", [job["job_id"]]
+                "SELECT run_id FROM runs_daily WHERE job_id = %s", [job["job_id"]]
             ).fetchone(),
             timeout=30,
             what="the job's first run",
@@ -110,9 +110,9 @@ def test_deleted_before_the_relay__announced_again__run_once__overlap_skip_not_b
         )
         assert skipped[0] >= 1
         assert (
-            conn.execute("SELECT count(*) FROM runs WHERE job_id = %s", [job["job_id"]]).fetchone()[
-                0
-            ]
+            conn.execute(
+                "SELECT count(*) FROM runs_daily WHERE job_id = %s", [job["job_id"]]
+            ).fetchone()[0]
             == 1
         )
 

@@ -105,7 +105,7 @@ def test_relay__killed_between_produce_and_delete__every_run_reaches_the_topic(
     assert relay.stop() == 0
 
     runs = assert_one_run_per_instant(conn)
-    run_ids = {r for (r,) in conn.execute("SELECT run_id FROM runs")}
+    run_ids = {r for (r,) in conn.execute("SELECT run_id FROM runs_daily")}
     topic = topics.runs(tenant_id)
     total = records_on(kafka_bootstrap, topic)
     records = drain(kafka_bootstrap, topic, want=total, timeout=60)

@@ -98,7 +98,7 @@ def _job(api, payload, every_ms=86_400_000, **extra) -> dict:
 def _runs(database_url, job_id):
     with psycopg.connect(database_url) as conn:
         return conn.execute(
-            "SELECT run_id, state, attempt FROM runs WHERE job_id = %s", [job_id]
+            "SELECT run_id, state, attempt FROM runs_daily WHERE job_id = %s", [job_id]
         ).fetchall()
 
 
@@ -186,7 +186,8 @@ def test_sdk__kill_dispatcher_and_worker_repeatedly__every_run_terminal_once(
         effects = {r[0] for r in conn.execute("SELECT run_id FROM sdk_effects")}
         executions = conn.execute("SELECT count(*) FROM sdk_executions").fetchone()[0]
         completed = conn.execute(
-            "SELECT count(*) FROM run_attempts a JOIN runs r USING (partition_id, run_id)"
+            "SELECT count(*) FROM run_attempts_daily a"
+            " JOIN runs_daily r USING (partition_id, run_id, scheduled_at)"
             " WHERE r.job_id = %s AND a.outcome = 'SUCCEEDED'", [job["job_id"]]
         ).fetchone()[0]  # fmt: skip
     assert effects == {r[0] for r in runs}  # every run's effect, once (keyed by run_id)

@@ -142,7 +142,7 @@ def test_tenant_burst__queue_webhook_managed_jobs_while_runs_flow_under_load__ev
 
                     def managed_done() -> bool:
                         n = conn.execute(
-                            "SELECT count(*) FROM runs WHERE job_id = ANY(%s) AND state = 'SUCCEEDED'",
+                            "SELECT count(*) FROM runs_daily WHERE job_id = ANY(%s) AND state = 'SUCCEEDED'",
                             [managed_ids],
                         ).fetchone()[0]
                         return n == NEW_TENANTS
@@ -178,14 +178,14 @@ def test_tenant_burst__queue_webhook_managed_jobs_while_runs_flow_under_load__ev
                 queued = Counter(read_all(kafka_bootstrap, f"{topic_prefix}.q."))
                 burst_runs = {
                     r for (r,) in conn.execute(
-                        "SELECT run_id FROM runs WHERE job_id = ANY(%s)",
+                        "SELECT run_id FROM runs_daily WHERE job_id = ANY(%s)",
                         [[ids["q"] for _t, ids in made]],
                     ).fetchall()
                 }  # fmt: skip
                 assert len(burst_runs) == NEW_TENANTS
                 assert {r: queued[r] for r in burst_runs} == dict.fromkeys(burst_runs, 1)
                 attempts = conn.execute(
-                    "SELECT max(attempt) FROM runs WHERE job_id = ANY(%s)", [managed_ids]
+                    "SELECT max(attempt) FROM runs_daily WHERE job_id = ANY(%s)", [managed_ids]
                 ).fetchone()[0]
                 assert attempts == 1
                 executions, effects = conn.execute(

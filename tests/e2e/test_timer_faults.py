@@ -86,7 +86,7 @@ def assert_one_run_per_instant(conn) -> int:
         "  FROM jobs"
     ).fetchall()
     per_instant = conn.execute(
-        "SELECT job_id, scheduled_at, count(*), array_agg(run_id) FROM runs GROUP BY 1, 2"
+        "SELECT job_id, scheduled_at, count(*), array_agg(run_id) FROM runs_daily GROUP BY 1, 2"
     ).fetchall()
     doubled = [(j, s, n) for j, s, n, _ in per_instant if n != 1]
     assert not doubled, f"instants with more than one run: {doubled[:5]}"
@@ -180,7 +180,7 @@ def test_timer__killed_at_random_points_of_firing__one_run_per_instant_without_g
     runs = assert_one_run_per_instant(conn)
     # The run and its RunReady outbox row commit together or not at all.
     keys = Counter(bytes(k).decode() for (k,) in conn.execute("SELECT key FROM outbox"))
-    run_ids = {r for (r,) in conn.execute("SELECT run_id FROM runs")}
+    run_ids = {r for (r,) in conn.execute("SELECT run_id FROM runs_daily")}
     assert set(keys) == run_ids and max(keys.values()) == 1
     print(
         f"seed {seed}: {kills} kills -9 ({in_transaction} inside a transaction), "

@@ -64,7 +64,7 @@ class Worker:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not stop.is_set():
                 pending = conn.execute(
-                    "SELECT run_id FROM runs WHERE workflow_run_id = %s AND state = 'PENDING'",
+                    "SELECT run_id FROM runs_daily WHERE workflow_run_id = %s AND state = 'PENDING'",
                     [self.wfr],
                 ).fetchall()
                 for (run_id,) in pending:
@@ -118,7 +118,7 @@ def test_workflow_service__killed_after_applying_before_committing__one_run_per_
         assert applied() == len(graph)
         # Each node's run was created after every parent's run had finished.
         rows = conn.execute(
-            "SELECT node, created_at, finished_at FROM runs WHERE workflow_run_id = %s", [wfr]
+            "SELECT node, created_at, finished_at FROM runs_daily WHERE workflow_run_id = %s", [wfr]
         ).fetchall()
         created = {n: c for n, c, _ in rows}
         finished = {n: f for n, _, f in rows}

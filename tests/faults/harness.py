@@ -508,7 +508,7 @@ def settled(conn: psycopg.Connection, since_ms: int) -> bool:
     waits in the outbox."""
     at = [since_ms]
     pending = conn.execute(
-        "SELECT count(*) FROM runs WHERE scheduled_at <= to_timestamp(%s / 1000.0)"
+        "SELECT count(*) FROM runs_daily WHERE scheduled_at <= to_timestamp(%s / 1000.0)"
         " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')",
         at,
     ).fetchone()[0]
@@ -567,7 +567,7 @@ def _lagging(conn: psycopg.Connection, since_ms: int) -> str:
     and jobs behind."""
     at = {"at": since_ms}
     by_state = conn.execute(
-        "SELECT state, count(*) FROM runs WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
+        "SELECT state, count(*) FROM runs_daily WHERE scheduled_at <= to_timestamp(%(at)s / 1000.0)"
         " AND state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')"
         " GROUP BY state",
         at,
@@ -578,7 +578,7 @@ def _lagging(conn: psycopg.Connection, since_ms: int) -> str:
         "                                              || ' at ' || p.processed_at::text)"
         "                              FROM processed p"
         "                             WHERE split_part(p.message_key, ':', 1) = r.run_id) marks"
-        "  FROM runs r WHERE r.scheduled_at <= to_timestamp(%(at)s / 1000.0)"
+        "  FROM runs_daily r WHERE r.scheduled_at <= to_timestamp(%(at)s / 1000.0)"
         " AND r.state NOT IN ('SUCCEEDED','FAILED','TIMED_OUT','CANCELLED','SKIPPED')"
         " ORDER BY r.scheduled_at LIMIT 3",
         at,
@@ -650,12 +650,14 @@ def check(
             "SELECT job_id, (schedule->>'every_ms')::bigint, anchor_at FROM jobs"
         ).fetchall()
         runs = conn.execute(
-            "SELECT run_id, job_id, scheduled_at, state, attempt FROM runs"
+            "SELECT run_id, job_id, scheduled_at, state, attempt FROM runs_daily"
         ).fetchall()
         report.outbox_left = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         won = Counter(
             r
-            for (r,) in conn.execute("SELECT run_id FROM run_attempts WHERE outcome = 'SUCCEEDED'")
+            for (r,) in conn.execute(
+                "SELECT run_id FROM run_attempts_daily WHERE outcome = 'SUCCEEDED'"
+            )
         )
         node_ids = _check_workflows(conn, end_ms, report)
     by_id = {r[0]: r for r in runs}
@@ -770,7 +772,7 @@ def _check_workflows(conn: psycopg.Connection, end_ms: int, report: Report) -> s
         "SELECT workflow_run_id, node, state, pending_deps, run_id FROM workflow_run_nodes"
     ).fetchall()
     node_runs = conn.execute(
-        "SELECT run_id, workflow_run_id, node FROM runs WHERE workflow_run_id IS NOT NULL"
+        "SELECT run_id, workflow_run_id, node FROM runs_daily WHERE workflow_run_id IS NOT NULL"
     ).fetchall()
     expected: set[str] = set()
     for wf, every, anchor_at, node_count in flows:

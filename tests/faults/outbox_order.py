@@ -53,7 +53,7 @@ def _started_past(conn: psycopg.Connection, held_at) -> int:
     the margin covers that clock's error, under 250 ms), and were committed,
     published and read while the held one was open."""
     return conn.execute(
-        "SELECT count(*) FROM runs WHERE created_at > %s + interval '500 ms'"
+        "SELECT count(*) FROM runs_daily WHERE created_at > %s + interval '500 ms'"
         " AND started_at IS NOT NULL",
         [held_at],
     ).fetchone()[0]

@@ -166,14 +166,18 @@ def _firing_open(conn: psycopg.Connection) -> bool:
 def _pg_immediate(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -> None:
     with platform.connect() as conn:
         wait_for(
-            lambda: conn.execute("SELECT count(*) FROM runs WHERE state = 'RUNNING'").fetchone()[0],
+            lambda: conn.execute(
+                "SELECT count(*) FROM runs_daily WHERE state = 'RUNNING'"
+            ).fetchone()[0],
             20,
             0.01,
             "worker calls in flight",
         )
         wait_for(lambda: _firing_open(conn), 20, 0.001, "a firing transaction open")
-        seen = {r for (r,) in conn.execute("SELECT run_id FROM runs")}
-        running = conn.execute("SELECT count(*) FROM runs WHERE state = 'RUNNING'").fetchone()[0]
+        seen = {r for (r,) in conn.execute("SELECT run_id FROM runs_daily")}
+        running = conn.execute(
+            "SELECT count(*) FROM runs_daily WHERE state = 'RUNNING'"
+        ).fetchone()[0]
     pid = stack.pg_pid()
     stack.pg_ctl_stop("immediate")
     assert stack.pg_pid() is None and pid is not None
@@ -181,7 +185,7 @@ def _pg_immediate(stack: PrivateStack, platform: Platform, plan: Plan, report: R
     stack.up()
     assert stack.pg_pid() not in (None, pid), "PostgreSQL did not restart"
     with platform.connect() as conn:
-        after = {r for (r,) in conn.execute("SELECT run_id FROM runs")}
+        after = {r for (r,) in conn.execute("SELECT run_id FROM runs_daily")}
     vanished = len(seen - after)
     report.notes.append(
         f"{running} runs RUNNING at the crash, {vanished} committed runs lost by it"
@@ -261,7 +265,7 @@ def _replay_after_retention(
     _replay(stack, platform, plan, report)
     with platform.connect() as conn:
         (ended,) = conn.execute(
-            "SELECT count(*) FROM runs WHERE finished_at < %s", [stop_at]
+            "SELECT count(*) FROM runs_daily WHERE finished_at < %s", [stop_at]
         ).fetchone()
         kept = dict(
             conn.execute(
@@ -273,7 +277,7 @@ def _replay_after_retention(
         # recorded again after it: forwarded a second time, not skipped.
         (again,) = conn.execute(
             "SELECT count(DISTINCT r.run_id) FROM processed p"
-            "  JOIN runs r ON r.run_id = split_part(p.message_key, ':', 1)"
+            "  JOIN runs_daily r ON r.run_id = split_part(p.message_key, ':', 1)"
             " WHERE p.consumer = 'dispatcher' AND p.processed_at > %s"
             "   AND r.finished_at < %s",
             [stop_at, stop_at],
@@ -461,7 +465,7 @@ def _clock_skew_gateway(
     counts refusals as not due, early starts and expired live leases)."""
     _skewed(platform, report)
     with platform.connect() as conn:
-        done = "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"
+        done = "SELECT count(*) FROM runs_daily WHERE state = 'SUCCEEDED'"
         before = conn.execute(done).fetchone()[0]
         time.sleep(plan.down_s)  # the window watched
         after = conn.execute(done).fetchone()[0]
@@ -593,7 +597,7 @@ def _run(stack: PrivateStack, name: str, plan: Plan, log_dir: Path) -> Report:
         with platform.connect() as conn:
             wait_for(
                 lambda: conn.execute(
-                    "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"
+                    "SELECT count(*) FROM runs_daily WHERE state = 'SUCCEEDED'"
                 ).fetchone()[0],
                 60,
                 0.1,

@@ -70,7 +70,7 @@ def fire(service: TimerService, conn, clock: Clock, at: int):
 
 def runs_of(conn, job_id: str) -> list[tuple[str, int, list | None]]:
     rows = conn.execute(
-        "SELECT run_id, scheduled_at, covers FROM runs WHERE job_id = %s ORDER BY scheduled_at",
+        "SELECT run_id, scheduled_at, covers FROM runs_daily WHERE job_id = %s ORDER BY scheduled_at",
         [job_id],
     ).fetchall()
     return [(r[0], to_ms(r[1]), r[2]) for r in rows]
@@ -139,7 +139,7 @@ def test_overlap_skip__active_run__no_new_run_and_counted_skipped(
 
     # Once the active run has ended, the next instant fires again.
     conn.execute(
-        "UPDATE runs SET state = 'SUCCEEDED', finished_at = now() WHERE run_id = %s", [active]
+        "UPDATE runs_daily SET state = 'SUCCEEDED', finished_at = now() WHERE run_id = %s", [active]
     )
     report = fire(service, conn, clock, T0 + 2 * SEC)
     assert report.runs_created == 1

@@ -60,7 +60,7 @@ def test_claim_ahead__job_within_the_lead_fired_now__retry_timer_and_far_job_wai
 
     report = Firing(topics, ahead_ms=1_000).fire_due(conn, leases, t0)
     assert report.runs_created == 1
-    runs = conn.execute("SELECT scheduled_at, created_at FROM runs").fetchall()
+    runs = conn.execute("SELECT scheduled_at, created_at FROM runs_daily").fetchall()
     assert [(to_ms(s), to_ms(c)) for s, c in runs] == [(near, t0)]
     held = conn.execute("SELECT not_before FROM outbox").fetchall()
     assert [to_ms(r[0]) for r in held] == [near]
@@ -132,7 +132,7 @@ def test_timer_and_relay_ahead__run_created_before_its_instant__record_not_befor
         records = drain(kafka_bootstrap, topics.runs(tenant["tenant_id"]), want=1, timeout=30)
     assert len(records) == 1
     stamp = records[0][4].timestamp()[1]
-    created, scheduled = conn.execute("SELECT created_at, scheduled_at FROM runs").fetchone()
+    created, scheduled = conn.execute("SELECT created_at, scheduled_at FROM runs_daily").fetchone()
     assert to_ms(scheduled) == instant
     assert to_ms(created) < instant  # fired ahead
     assert stamp >= instant  # but published at its instant

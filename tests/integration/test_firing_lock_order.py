@@ -99,10 +99,12 @@ def test_complete__firing_loop_holds_the_lease_timer__answered_at_once__timer_dr
     assert (
         conn.execute("SELECT count(*) FROM timers WHERE owner_id = %s", [run_id]).fetchone()[0] == 0
     )
-    state = conn.execute("SELECT state, attempt FROM runs WHERE run_id = %s", [run_id]).fetchone()
+    state = conn.execute(
+        "SELECT state, attempt FROM runs_daily WHERE run_id = %s", [run_id]
+    ).fetchone()
     assert state == ("SUCCEEDED", 1)
     ended = conn.execute(
-        "SELECT outcome FROM run_attempts WHERE run_id = %s ORDER BY attempt", [run_id]
+        "SELECT outcome FROM run_attempts_daily WHERE run_id = %s ORDER BY attempt", [run_id]
     ).fetchall()
     assert ended == [("SUCCEEDED",)]
 
@@ -130,7 +132,7 @@ def test_complete__a_claim_that_rolled_back__leaves_a_timer_that_fires_and_is_dr
     assert (
         conn.execute("SELECT count(*) FROM timers WHERE owner_id = %s", [run_id]).fetchone()[0] == 0
     )
-    assert conn.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone() == (
+    assert conn.execute("SELECT state FROM runs_daily WHERE run_id = %s", [run_id]).fetchone() == (
         "SUCCEEDED",
     )
 

@@ -62,7 +62,7 @@ def test_every_ms_job__fires_on_its_instants__records_reach_the_tenant_topic(
         assert datum["payload"] == '{"hello":"world"}'
         assert datum["queue"] == "billing"
     rows = conn.execute(
-        "SELECT run_id, scheduled_at FROM runs WHERE job_id = %s ORDER BY scheduled_at",
+        "SELECT run_id, scheduled_at FROM runs_daily WHERE job_id = %s ORDER BY scheduled_at",
         [job["job_id"]],
     ).fetchall()
     instants = [to_ms(r[1]) for r in rows]
@@ -82,7 +82,7 @@ def test_timer__database_session_killed__reconnects_and_keeps_firing(
         {"name": "tick", "schedule": {"every_ms": 200}, "target": {"type": "queue", "queue": "q"}},
         now_ms(),
     )
-    count = "SELECT count(*) FROM runs WHERE job_id = %s"
+    count = "SELECT count(*) FROM runs_daily WHERE job_id = %s"
     with running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)):
         wait_for(lambda: conn.execute(count, [job["job_id"]]).fetchone()[0] >= 3, what="first runs")
         killed = conn.execute(
@@ -110,7 +110,8 @@ def test_pause_resume_while_firing__no_deadlock(database_url, topic_prefix, conn
     ]
     with running(TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)):
         wait_for(
-            lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 40, what="firing"
+            lambda: conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0] >= 40,
+            what="firing",
         )
         for _ in range(5):
             for job_id in ids:
@@ -141,11 +142,13 @@ def test_more_due_than_one_wheel_load__each_fires_on_time__not_at_the_idle_tick(
     )
     with running(timer):
         wait_for(
-            lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 12,
+            lambda: conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0] >= 12,
             timeout=20,
             what="12 runs",
         )
-    rows = conn.execute("SELECT scheduled_at, created_at FROM runs ORDER BY 1 LIMIT 12").fetchall()
+    rows = conn.execute(
+        "SELECT scheduled_at, created_at FROM runs_daily ORDER BY 1 LIMIT 12"
+    ).fetchall()
     late = [to_ms(created) - to_ms(scheduled) for scheduled, created in rows]
     assert [to_ms(r[0]) for r in rows] == instants
     # A wheel that slept past what it was never told of fires these up to 5 s late.
@@ -287,14 +290,18 @@ def test_critical_batch__storm_led_by_critical__small_critical_batch_then_critic
     leases = all_leases(conn)
     batches = []
     for i in range(4):
-        before = dict(conn.execute("SELECT priority, count(*) FROM runs GROUP BY 1").fetchall())
+        before = dict(
+            conn.execute("SELECT priority, count(*) FROM runs_daily GROUP BY 1").fetchall()
+        )
         report = firing.fire_due(conn, leases, now_ms(), limit=200)
-        after = dict(conn.execute("SELECT priority, count(*) FROM runs GROUP BY 1").fetchall())
+        after = dict(
+            conn.execute("SELECT priority, count(*) FROM runs_daily GROUP BY 1").fetchall()
+        )
         batches.append({k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)})
         assert firing.backlog
         assert report.timers == sum(batches[-1].values())
         if i == 0:  # fair within the class: both tenants' critical runs in the first batch
-            tenants = "SELECT count(DISTINCT tenant_id) FROM runs WHERE priority = 'critical'"
+            tenants = "SELECT count(DISTINCT tenant_id) FROM runs_daily WHERE priority = 'critical'"
             assert conn.execute(tenants).fetchone()[0] == 2
     assert batches[0] == {"critical": 20}
     assert batches[1] == {"critical": 60}

@@ -200,14 +200,14 @@ def _scoped(conn, tenant_id: str) -> None:
 
 
 def test_rls__scoped_transaction_without_tenant_filter__sees_only_its_tenant(app, world):
-    tables = ["tenants", "api_keys", "jobs", "runs", "run_attempts", "timers"]
+    tables = ["tenants", "api_keys", "jobs", "runs_daily", "run_attempts_daily", "timers"]
     with app.state.gateway.pool.connection() as conn, conn.transaction():
         _scoped(conn, world["a_id"])
         counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}
         tenants = {r[0] for r in conn.execute("SELECT tenant_id FROM jobs")}
     # A: itself, one key, one job with its timer; no runs (B has one, with an attempt).
-    assert counts == {"tenants": 1, "api_keys": 1, "jobs": 1, "runs": 0, "run_attempts": 0,
-                      "timers": 1}  # fmt: skip
+    assert counts == {"tenants": 1, "api_keys": 1, "jobs": 1, "runs_daily": 0,
+                      "run_attempts_daily": 0, "timers": 1}  # fmt: skip
     assert tenants == {world["a_id"]}
 
 

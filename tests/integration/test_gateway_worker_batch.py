@@ -128,7 +128,9 @@ def test_start_batch__same_run_twice__second_already_started(client, database_ur
     got = results(start_batch(client, [{"run_id": run_id}, {"run_id": run_id}]))
     assert [outcome(g) for g in got] == [(200, None), (409, "ALREADY_STARTED")]
     with psycopg.connect(database_url) as conn:
-        n = conn.execute("SELECT count(*) FROM run_attempts WHERE run_id = %s", [run_id]).fetchone()
+        n = conn.execute(
+            "SELECT count(*) FROM run_attempts_daily WHERE run_id = %s", [run_id]
+        ).fetchone()
     assert n == (1,)
 
 
@@ -177,7 +179,9 @@ def test_complete_batch__success_retry_stale_other_tenant_and_records(client, da
         timers = conn.execute(
             "SELECT owner_id, kind FROM timers WHERE owner_id = ANY(%s)", [[ok, retry, twice]]
         ).fetchall()
-        theirs_state = conn.execute("SELECT state FROM runs WHERE run_id = %s", [theirs]).fetchone()
+        theirs_state = conn.execute(
+            "SELECT state FROM runs_daily WHERE run_id = %s", [theirs]
+        ).fetchone()
     completed = sorted(key for topic, key in rows if topic.endswith("run-completed"))
     assert completed == sorted([ok, twice])  # terminal ones only, once each
     assert timers == [(retry, "retry")]

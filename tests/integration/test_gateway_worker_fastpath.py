@@ -111,7 +111,7 @@ def test_start__arms_lease_and_timeout_timers__complete_drops_them_and_announces
             "SELECT topic, key, priority FROM outbox ORDER BY id OFFSET %s", (outbox_before,)
         ).fetchall()
         attempt = conn.execute(
-            "SELECT outcome, finished_at IS NOT NULL FROM run_attempts WHERE run_id = %s",
+            "SELECT outcome, finished_at IS NOT NULL FROM run_attempts_daily WHERE run_id = %s",
             (run_id,),
         ).fetchone()
     assert [(r[0].endswith("run-completed"), bytes(r[1]), r[2]) for r in rows] == [
@@ -160,7 +160,7 @@ def test_complete__buffered_instant__released_as_a_new_run(gateway, database_url
             "SELECT buffered_at FROM jobs WHERE job_id = %s", (job_id,)
         ).fetchone()[0]
         runs = conn.execute(
-            "SELECT state, (extract(epoch FROM scheduled_at) * 1000)::bigint FROM runs"
+            "SELECT state, (extract(epoch FROM scheduled_at) * 1000)::bigint FROM runs_daily"
             " WHERE job_id = %s AND run_id <> %s",
             (job_id, run_id),
         ).fetchall()
@@ -192,7 +192,7 @@ def test_start__many_workers_race__one_wins_the_rest_already_started(gateway, da
     assert {r.json()["code"] for r in answers if r.status_code == 409} == {"ALREADY_STARTED"}
     with psycopg.connect(database_url) as conn:
         n = conn.execute(
-            "SELECT count(*) FROM run_attempts WHERE partition_id = %s AND run_id = %s",
+            "SELECT count(*) FROM run_attempts_daily WHERE partition_id = %s AND run_id = %s",
             (partition_of_run(run_id), run_id),
         ).fetchone()[0]
     assert n == 1
@@ -207,7 +207,7 @@ def test_revoked_key__worker_routes_401_and_change_nothing(gateway, database_url
     assert r.status_code == 401 and r.json()["code"] == "UNAUTHENTICATED"
     assert timers_of(database_url, run_id) == {}
     with psycopg.connect(database_url) as conn:
-        state = conn.execute("SELECT state FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+        state = conn.execute("SELECT state FROM runs_daily WHERE run_id = %s", (run_id,)).fetchone()
     assert state == ("PENDING",)
 
 

@@ -66,7 +66,7 @@ def timer_due(conn, job_id: str) -> int | None:
 
 def run_instants(conn, job_id: str) -> list[int]:
     rows = conn.execute(
-        "SELECT scheduled_at FROM runs WHERE job_id = %s ORDER BY scheduled_at", [job_id]
+        "SELECT scheduled_at FROM runs_daily WHERE job_id = %s ORDER BY scheduled_at", [job_id]
     ).fetchall()
     return [to_ms(r[0]) for r in rows]
 
@@ -144,7 +144,7 @@ def test_other_tenants_job__get_update_trigger_delete__not_found(conn, jobs, ten
         with pytest.raises(NotFound):
             op()
     assert jobs.get(conn, other["tenant_id"], job_id)["name"] == "tick"  # untouched
-    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0] == 0
 
 
 def test_update__new_schedule__moves_timer_bumps_version_and_never_back_fires(
@@ -205,7 +205,7 @@ def test_trigger__creates_a_run_and_its_outbox_row__once_per_instant(conn, jobs,
     out = jobs.trigger(conn, tenant, job["job_id"], now)
     assert out == {"run_id": run_id_for_trigger(job["job_id"], now), "created": True}
     state = conn.execute(
-        "SELECT state, scheduled_at FROM runs WHERE run_id = %s", [out["run_id"]]
+        "SELECT state, scheduled_at FROM runs_daily WHERE run_id = %s", [out["run_id"]]
     ).fetchone()
     assert state[0] == "PENDING" and to_ms(state[1]) == now
     records = _outbox(conn, topics.runs(tenant["tenant_id"]))
@@ -231,7 +231,7 @@ def test_backfill__range__runs_with_scheduled_ids_and_a_second_backfill_creates_
     first = jobs.backfill(conn, tenant, job_id, T0, T0 + 5 * MIN, now)
     assert first == {"instants": 5, "created": 5, "already_existed": 0}
     expected = {run_id_for_instant(job_id, T0 + k * MIN) for k in range(1, 6)}
-    ids = {r[0] for r in conn.execute("SELECT run_id FROM runs WHERE job_id = %s", [job_id])}
+    ids = {r[0] for r in conn.execute("SELECT run_id FROM runs_daily WHERE job_id = %s", [job_id])}
     assert ids == expected
     # Overlapping range: only the new instants (6 and 7 minutes) are created.
     second = jobs.backfill(conn, tenant, job_id, T0 + 3 * MIN, T0 + 7 * MIN, now)
@@ -257,7 +257,7 @@ def test_delete__timer_gone_job_hidden_pending_runs_cancelled_with_run_completed
     jobs.backfill(conn, tenant, job_id, T0, T0 + 2 * MIN, T0 + 3 * MIN)
     done, pending = run_id_for_instant(job_id, T0 + MIN), run_id_for_instant(job_id, T0 + 2 * MIN)
     conn.execute(
-        "UPDATE runs SET state = 'SUCCEEDED', finished_at = now() WHERE run_id = %s", [done]
+        "UPDATE runs_daily SET state = 'SUCCEEDED', finished_at = now() WHERE run_id = %s", [done]
     )
     now = T0 + 4 * MIN
     jobs.delete(conn, tenant, job_id, now)
@@ -266,7 +266,7 @@ def test_delete__timer_gone_job_hidden_pending_runs_cancelled_with_run_completed
     with pytest.raises(NotFound):
         jobs.get(conn, tenant["tenant_id"], job_id)
     assert jobs.list(conn, tenant["tenant_id"])["items"] == []
-    states = dict(conn.execute("SELECT run_id, state FROM runs WHERE job_id = %s", [job_id]))
+    states = dict(conn.execute("SELECT run_id, state FROM runs_daily WHERE job_id = %s", [job_id]))
     assert states == {done: "SUCCEEDED", pending: "CANCELLED"}
     records = _outbox(conn, topics.run_completed)
     assert len(records) == 1
@@ -313,7 +313,7 @@ def test_delete__runs_on_a_later_attempt__announced_with_their_own_attempt(
     states = {
         run_id: (state, attempt)
         for run_id, state, attempt in conn.execute(
-            "SELECT run_id, state, attempt FROM runs WHERE job_id = %s", [job_id]
+            "SELECT run_id, state, attempt FROM runs_daily WHERE job_id = %s", [job_id]
         )
     }
     assert states == {pending: ("PENDING", 2), waiting: ("RETRY_WAIT", 2)}

@@ -63,11 +63,11 @@ def effects(conn, topics: Topics, run_id: str) -> tuple:
     """The state a run is left in: its row, attempts, timers and records."""
     run = conn.execute(
         "SELECT state, attempt, worker_id IS NOT NULL, start_token IS NOT NULL,"
-        " lease_expires_at IS NOT NULL, finished_at IS NOT NULL FROM runs WHERE run_id = %s",
+        " lease_expires_at IS NOT NULL, finished_at IS NOT NULL FROM runs_daily WHERE run_id = %s",
         [run_id],
     ).fetchone()
     attempts = conn.execute(
-        "SELECT attempt, outcome, finished_at IS NOT NULL FROM run_attempts"
+        "SELECT attempt, outcome, finished_at IS NOT NULL FROM run_attempts_daily"
         " WHERE run_id = %s ORDER BY attempt",
         [run_id],
     ).fetchall()
@@ -185,7 +185,7 @@ def test_complete_many__two_runs_of_a_buffering_job__its_instant_released_once(c
 
     assert [a["state"] for a in got] == ["SUCCEEDED", "SUCCEEDED"]
     new = conn.execute(
-        "SELECT count(*) FROM runs WHERE job_id = %s AND scheduled_at = %s",
+        "SELECT count(*) FROM runs_daily WHERE job_id = %s AND scheduled_at = %s",
         [j["job_id"], to_dt(buffered)],
     ).fetchone()[0]
     assert new == 1
@@ -302,7 +302,7 @@ def test_start_and_retry__timers_take_the_runs_class__scalar_and_batch_alike(con
         # A retryable failure's backoff timer: the same class, single and batched.
         tokens = dict(
             conn.execute(
-                "SELECT run_id, start_token FROM runs WHERE run_id = ANY(%s)", [started]
+                "SELECT run_id, start_token FROM runs_daily WHERE run_id = ANY(%s)", [started]
             ).fetchall()
         )
         lc.complete(conn, tenant["tenant_id"], single, 1, tokens[single], "FAILED", NOW)

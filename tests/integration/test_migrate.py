@@ -105,27 +105,31 @@ def test_discover__gap_in_numbers__refused(tmp_path):
 
 
 def test_run_indexes__start_of_a_run__heap_only_update(empty_database):
-    """0010-0011: no index names `state` any more, so PENDING -> RUNNING changes no
-    indexed column and, with room on the page (fillfactor), is a HOT update;
-    the unfinished-runs index answers "has this job an open run"."""
+    """0010-0011, kept by runs_daily (0025, 0029): no index names `state`, so
+    PENDING -> RUNNING changes no indexed column and, with room on the page
+    (fillfactor), is a HOT update; the unfinished-runs index answers "has
+    this job an open run"."""
     migrate(empty_database)
     with psycopg.connect(empty_database) as conn:
-        indexes = {
-            r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'runs'")
-        }
-        assert "runs_run_id" not in indexes and "runs_active_job" not in indexes
-        assert "runs_open_job" in indexes
+        indexes = dict(
+            conn.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'runs_daily'"
+            ).fetchall()
+        )
+        assert "runs_daily_open_job" in indexes
+        assert not [name for name, d in indexes.items() if "state" in d]
+        # No day partition made: the run lands in the DEFAULT one.
         conn.execute(
-            "INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, spec)"
+            "INSERT INTO runs_daily (partition_id, run_id, tenant_id, job_id, scheduled_at, spec)"
             " VALUES (1, '001' || repeat('a', 29), 't', 'job_1', now(), '{}')"
         )
         conn.commit()
         conn.execute(
-            "UPDATE runs SET state = 'RUNNING', start_token = 'tok', worker_id = 'w',"
+            "UPDATE runs_daily SET state = 'RUNNING', start_token = 'tok', worker_id = 'w',"
             " started_at = now(), lease_expires_at = now() + interval '30 s', updated_at = now()"
         )
-        hot = "SELECT pg_stat_get_xact_tuples_hot_updated('runs'::regclass)"
+        hot = "SELECT pg_stat_get_xact_tuples_hot_updated('runs_daily_default'::regclass)"
         assert conn.execute(hot).fetchone()[0] == 1
         # What overlap checks ask (firing.sql jobs_for_timers) is its predicate.
-        indexdef = conn.execute("SELECT pg_get_indexdef('runs_open_job'::regclass)").fetchone()[0]
+        indexdef = indexes["runs_daily_open_job"]
         assert "(job_id)" in indexdef and "finished_at IS NULL" in indexdef

@@ -113,7 +113,7 @@ def announced(conn) -> list[tuple[str, int]]:
 
 def the_run(conn, job_id: str) -> tuple[str, str, int]:
     return conn.execute(
-        "SELECT run_id, state, attempt FROM runs WHERE job_id = %s", [job_id]
+        "SELECT run_id, state, attempt FROM runs_daily WHERE job_id = %s", [job_id]
     ).fetchone()
 
 
@@ -231,7 +231,9 @@ def test_deadline_by_class__critical_sooner(conn, database_url, topics, clock):
     # At +9 s: the normal run's first (8 s), the critical run's second (3 s + 2 x 2 s).
     report = fire(service, conn, clock, T0 + 60 * SEC + 8 * SEC + SWEEP)
     assert report.reannounced == {"critical": 1, "normal": 1}
-    counts = conn.execute("SELECT priority, reannounced FROM runs ORDER BY priority").fetchall()
+    counts = conn.execute(
+        "SELECT priority, reannounced FROM runs_daily ORDER BY priority"
+    ).fetchall()
     assert counts == [("critical", 2), ("normal", 1)]
 
 
@@ -244,7 +246,7 @@ def test_overlap_skip__blocked_while_lost__fires_again_once_the_run_ends(
     lose_records(conn)
     # The lost run holds the job: its next instants are skipped ...
     fire(service, conn, clock, T0 + 4 * SEC)
-    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0] == 1
     # ... until it is announced again, started and finished.
     at = T0 + 2 * SEC + DEADLINE + SWEEP
     fire(service, conn, clock, at)
@@ -253,7 +255,9 @@ def test_overlap_skip__blocked_while_lost__fires_again_once_the_run_ends(
     got = life.start(conn, tenant["tenant_id"], run_id, "w1", at)
     life.complete(conn, tenant["tenant_id"], run_id, 1, got["start_token"], "SUCCEEDED", at)
     fire(service, conn, clock, at + 2 * SEC)
-    runs = conn.execute("SELECT scheduled_at, state FROM runs ORDER BY scheduled_at").fetchall()
+    runs = conn.execute(
+        "SELECT scheduled_at, state FROM runs_daily ORDER BY scheduled_at"
+    ).fetchall()
     assert [(to_ms(s) - T0, st) for s, st in runs] == [
         (2 * SEC, "SUCCEEDED"),
         (10 * SEC, "PENDING"),

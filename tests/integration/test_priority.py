@@ -194,7 +194,7 @@ def test_claim__flood_and_small_tenant_same_instant__small_in_first_batch(conn, 
     report = firing.fire_due(conn, all_leases(conn), now_ms(), limit=500)
     assert report.timers == 500 and report.lanes == 2
     per_tenant = dict(
-        conn.execute("SELECT tenant_id, count(*) FROM runs GROUP BY tenant_id").fetchall()
+        conn.execute("SELECT tenant_id, count(*) FROM runs_daily GROUP BY tenant_id").fetchall()
     )
     assert per_tenant == {flood["tenant_id"]: 490, small["tenant_id"]: 10}
     # The batch was full: the report asks the wheel to wake again at once.
@@ -209,7 +209,7 @@ def test_claim__critical_behind_normal_backlog__critical_first(conn, topic_prefi
     bulk_jobs(conn, tenant["tenant_id"], 30, due, "low")
     firing = Firing(Topics(topic_prefix))
     firing.fire_due(conn, all_leases(conn), now_ms(), limit=100)
-    got = dict(conn.execute("SELECT priority, count(*) FROM runs GROUP BY 1").fetchall())
+    got = dict(conn.execute("SELECT priority, count(*) FROM runs_daily GROUP BY 1").fetchall())
     assert got == {"critical": 30, "normal": 70}
     # Outbox rows say their class, so the relay can read by it.
     ranks = dict(conn.execute("SELECT priority, count(*) FROM outbox GROUP BY 1").fetchall())
@@ -233,7 +233,7 @@ def test_fire_quota__bucket_limits_runs__rest_stay_due_and_fire_on_refill(conn, 
     firing = Firing(Topics(topic_prefix))
     leases = all_leases(conn)
     report = firing.fire_due(conn, leases, t0, limit=500)
-    counts = dict(conn.execute("SELECT tenant_id, count(*) FROM runs GROUP BY 1").fetchall())
+    counts = dict(conn.execute("SELECT tenant_id, count(*) FROM runs_daily GROUP BY 1").fetchall())
     assert counts == {limited["tenant_id"]: 5, free["tenant_id"]: 40}
     assert report.held == 35
     # The wheel is told when the bucket has a token again (10/s: ~100 ms).
@@ -245,7 +245,7 @@ def test_fire_quota__bucket_limits_runs__rest_stay_due_and_fire_on_refill(conn, 
     # One second later the bucket has refilled 10 tokens: 10 more fire, no more.
     firing.fire_due(conn, leases, t0 + 1000, limit=500)
     n = conn.execute(
-        "SELECT count(*) FROM runs WHERE tenant_id = %s", [limited["tenant_id"]]
+        "SELECT count(*) FROM runs_daily WHERE tenant_id = %s", [limited["tenant_id"]]
     ).fetchone()[0]
     assert n == 15
     # Held timers are not in the wheel's upcoming times (no busy loop): only the refill is.

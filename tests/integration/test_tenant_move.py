@@ -36,7 +36,7 @@ from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
-TENANT_TABLES = ("tenants", "api_keys", "jobs", "runs", "timers", "timers_parked")
+TENANT_TABLES = ("tenants", "api_keys", "jobs", "runs_daily", "timers", "timers_parked")
 
 
 class Cells:
@@ -95,7 +95,8 @@ class Cells:
         """run_id -> (instant ms, created_at ms) of the job's runs in a cell."""
         with psycopg.connect(self.admin[cell], autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT run_id, scheduled_at, created_at FROM runs WHERE job_id = %s", [job_id]
+                "SELECT run_id, scheduled_at, created_at FROM runs_daily WHERE job_id = %s",
+                [job_id],
             ).fetchall()
         return {r[0]: (to_ms(r[1]), to_ms(r[2])) for r in rows}
 
@@ -136,7 +137,7 @@ def test_standby_tenant__its_timers_are_not_claimed__until_it_is_active(database
 
         def fired(tenant: dict) -> int:
             return conn.execute(
-                "SELECT count(*) FROM runs WHERE job_id = %s", [jobs[tenant["tenant_id"]]]
+                "SELECT count(*) FROM runs_daily WHERE job_id = %s", [jobs[tenant["tenant_id"]]]
             ).fetchone()[0]
 
         timer = TimerService(database_url, topics, lease_ttl_ms=5000, ahead_ms=0)
@@ -320,9 +321,9 @@ def test_catch_up__copies_what_changed_since__the_checksums_find_what_it_cannot(
     job = cells.job(topics, "us", tenant, 86_400_000)
     src, dst = cellstore.connect(cells.admin["us"]), cellstore.connect(cells.admin["eu"])
     insert = (
-        "INSERT INTO runs (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state,"
-        " created_at, finished_at) SELECT partition_id, %s, tenant_id, job_id, %s, '{}', %s,"
-        " %s, %s FROM jobs WHERE job_id = %s"
+        "INSERT INTO runs_daily (partition_id, run_id, tenant_id, job_id, scheduled_at, spec,"
+        " state, created_at, finished_at) SELECT partition_id, %s, tenant_id, job_id, %s, '{}',"
+        " %s, %s, %s FROM jobs WHERE job_id = %s"
     )
     old = now_ms() - 3_600_000
     src.execute(insert, ["run_old", to_dt(old), "SUCCEEDED", to_dt(old), to_dt(old), job["job_id"]])
@@ -330,7 +331,7 @@ def test_catch_up__copies_what_changed_since__the_checksums_find_what_it_cannot(
     cellstore.copy(src, dst, tid, "eu")
     since = to_dt(now_ms())
     src.execute(
-        "UPDATE runs SET state = 'SUCCEEDED', finished_at = now() WHERE run_id = 'run_open'"
+        "UPDATE runs_daily SET state = 'SUCCEEDED', finished_at = now() WHERE run_id = 'run_open'"
     )
     src.execute("UPDATE jobs SET name = 'renamed' WHERE job_id = %s", [job["job_id"]])
     src.execute(
@@ -339,7 +340,7 @@ def test_catch_up__copies_what_changed_since__the_checksums_find_what_it_cannot(
     cellstore.catch_up(src, dst, tid, "eu", since)
     assert cellstore.checksums(src, tid) == cellstore.checksums(dst, tid)
 
-    src.execute("UPDATE runs SET error = 'changed late' WHERE run_id = 'run_old'")
+    src.execute("UPDATE runs_daily SET error = 'changed late' WHERE run_id = 'run_old'")
     cellstore.catch_up(src, dst, tid, "eu", since)
     here, there = cellstore.checksums(src, tid), cellstore.checksums(dst, tid)
     assert [t for t in here if here[t] != there[t]] == ["runs_daily"]
@@ -479,7 +480,7 @@ def test_freeze__waits_for_a_webhook_attempt_under_way__its_end_is_what_eu_gets(
     assert done.state == "done", done.error
     assert done.frozen_ms is not None and done.frozen_ms >= 1000  # it waited for the delivery
     with psycopg.connect(cells.admin["eu"], autocommit=True) as conn:
-        state = conn.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone()
+        state = conn.execute("SELECT state FROM runs_daily WHERE run_id = %s", [run_id]).fetchone()
     assert state == ("SUCCEEDED",)
 
 

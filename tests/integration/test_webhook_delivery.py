@@ -220,17 +220,17 @@ def trigger(conn, topics, tenant, job) -> str:
 
 
 def run_row(conn, run_id) -> dict:
-    cur = conn.execute("SELECT * FROM runs WHERE run_id = %s", [run_id])
+    cur = conn.execute("SELECT * FROM runs_daily WHERE run_id = %s", [run_id])
     return dict(zip([c.name for c in cur.description], cur.fetchone(), strict=True))
 
 
 def state(conn, run_id) -> str:
-    return conn.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone()[0]
+    return conn.execute("SELECT state FROM runs_daily WHERE run_id = %s", [run_id]).fetchone()[0]
 
 
 def states(conn, run_ids) -> dict[str, str]:
     rows = conn.execute(
-        "SELECT run_id, state FROM runs WHERE run_id = ANY(%s)", [list(run_ids)]
+        "SELECT run_id, state FROM runs_daily WHERE run_id = ANY(%s)", [list(run_ids)]
     ).fetchall()
     return dict(rows)
 
@@ -327,7 +327,7 @@ def test_retry__503_with_retry_after__next_attempt_keeps_webhook_id_and_waits(
     # The backoff was 100 ms; Retry-After asked for 2 s, and got it.
     assert second.at - first.at >= 1.9
     attempts = conn.execute(
-        "SELECT attempt, outcome, error FROM run_attempts WHERE run_id = %s ORDER BY attempt",
+        "SELECT attempt, outcome, error FROM run_attempts_daily WHERE run_id = %s ORDER BY attempt",
         [run_id],
     ).fetchall()
     assert attempts == [(1, "FAILED", "HTTP 503"), (2, "SUCCEEDED", None)]
@@ -383,7 +383,7 @@ def test_outcomes__classification_table__redirect_not_followed(
     assert not receiver.requests("/landing"), "a redirect was followed"
     errors = dict(
         conn.execute(
-            "SELECT run_id, error FROM runs WHERE run_id = ANY(%s)", [list(runs.values())]
+            "SELECT run_id, error FROM runs_daily WHERE run_id = ANY(%s)", [list(runs.values())]
         ).fetchall()
     )
     assert errors[runs["/moved"]] == "HTTP 302: redirect not followed"
@@ -465,7 +465,7 @@ def test_limits__slow_endpoint_holds_only_its_own_slots__heartbeats_keep_its_lea
 
             def extended():
                 rows = conn.execute(
-                    "SELECT started_at, lease_expires_at FROM runs WHERE run_id = ANY(%s)",
+                    "SELECT started_at, lease_expires_at FROM runs_daily WHERE run_id = ANY(%s)",
                     [running_ids],
                 ).fetchall()
                 return all(
@@ -484,7 +484,7 @@ def test_limits__slow_endpoint_holds_only_its_own_slots__heartbeats_keep_its_lea
         hold.set()
         other.close()
     attempts = conn.execute(
-        "SELECT max(attempt) FROM runs WHERE run_id = ANY(%s)", [slow]
+        "SELECT max(attempt) FROM runs_daily WHERE run_id = ANY(%s)", [slow]
     ).fetchone()[0]
     assert attempts == 1
     for got in receiver.requests("/slow"):
@@ -511,8 +511,8 @@ def test_breaker__opens_after_consecutive_failures__runs_wait_unstarted__probe_r
         assert service.endpoints.state(endpoint) == State.OPEN
         assert count("PENDING") == 3, "runs behind an open breaker must wait, unstarted"
         unstarted = conn.execute(
-            "SELECT count(*) FROM runs r WHERE run_id = ANY(%s) AND NOT EXISTS"
-            " (SELECT 1 FROM run_attempts a WHERE a.run_id = r.run_id)",
+            "SELECT count(*) FROM runs_daily r WHERE run_id = ANY(%s) AND NOT EXISTS"
+            " (SELECT 1 FROM run_attempts_daily a WHERE a.run_id = r.run_id)",
             [runs],
         ).fetchone()[0]
         assert unstarted == 3, "waiting runs burnt no attempt"
@@ -586,7 +586,7 @@ def test_start__run_another_worker_holds__refused_in_pipeline_mode_connection_st
             assert service._start(c, target) == "already_started"
         with c.pipeline():
             assert service._start(c, target) == "already_started"
-        assert c.execute("SELECT state FROM runs WHERE run_id = %s", [run_id]).fetchone() == (
+        assert c.execute("SELECT state FROM runs_daily WHERE run_id = %s", [run_id]).fetchone() == (
             "RUNNING",
         )
 

@@ -108,6 +108,6 @@ def test_tenant_slots__hanging_tenant_holds_its_cap__other_tenant_delivered__the
         for g in r.requests():
             verify(g, secret)
     attempts = conn.execute(
-        "SELECT max(attempt) FROM runs WHERE run_id = ANY(%s)", [a_runs + b_runs]
+        "SELECT max(attempt) FROM runs_daily WHERE run_id = ANY(%s)", [a_runs + b_runs]
     ).fetchone()[0]
     assert attempts == 1

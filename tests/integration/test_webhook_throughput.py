@@ -63,7 +63,7 @@ def test_group__calls_of_one_turn_share_transactions__each_caller_gets_its_own_a
     assert len({g["start_token"] for g in started}) == len(started)
     assert db.grouped == 70 and db.groups == 2  # 70 calls, groups of at most max_group
     ours = conn.execute(
-        "SELECT count(*) FROM runs WHERE run_id = ANY(%s) AND state = 'RUNNING'"
+        "SELECT count(*) FROM runs_daily WHERE run_id = ANY(%s) AND state = 'RUNNING'"
         " AND worker_id = 'webhook:g1'",
         [[t.run_id for t in targets if t is not taken]],
     ).fetchone()[0]
@@ -212,7 +212,7 @@ def test_burst__every_run_delivered_once_signed__succeeded__offsets_committed(
     assert sorted(g.headers["webhook-id"] for g in got) == sorted(ids)
     tokens = dict(
         conn.execute(
-            "SELECT run_id, start_token FROM runs WHERE run_id = ANY(%s)", [ids]
+            "SELECT run_id, start_token FROM runs_daily WHERE run_id = ANY(%s)", [ids]
         ).fetchall()
     )
     for g in got:

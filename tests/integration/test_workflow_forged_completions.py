@@ -106,7 +106,7 @@ def snapshot(f: Flow, wfr: str) -> tuple:
     run, pending_deps), its runs, the outbox and the `processed` rows."""
     view = f.wf.get_run(f.conn, f.tenant, wfr)
     runs = f.conn.execute(
-        "SELECT node, run_id, state, attempt FROM runs WHERE workflow_run_id = %s ORDER BY node",
+        "SELECT node, run_id, state, attempt FROM runs_daily WHERE workflow_run_id = %s ORDER BY node",
         [wfr],
     ).fetchall()
     outbox = f.conn.execute("SELECT id, topic, key FROM outbox ORDER BY id").fetchall()

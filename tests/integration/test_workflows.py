@@ -99,7 +99,7 @@ class Flow:
     def runs_by_node(self, wfr: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for n, r in self.conn.execute(
-            "SELECT node, run_id FROM runs WHERE workflow_run_id = %s", [wfr]
+            "SELECT node, run_id FROM runs_daily WHERE workflow_run_id = %s", [wfr]
         ).fetchall():
             out.setdefault(n, []).append(r)
         return out
@@ -129,7 +129,7 @@ def test_trigger__creates_workflow_run_and_runs_of_roots_only(flow):
     assert nodes["a"]["run_id"] == run_id_for_node(wf["workflow_id"], wfr, "a")
     assert nodes["b"]["run_id"] is None
     run = flow.conn.execute(
-        "SELECT partition_id, job_id, workflow_run_id, node, spec FROM runs"
+        "SELECT partition_id, job_id, workflow_run_id, node, spec FROM runs_daily"
     ).fetchall()
     assert len(run) == 1 and run[0][1:4] == (None, wfr, "a")
     assert run[0][0] == int(nodes["a"]["run_id"][:3], 16)  # the workflow's partition
@@ -311,7 +311,7 @@ def test_trigger__same_millisecond_twice__one_workflow_run(flow):
     again = flow.wf.trigger(flow.conn, flow.tenant, wf["workflow_id"], at)
     assert first["workflow_run_id"] == again["workflow_run_id"]
     assert (first["created"], again["created"]) == (True, False)
-    assert flow.conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    assert flow.conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0] == 1
 
 
 # -- the workflow's own schedule, through the firing loop -------------------------------
@@ -428,12 +428,12 @@ def test_diamond__end_to_end__each_node_once__d_after_b_and_c__records_on_the_ru
     assert {r[3]["workflow_run_id"] for r in records} == {wfr}
     times = dict(
         flow.conn.execute(
-            "SELECT node, created_at FROM runs WHERE workflow_run_id = %s", [wfr]
+            "SELECT node, created_at FROM runs_daily WHERE workflow_run_id = %s", [wfr]
         ).fetchall()
     )
     ends = dict(
         flow.conn.execute(
-            "SELECT node, finished_at FROM runs WHERE workflow_run_id = %s", [wfr]
+            "SELECT node, finished_at FROM runs_daily WHERE workflow_run_id = %s", [wfr]
         ).fetchall()
     )
     assert times["d"] >= max(ends["b"], ends["c"]) and min(times["b"], times["c"]) >= ends["a"]

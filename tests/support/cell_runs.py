@@ -16,7 +16,7 @@ def runs_of(url: str, job_id: str) -> dict[str, tuple[int, int]]:
     """run_id -> (scheduled_at, created_at), in ms, in the database at `url`."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT run_id, scheduled_at, created_at FROM runs WHERE job_id = %s", [job_id]
+            "SELECT run_id, scheduled_at, created_at FROM runs_daily WHERE job_id = %s", [job_id]
         ).fetchall()
     return {r[0]: (to_ms(r[1]), to_ms(r[2])) for r in rows}
 

@@ -43,7 +43,7 @@ def known_runs(database_url: str, tenant_id: str, now: int | None = None) -> dic
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
         for n, (job_id, at, created, started, state, last_re) in enumerate(rows):
             conn.execute(
-                "INSERT INTO runs (partition_id, run_id, tenant_id, job_id, workflow_run_id,"
+                "INSERT INTO runs_daily (partition_id, run_id, tenant_id, job_id, workflow_run_id,"
                 " node, scheduled_at, spec, state, created_at, started_at, finished_at,"
                 " updated_at, reannounced, last_reannounced_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}', %s, %s, %s, %s, %s, %s, %s)",

@@ -143,7 +143,7 @@ def start_previous(launch: Launcher, tree: Path, name: str, **env: str) -> Servi
 
 def runs_since(conn, partitions: list[int], since) -> int:
     return conn.execute(
-        "SELECT count(*) FROM runs WHERE partition_id = ANY(%s) AND created_at > %s",
+        "SELECT count(*) FROM runs_daily WHERE partition_id = ANY(%s) AND created_at > %s",
         [partitions, since],
     ).fetchone()[0]
 
@@ -169,7 +169,9 @@ def test_rolling_upgrade__previous_firing_path_beside_this_release__one_run_per_
             old_relay = start_previous(launch, tree, "relay")
             old_dispatcher = start_previous(launch, tree, "dispatcher")
             wait_for(lambda: owned_count(conn, "timer", old.owner()) == 1024, 20, 0.05, "old")
-            wait_for(lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0], 15, 0.05)
+            wait_for(
+                lambda: conn.execute("SELECT count(*) FROM runs_daily").fetchone()[0], 15, 0.05
+            )
 
             # This release's timer, relay and dispatcher join.
             new = launch.start("timer", PGAPPNAME="timer-current")
@@ -218,7 +220,7 @@ def test_rolling_upgrade__previous_firing_path_beside_this_release__one_run_per_
             )  # fmt: skip
 
             # Nothing lost on the way to the worker: every run is on its queue topic.
-            fired = {r for (r,) in conn.execute("SELECT run_id FROM runs").fetchall()}
+            fired = {r for (r,) in conn.execute("SELECT run_id FROM runs_daily").fetchall()}
             queue = topics.queue(tenant, "q")
 
             def delivered():

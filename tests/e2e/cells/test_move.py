@@ -54,7 +54,7 @@ def _two_steps(key: dict, queue: str, schedule: dict | None = None) -> str:
 
 
 def _rows(url: str, tenant_id: str) -> dict[str, int]:
-    return tenant_rows(url, tenant_id, ("tenants", "api_keys", "jobs", "runs", "timers"))
+    return tenant_rows(url, tenant_id, ("tenants", "api_keys", "jobs", "runs_daily", "timers"))
 
 
 def test_move__refused__same_cell_422__unknown_tenant_404(cells):
@@ -433,7 +433,7 @@ def test_move__a_completion_the_source_has_not_applied__applied_before_the_copy_
     assert move["state"] == "done", move
     with psycopg.connect(eu, autocommit=True) as conn:
         nodes = dict(conn.execute(
-            "SELECT node, run_id FROM runs WHERE workflow_run_id = %s", [wfr]
+            "SELECT node, run_id FROM runs_daily WHERE workflow_run_id = %s", [wfr]
         ).fetchall())  # fmt: skip
     assert set(nodes) == {"extract", "load"}, nodes  # the next node's run was copied to eu
     second = wait_for(lambda: node("load").get("run_id"), 30, 0.2, "the second node in eu")

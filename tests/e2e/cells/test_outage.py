@@ -54,7 +54,7 @@ def _runs(url: str, job_id: str) -> list[tuple[int, int, list[int] | None]]:
     """(instant ms, created_at ms, covers) of the job's runs in one cell."""
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
         rows = conn.execute(
-            "SELECT scheduled_at, created_at, covers FROM runs WHERE job_id = %s"
+            "SELECT scheduled_at, created_at, covers FROM runs_daily WHERE job_id = %s"
             " ORDER BY scheduled_at",
             [job_id],
         ).fetchall()

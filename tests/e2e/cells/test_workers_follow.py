@@ -48,7 +48,7 @@ def _steps(url: str, workflow_run_ids: list[str]) -> dict[str, dict[str, str]]:
     """workflow_run_id -> {node: run_id} of the succeeded node runs."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT workflow_run_id, node, run_id FROM runs"
+            "SELECT workflow_run_id, node, run_id FROM runs_daily"
             " WHERE workflow_run_id = ANY(%s) AND state = 'SUCCEEDED'", [workflow_run_ids],
         ).fetchall()  # fmt: skip
     out: dict[str, dict[str, str]] = {}
@@ -59,7 +59,7 @@ def _steps(url: str, workflow_run_ids: list[str]) -> dict[str, dict[str, str]]:
 
 def _states(url: str, job_id: str) -> dict[str, str]:
     with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute("SELECT run_id, state FROM runs WHERE job_id = %s", [job_id])
+        rows = conn.execute("SELECT run_id, state FROM runs_daily WHERE job_id = %s", [job_id])
         return {r[0]: r[1] for r in rows.fetchall()}
 
 
