@@ -135,10 +135,13 @@ def _backfill_lines(url: str) -> list[str]:
 
     with psycopg.connect(url, autocommit=True) as conn:
         rows = runs_daily.backfill_rows(conn)
+        dropped = bool(rows) and not runs_daily.legacy_runs_exist(conn)
     lines = []
     for r in rows:
         if r["finished_at"] is not None:
             state = f"done at {r['finished_at']:%Y-%m-%d %H:%M:%S}"
+        elif dropped:
+            state = "done: nothing to copy, `runs` was dropped (contract step)"
         elif r["started_at"] is None:
             state = "not started: `cronwheel backfill`"
         else:
@@ -153,19 +156,24 @@ def _backfill_lines(url: str) -> list[str]:
 
 def cmd_backfill(args) -> None:
     """Copy runs and run_attempts into the day-partitioned tables (migration
-    0025), batched, throttled and resumable, beside the running services."""
+    0025), batched, throttled and resumable, beside the running services.
+    After the contract step that drops `runs` (0031): one line, nothing done."""
+    import psycopg
+
     from cronwheel import metrics, run_history
     from cronwheel.runtime import stop_on_signals
     from cronwheel.store import runs_daily
 
+    url = config.database_url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        if not runs_daily.legacy_runs_exist(conn):
+            print("backfill runs_daily: done, nothing to copy (`runs` was dropped by the"
+                  " contract step)")  # fmt: skip
+            return
+        if args.reset:
+            runs_daily.backfill_reset(conn)
     if args.metrics_addr:
         metrics.serve("backfill", config.Metrics(addr=args.metrics_addr, port=None))
-    url = config.database_url()
-    if args.reset:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            runs_daily.backfill_reset(conn)
     retention = config.load(config.RunRetention)
     options = run_history.BackfillOptions(args.batch, args.rate, retention.days)
     p = run_history.backfill(url, options, stop_on_signals())

@@ -9,7 +9,9 @@ with the cursor's move, at most `rate` runs a second (it sleeps between
 batches for that), until it has passed the last run. Killed, it resumes from
 the last batch that committed. Its progress is in `backfills` (`cronwheel
 migrate --status`) and, while it runs, in the gauges below (served on
-`--metrics-addr`, or CRONWHEEL_METRICS_ADDR).
+`--metrics-addr`, or CRONWHEEL_METRICS_ADDR). Once the contract step has
+dropped `runs` (0031) there is nothing to copy: it is done at once and
+writes nothing.
 
 A retention pass makes the day partitions ahead, drops the days past the
 longest retention, and deletes the default partition's expired terminal rows
@@ -81,6 +83,8 @@ def backfill(
     with psycopg.connect(dsn, autocommit=True) as conn:
         progress = runs_daily.status(conn)
         _publish(progress)
+        if progress.source_dropped:
+            log.info("backfill runs_daily: done, nothing to copy (`runs` was dropped)")
         while not progress.done and not stop.is_set():
             began = time.monotonic()
             at = now()

@@ -1,8 +1,10 @@
 """Run history by day (issue 25): the day partitions of `runs_daily` and
 `run_attempts_daily` (migration 0025), made ahead and dropped past the
 retention horizon, and the backfill of the rows older than the mirror
-triggers. Everything here is DDL or a copy, run as the tables' owner by
-`cronwheel retention` and `cronwheel backfill` (cronwheel/run_history.py).
+triggers, from `runs` while it exists (contract step 0031 drops it; after it
+the backfill has nothing to copy and is done). Everything here is DDL or a
+copy, run as the tables' owner by `cronwheel retention` and `cronwheel
+backfill` (cronwheel/run_history.py).
 
 A day is [00:00, 24:00) UTC of `scheduled_at`. A day goes when its end is
 older than the longest retention any tenant has (CRONWHEEL_RUN_RETENTION_DAYS
@@ -151,10 +153,17 @@ class Progress:
     copied_attempts: int
     total: int | None
     finished_at: datetime | None
+    # `runs` is gone (contract step 0031): nothing is left to copy.
+    source_dropped: bool = False
 
     @property
     def done(self) -> bool:
-        return self.finished_at is not None
+        return self.finished_at is not None or self.source_dropped
+
+
+def legacy_runs_exist(conn: psycopg.Connection) -> bool:
+    """Whether `runs`, the backfill's source, is still there (contract pending)."""
+    return conn.execute(Q["legacy_runs_exist"]).fetchone()[0]
 
 
 def backfill_batch(
@@ -163,7 +172,10 @@ def backfill_batch(
     """Copy the next `batch` runs (and their attempts) after the cursor, in one
     transaction with the cursor's move; None when another backfill holds the
     row. A batch whose days lack partitions gets them first (their own
-    transactions, before the copy's)."""
+    transactions, before the copy's). Once `runs` is gone: the progress as
+    it stands, done."""
+    if not legacy_runs_exist(conn):
+        return status(conn)
     with conn.transaction():
         row = conn.execute(Q["backfill_claim"]).fetchone()
         if row is None:
@@ -197,11 +209,12 @@ def _day_floor(at: datetime) -> datetime:
 
 
 def status(conn: psycopg.Connection) -> Progress:
+    """The backfill's progress; done whatever its row says once `runs` is gone."""
     for row in backfill_rows(conn):
         if row["name"] == BACKFILL:
             return Progress(
                 row["visited"], row["copied"], row["copied_attempts"], row["total"],
-                row["finished_at"],
+                row["finished_at"], not legacy_runs_exist(conn),
             )  # fmt: skip
     raise LookupError("no runs_daily backfill row: is migration 0025 applied?")
 

@@ -1,7 +1,8 @@
 -- Run history by day (migration 0025; docs/migrations.md, "Worked example:
 -- run retention"): the day partitions of runs_daily and run_attempts_daily,
 -- made ahead and dropped past the retention horizon, and the backfill that
--- copies the rows older than the mirror triggers. Run as the tables' owner
+-- copies the rows older than the mirror triggers (while `runs` exists: the
+-- contract steps 0030-0031 drop it and the mirror). Run as the tables' owner
 -- (DDL). {runs_part}, {attempts_part}, {lo} and {hi} are filled in by
 -- psycopg.sql (the day's two tables, the runs one's name as a literal, the day's
 -- bounds): the two tables
@@ -104,6 +105,11 @@ gone_attempts AS (
      WHERE a.partition_id = g.partition_id AND a.run_id = g.run_id
        AND a.scheduled_at = g.scheduled_at)
 SELECT count(*) FROM gone;
+
+-- name: legacy_runs_exist
+-- Whether `runs`, the backfill's source, is still there: contract step 0031
+-- drops it, and after it there is nothing to copy.
+SELECT to_regclass('runs') IS NOT NULL;
 
 -- name: backfill_claim
 -- The backfill's row, locked for the batch's transaction: a second backfill
