@@ -81,6 +81,28 @@ def admin_database_url(servers: Servers, db_template: str) -> str:
     dbsupport.drop(servers.database_url, name)
 
 
+@pytest.fixture(scope="session")
+def expand_only_db_template(servers: Servers) -> str:
+    return dbsupport.template(servers.database_url, contract=False)
+
+
+@pytest.fixture
+def expand_only_admin_database_url(servers: Servers, expand_only_db_template: str) -> str:
+    """Like admin_database_url, but migrated without the contract steps: the
+    schema of a platform mid-upgrade (`cronwheel migrate` run, `--contract`
+    not yet), where the legacy `runs` and `run_attempts` and their mirror
+    still stand. For the tests of what only that schema has."""
+    name = dbsupport.clone(servers.database_url, expand_only_db_template)
+    yield dbsupport.with_dbname(servers.database_url, name)
+    dbsupport.drop(servers.database_url, name)
+
+
+@pytest.fixture
+def expand_only_database_url(expand_only_admin_database_url: str) -> str:
+    """expand_only_admin_database_url as the platform's services log in to it."""
+    return dbsupport.platform_url(expand_only_admin_database_url)
+
+
 @pytest.fixture
 def database_url(admin_database_url: str) -> str:
     """The test's database as the platform's services log in to it (the role

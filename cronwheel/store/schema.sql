@@ -83,169 +83,6 @@ CREATE FUNCTION public.cronwheel_tenant_scope() RETURNS text
     AS $$ SELECT NULLIF(current_setting('cronwheel.tenant_id', true), '') $$;
 
 --
--- Name: run_attempts_daily_mirror_delete(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.run_attempts_daily_mirror_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    DELETE FROM run_attempts_daily d USING mirrored o
-     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id AND d.attempt = o.attempt;
-    RETURN NULL;
-END $$;
-
---
--- Name: run_attempts_daily_mirror_upsert(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.run_attempts_daily_mirror_upsert() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO run_attempts_daily
-    SELECT a.partition_id, a.run_id, a.attempt, a.worker_id, a.started_at, a.finished_at,
-           a.outcome, a.error, r.scheduled_at, r.tenant_id
-      FROM mirrored a
-      JOIN runs r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
-    ON CONFLICT (partition_id, run_id, attempt, scheduled_at) DO UPDATE SET
-        worker_id = EXCLUDED.worker_id, started_at = EXCLUDED.started_at,
-        finished_at = EXCLUDED.finished_at, outcome = EXCLUDED.outcome,
-        error = EXCLUDED.error;
-    RETURN NULL;
-END $$;
-
---
--- Name: run_attempts_legacy_mirror_delete(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.run_attempts_legacy_mirror_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    DELETE FROM run_attempts d USING mirrored o
-     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id AND d.attempt = o.attempt;
-    RETURN NULL;
-END $$;
-
---
--- Name: run_attempts_legacy_mirror_upsert(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.run_attempts_legacy_mirror_upsert() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO run_attempts (partition_id, run_id, attempt, worker_id, started_at,
-                              finished_at, outcome, error)
-    SELECT partition_id, run_id, attempt, worker_id, started_at, finished_at, outcome, error
-      FROM mirrored
-    ON CONFLICT (partition_id, run_id, attempt) DO UPDATE SET
-        worker_id = EXCLUDED.worker_id, started_at = EXCLUDED.started_at,
-        finished_at = EXCLUDED.finished_at, outcome = EXCLUDED.outcome,
-        error = EXCLUDED.error;
-    RETURN NULL;
-END $$;
-
---
--- Name: runs_daily_mirror_delete(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.runs_daily_mirror_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    DELETE FROM runs_daily d USING mirrored o
-     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id
-       AND d.scheduled_at = o.scheduled_at;
-    RETURN NULL;
-END $$;
-
---
--- Name: runs_daily_mirror_upsert(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.runs_daily_mirror_upsert() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO runs_daily SELECT * FROM mirrored
-    ON CONFLICT (partition_id, run_id, scheduled_at) DO UPDATE SET
-        tenant_id = EXCLUDED.tenant_id, job_id = EXCLUDED.job_id,
-        workflow_run_id = EXCLUDED.workflow_run_id, node = EXCLUDED.node,
-        covers = EXCLUDED.covers, priority = EXCLUDED.priority, spec = EXCLUDED.spec,
-        state = EXCLUDED.state, attempt = EXCLUDED.attempt,
-        start_token = EXCLUDED.start_token, worker_id = EXCLUDED.worker_id,
-        lease_expires_at = EXCLUDED.lease_expires_at, result = EXCLUDED.result,
-        error = EXCLUDED.error, created_at = EXCLUDED.created_at,
-        started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-        updated_at = EXCLUDED.updated_at, reannounced = EXCLUDED.reannounced,
-        last_reannounced_at = EXCLUDED.last_reannounced_at;
-    RETURN NULL;
-END $$;
-
---
--- Name: runs_legacy_mirror_delete(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.runs_legacy_mirror_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    DELETE FROM runs d USING mirrored o
-     WHERE d.partition_id = o.partition_id AND d.run_id = o.run_id;
-    RETURN NULL;
-END $$;
-
---
--- Name: runs_legacy_mirror_upsert(); Type: FUNCTION; Schema: public
---
-
-CREATE FUNCTION public.runs_legacy_mirror_upsert() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF pg_trigger_depth() > 1 THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO runs SELECT * FROM mirrored
-    ON CONFLICT (partition_id, run_id) DO UPDATE SET
-        tenant_id = EXCLUDED.tenant_id, job_id = EXCLUDED.job_id,
-        workflow_run_id = EXCLUDED.workflow_run_id, node = EXCLUDED.node,
-        scheduled_at = EXCLUDED.scheduled_at,
-        covers = EXCLUDED.covers, priority = EXCLUDED.priority, spec = EXCLUDED.spec,
-        state = EXCLUDED.state, attempt = EXCLUDED.attempt,
-        start_token = EXCLUDED.start_token, worker_id = EXCLUDED.worker_id,
-        lease_expires_at = EXCLUDED.lease_expires_at, result = EXCLUDED.result,
-        error = EXCLUDED.error, created_at = EXCLUDED.created_at,
-        started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-        updated_at = EXCLUDED.updated_at, reannounced = EXCLUDED.reannounced,
-        last_reannounced_at = EXCLUDED.last_reannounced_at;
-    RETURN NULL;
-END $$;
-
---
 -- Name: api_keys; Type: TABLE; Schema: public
 --
 
@@ -394,21 +231,6 @@ CREATE TABLE public.processed (
 );
 
 --
--- Name: run_attempts; Type: TABLE; Schema: public
---
-
-CREATE TABLE public.run_attempts (
-    partition_id smallint NOT NULL,
-    run_id text NOT NULL,
-    attempt integer NOT NULL,
-    worker_id text,
-    started_at timestamp with time zone NOT NULL,
-    finished_at timestamp with time zone,
-    outcome text,
-    error text
-);
-
---
 -- Name: run_attempts_daily; Type: TABLE; Schema: public
 --
 
@@ -442,42 +264,6 @@ CREATE TABLE public.run_attempts_daily_default (
     scheduled_at timestamp with time zone NOT NULL,
     tenant_id text NOT NULL
 );
-
---
--- Name: runs; Type: TABLE; Schema: public
---
-
-CREATE TABLE public.runs (
-    partition_id smallint NOT NULL,
-    run_id text NOT NULL,
-    tenant_id text NOT NULL,
-    job_id text,
-    workflow_run_id text,
-    node text,
-    scheduled_at timestamp with time zone NOT NULL,
-    covers jsonb,
-    priority text DEFAULT 'normal'::text NOT NULL,
-    spec jsonb NOT NULL,
-    state public.run_state DEFAULT 'PENDING'::public.run_state NOT NULL,
-    attempt integer DEFAULT 1 NOT NULL,
-    start_token text,
-    worker_id text,
-    lease_expires_at timestamp with time zone,
-    result jsonb,
-    error text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    reannounced integer,
-    last_reannounced_at timestamp with time zone,
-    CONSTRAINT finished_iff_terminal CHECK (((state = ANY (ARRAY['SUCCEEDED'::public.run_state, 'FAILED'::public.run_state, 'TIMED_OUT'::public.run_state, 'CANCELLED'::public.run_state, 'SKIPPED'::public.run_state])) = (finished_at IS NOT NULL))),
-    CONSTRAINT running_has_token CHECK (((state <> 'RUNNING'::public.run_state) OR ((start_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
-    CONSTRAINT runs_attempt_check CHECK ((attempt >= 1)),
-    CONSTRAINT runs_partition_id_check CHECK (((partition_id >= 0) AND (partition_id <= 1023))),
-    CONSTRAINT runs_reannounced_check CHECK ((reannounced >= 1))
-)
-WITH (fillfactor='80');
 
 --
 -- Name: runs_daily; Type: TABLE; Schema: public
@@ -848,13 +634,6 @@ ALTER TABLE ONLY public.run_attempts_daily_default
     ADD CONSTRAINT run_attempts_daily_default_pkey PRIMARY KEY (partition_id, run_id, attempt, scheduled_at);
 
 --
--- Name: run_attempts run_attempts_pkey; Type: CONSTRAINT; Schema: public
---
-
-ALTER TABLE ONLY public.run_attempts
-    ADD CONSTRAINT run_attempts_pkey PRIMARY KEY (partition_id, run_id, attempt);
-
---
 -- Name: runs_daily runs_daily_pkey; Type: CONSTRAINT; Schema: public
 --
 
@@ -867,13 +646,6 @@ ALTER TABLE ONLY public.runs_daily
 
 ALTER TABLE ONLY public.runs_daily_default
     ADD CONSTRAINT runs_daily_default_pkey PRIMARY KEY (partition_id, run_id, scheduled_at);
-
---
--- Name: runs runs_pkey; Type: CONSTRAINT; Schema: public
---
-
-ALTER TABLE ONLY public.runs
-    ADD CONSTRAINT runs_pkey PRIMARY KEY (partition_id, run_id);
 
 --
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: public
@@ -1058,30 +830,6 @@ CREATE INDEX runs_daily_tenant_created ON ONLY public.runs_daily USING btree (te
 CREATE INDEX runs_daily_default_tenant_id_created_at_run_id_idx ON public.runs_daily_default USING btree (tenant_id, created_at DESC, run_id DESC);
 
 --
--- Name: runs_job; Type: INDEX; Schema: public
---
-
-CREATE INDEX runs_job ON public.runs USING btree (job_id, scheduled_at DESC) WHERE (job_id IS NOT NULL);
-
---
--- Name: runs_open_job; Type: INDEX; Schema: public
---
-
-CREATE INDEX runs_open_job ON public.runs USING btree (job_id) WHERE ((finished_at IS NULL) AND (job_id IS NOT NULL));
-
---
--- Name: runs_tenant_created; Type: INDEX; Schema: public
---
-
-CREATE INDEX runs_tenant_created ON public.runs USING btree (tenant_id, created_at DESC, run_id DESC);
-
---
--- Name: runs_unfinished; Type: INDEX; Schema: public
---
-
-CREATE INDEX runs_unfinished ON public.runs USING btree (partition_id, scheduled_at) WHERE (finished_at IS NULL);
-
---
 -- Name: tenants_not_active; Type: INDEX; Schema: public
 --
 
@@ -1176,78 +924,6 @@ ALTER INDEX public.runs_daily_tenant_created ATTACH PARTITION public.runs_daily_
 --
 
 CREATE TRIGGER jobs_notify_destination AFTER INSERT OR UPDATE OF target ON public.jobs FOR EACH ROW EXECUTE FUNCTION public.cronwheel_notify_destination();
-
---
--- Name: run_attempts run_attempts_daily_mirror_delete; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER run_attempts_daily_mirror_delete AFTER DELETE ON public.run_attempts REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_delete();
-
---
--- Name: run_attempts run_attempts_daily_mirror_insert; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER run_attempts_daily_mirror_insert AFTER INSERT ON public.run_attempts REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_upsert();
-
---
--- Name: run_attempts run_attempts_daily_mirror_update; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER run_attempts_daily_mirror_update AFTER UPDATE ON public.run_attempts REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_daily_mirror_upsert();
-
---
--- Name: run_attempts_daily run_attempts_legacy_mirror_delete; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER run_attempts_legacy_mirror_delete AFTER DELETE ON public.run_attempts_daily REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_legacy_mirror_delete();
-
---
--- Name: run_attempts_daily run_attempts_legacy_mirror_insert; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER run_attempts_legacy_mirror_insert AFTER INSERT ON public.run_attempts_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_legacy_mirror_upsert();
-
---
--- Name: run_attempts_daily run_attempts_legacy_mirror_update; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER run_attempts_legacy_mirror_update AFTER UPDATE ON public.run_attempts_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.run_attempts_legacy_mirror_upsert();
-
---
--- Name: runs runs_daily_mirror_delete; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER runs_daily_mirror_delete AFTER DELETE ON public.runs REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_delete();
-
---
--- Name: runs runs_daily_mirror_insert; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER runs_daily_mirror_insert AFTER INSERT ON public.runs REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_upsert();
-
---
--- Name: runs runs_daily_mirror_update; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER runs_daily_mirror_update AFTER UPDATE ON public.runs REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_daily_mirror_upsert();
-
---
--- Name: runs_daily runs_legacy_mirror_delete; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER runs_legacy_mirror_delete AFTER DELETE ON public.runs_daily REFERENCING OLD TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_legacy_mirror_delete();
-
---
--- Name: runs_daily runs_legacy_mirror_insert; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER runs_legacy_mirror_insert AFTER INSERT ON public.runs_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_legacy_mirror_upsert();
-
---
--- Name: runs_daily runs_legacy_mirror_update; Type: TRIGGER; Schema: public
---
-
-CREATE TRIGGER runs_legacy_mirror_update AFTER UPDATE ON public.runs_daily REFERENCING NEW TABLE AS mirrored FOR EACH STATEMENT EXECUTE FUNCTION public.runs_legacy_mirror_upsert();
 
 --
 -- Name: tenants tenants_notify; Type: TRIGGER; Schema: public
@@ -1355,22 +1031,10 @@ CREATE POLICY operator ON public.idempotency_keys TO cronwheel_operator USING (t
 CREATE POLICY operator ON public.jobs TO cronwheel_operator USING (true);
 
 --
--- Name: run_attempts operator; Type: POLICY; Schema: public
---
-
-CREATE POLICY operator ON public.run_attempts TO cronwheel_operator USING (true);
-
---
 -- Name: run_attempts_daily operator; Type: POLICY; Schema: public
 --
 
 CREATE POLICY operator ON public.run_attempts_daily TO cronwheel_operator USING (true);
-
---
--- Name: runs operator; Type: POLICY; Schema: public
---
-
-CREATE POLICY operator ON public.runs TO cronwheel_operator USING (true);
 
 --
 -- Name: runs_daily operator; Type: POLICY; Schema: public
@@ -1457,22 +1121,10 @@ CREATE POLICY platform ON public.idempotency_keys TO cronwheel_platform USING (t
 CREATE POLICY platform ON public.jobs TO cronwheel_platform USING (true);
 
 --
--- Name: run_attempts platform; Type: POLICY; Schema: public
---
-
-CREATE POLICY platform ON public.run_attempts TO cronwheel_platform USING (true);
-
---
 -- Name: run_attempts_daily platform; Type: POLICY; Schema: public
 --
 
 CREATE POLICY platform ON public.run_attempts_daily TO cronwheel_platform USING (true);
-
---
--- Name: runs platform; Type: POLICY; Schema: public
---
-
-CREATE POLICY platform ON public.runs TO cronwheel_platform USING (true);
 
 --
 -- Name: runs_daily platform; Type: POLICY; Schema: public
@@ -1541,22 +1193,10 @@ CREATE POLICY platform ON public.workflow_runs TO cronwheel_platform USING (true
 CREATE POLICY platform ON public.workflows TO cronwheel_platform USING (true);
 
 --
--- Name: run_attempts; Type: ROW SECURITY; Schema: public
---
-
-ALTER TABLE public.run_attempts ENABLE ROW LEVEL SECURITY;
-
---
 -- Name: run_attempts_daily; Type: ROW SECURITY; Schema: public
 --
 
 ALTER TABLE public.run_attempts_daily ENABLE ROW LEVEL SECURITY;
-
---
--- Name: runs; Type: ROW SECURITY; Schema: public
---
-
-ALTER TABLE public.runs ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: runs_daily; Type: ROW SECURITY; Schema: public
@@ -1595,24 +1235,10 @@ CREATE POLICY tenant_scope ON public.idempotency_keys TO cronwheel_gateway USING
 CREATE POLICY tenant_scope ON public.jobs TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
--- Name: run_attempts tenant_scope; Type: POLICY; Schema: public
---
-
-CREATE POLICY tenant_scope ON public.run_attempts TO cronwheel_gateway USING ((EXISTS ( SELECT 1
-   FROM public.runs r
-  WHERE ((r.partition_id = run_attempts.partition_id) AND (r.run_id = run_attempts.run_id) AND (r.tenant_id = public.cronwheel_tenant_scope())))));
-
---
 -- Name: run_attempts_daily tenant_scope; Type: POLICY; Schema: public
 --
 
 CREATE POLICY tenant_scope ON public.run_attempts_daily TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
-
---
--- Name: runs tenant_scope; Type: POLICY; Schema: public
---
-
-CREATE POLICY tenant_scope ON public.runs TO cronwheel_gateway USING ((tenant_id = public.cronwheel_tenant_scope()));
 
 --
 -- Name: runs_daily tenant_scope; Type: POLICY; Schema: public
@@ -1823,14 +1449,6 @@ GRANT SELECT ON TABLE public.partition_leases TO cronwheel_operator;
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.processed TO cronwheel_platform;
 
 --
--- Name: TABLE run_attempts; Type: ACL; Schema: public
---
-
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_platform;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_gateway;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts TO cronwheel_operator;
-
---
 -- Name: TABLE run_attempts_daily; Type: ACL; Schema: public
 --
 
@@ -1843,14 +1461,6 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts_daily TO cronwhee
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.run_attempts_daily_default TO cronwheel_platform;
-
---
--- Name: TABLE runs; Type: ACL; Schema: public
---
-
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_platform;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_gateway;
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.runs TO cronwheel_operator;
 
 --
 -- Name: TABLE runs_daily; Type: ACL; Schema: public

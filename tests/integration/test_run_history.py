@@ -2,9 +2,14 @@
 runs_daily in their writers' transactions, a duplicate fire still one run
 across a day boundary, the backfill resumable after a kill and copying every
 row once, retention dropping whole days yet keeping a run not finished, a
-tenant's own retention, set by the operator, honoured; and (v0.3.0) the run
+tenant's own retention, set by the operator, honoured; (v0.3.0) the run
 reads from runs_daily, cut at the tenant's retention, a dropped day gone from
-them though `runs` keeps it until the contract step."""
+them; and the contract steps (0030-0031): `runs` and `run_attempts` gone, the
+backfill done with nothing to copy.
+
+The mirror and the backfill need the legacy tables: their tests run on a
+database migrated without the contract steps (expand_only_admin_database_url),
+as a platform has it mid-upgrade; the others on the whole schema."""
 
 from __future__ import annotations
 
@@ -33,13 +38,24 @@ OP = {"Authorization": f"Bearer {OPERATOR_KEY}"}
 EVERY_SECOND = {"cron": "* * * * * *", "timezone": "UTC"}
 
 
-@pytest.fixture
-def client(database_url, kafka_bootstrap, topic_prefix):
+def _gateway(database_url: str, kafka_bootstrap: str, topic_prefix: str):
     app = create_app(
         database_url, Topics(topic_prefix), kafka_bootstrap, OPERATOR_KEY,
         webhook_allow=allowed_networks("127.0.0.0/8"),
     )  # fmt: skip
-    with served(app) as c:
+    return served(app)
+
+
+@pytest.fixture
+def client(database_url, kafka_bootstrap, topic_prefix):
+    with _gateway(database_url, kafka_bootstrap, topic_prefix) as c:
+        yield c
+
+
+@pytest.fixture
+def legacy_client(expand_only_database_url, kafka_bootstrap, topic_prefix):
+    """A gateway on the database without the contract steps (`runs` still there)."""
+    with _gateway(expand_only_database_url, kafka_bootstrap, topic_prefix) as c:
         yield c
 
 
@@ -103,7 +119,8 @@ def _midnight(day: date) -> datetime:
 
 def _same_rows(conn) -> tuple[int, int]:
     """runs == runs_daily and run_attempts == run_attempts_daily, row for row
-    (AssertionError naming the difference); returns the two counts."""
+    (AssertionError naming the difference); returns the two counts. On a
+    database without the contract steps (expand_only_admin_database_url)."""
     cols = ", ".join(
         r[0]
         for r in conn.execute(
@@ -125,11 +142,15 @@ def _same_rows(conn) -> tuple[int, int]:
 
 
 # -- the expand step: both shapes written in the same transaction -----------------------
+# (on the schema before the contract steps, which drop `runs` and the mirror)
 
 
 def test_mirror__runs_and_attempts__written_updated_and_rolled_back_with_runs(
-    client, admin_database_url
+    legacy_client, expand_only_admin_database_url
 ):
+    """Before the contract steps (a platform mid-upgrade): each write reaches
+    the other table in the writer's transaction, and a rollback takes back both."""
+    client, admin_database_url = legacy_client, expand_only_admin_database_url
     t, job = _tenant_job(client, "mirror")
     now = datetime.now(UTC).replace(microsecond=0)
     _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=28))
@@ -151,12 +172,14 @@ def test_mirror__runs_and_attempts__written_updated_and_rolled_back_with_runs(
 
 
 def test_mirror__both_ways__a_write_on_either_table_reaches_the_other_once(
-    client, admin_database_url
+    legacy_client, expand_only_admin_database_url
 ):
-    """Migration 0029: this release writes runs_daily (mirrored back to runs),
-    the previous one runs (mirrored to runs_daily), both at once during a
-    rolling upgrade. A write crosses once: were it mirrored back again, the
-    two triggers would call each other until PostgreSQL's stack limit."""
+    """Migration 0029, on the schema before the contract steps: v0.4.0 on
+    writes runs_daily (mirrored back to runs), v0.3.0 runs (mirrored to
+    runs_daily), both at once during a rolling upgrade. A write crosses
+    once: were it mirrored back again, the two triggers would call each
+    other until PostgreSQL's stack limit."""
+    client, admin_database_url = legacy_client, expand_only_admin_database_url
     t, job = _tenant_job(client, "mirror-both")
     now = datetime.now(UTC).replace(microsecond=0)
     _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=27))
@@ -204,11 +227,11 @@ def test_duplicate_fire__across_a_day_boundary__still_one_run_per_instant(
             [runs_daily.runs_part(yesterday)] * 2 + [runs_daily.runs_part(today)] * 2
         )
         assert len({run_id for run_id, _, _ in rows}) == 4
-        # The new key alone refuses the duplicate too (what guards it once runs
-        # is gone): the same run carries the same scheduled_at, so the same key.
+        # The key alone refuses the duplicate too: the same run carries the
+        # same scheduled_at, so the same key.
         for run_id, _, _ in rows:
             cur = conn.execute(
-                "INSERT INTO runs_daily SELECT * FROM runs WHERE run_id = %s"
+                "INSERT INTO runs_daily SELECT * FROM runs_daily WHERE run_id = %s"
                 " ON CONFLICT (partition_id, run_id, scheduled_at) DO NOTHING",
                 [run_id],
             )
@@ -217,6 +240,7 @@ def test_duplicate_fire__across_a_day_boundary__still_one_run_per_instant(
 
 
 # -- the migrate step: the backfill ------------------------------------------------------
+# (from `runs`: on the schema before the contract steps)
 
 
 def _as_before_the_expand(conn) -> None:
@@ -243,8 +267,10 @@ def _backfill_row(url: str) -> dict:
 
 
 def test_backfill__killed_midway_then_resumed__copies_every_row_once(
-    client, admin_database_url, tmp_path
+    legacy_client, expand_only_admin_database_url, tmp_path
 ):
+    """Before the contract steps, which drop `runs`, its source."""
+    client, admin_database_url = legacy_client, expand_only_admin_database_url
     t, job = _tenant_job(client, "backfill")
     now = datetime.now(UTC).replace(microsecond=0)
     made = _fire(client, t, job, now - timedelta(seconds=400), now - timedelta(seconds=101))
@@ -287,8 +313,10 @@ def test_backfill__killed_midway_then_resumed__copies_every_row_once(
 
 
 def test_backfill__runs_written_while_it_runs__mirrored_not_copied_again(
-    client, admin_database_url
+    legacy_client, expand_only_admin_database_url
 ):
+    """Before the contract steps, which drop `runs`, its source."""
+    client, admin_database_url = legacy_client, expand_only_admin_database_url
     t, job = _tenant_job(client, "backfill-live")
     now = datetime.now(UTC).replace(microsecond=0)
     _fire(client, t, job, now - timedelta(seconds=100), now - timedelta(seconds=51))
@@ -382,8 +410,6 @@ def test_retention__day_past_the_horizon__dropped_whole_and_unfinished_run_kept(
         assert conn.execute(
             "SELECT count(*) FROM run_attempts_daily WHERE run_id = ANY(%s)", [old_ids]
         ).fetchone() == (1,)
-        # The old shape is this release's reads' and stays whole until the contract step.
-        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (6,)
 
     # Finished, the kept run goes from the default partition by the next pass.
     body = {"attempt": started["attempt"], "start_token": started["start_token"],
@@ -514,7 +540,7 @@ def test_run_reads__cut_at_the_tenants_retention__unfinished_runs_shown(
     assert _listed(client, t, job) == {pending}  # `fresh` is from yesterday's midnight
 
 
-def test_run_reads__day_dropped_by_retention__gone_though_runs_keeps_it(
+def test_run_reads__day_dropped_by_retention__gone_its_unfinished_run_kept(
     client,
     admin_database_url,
 ):
@@ -535,5 +561,76 @@ def test_run_reads__day_dropped_by_retention__gone_though_runs_keeps_it(
     _retention(client, t, 60)
     assert _listed(client, t, job) == {pending}
     assert client.get(f"/v1/runs/{pending}", headers=t["auth"]).json()["state"] == "PENDING"
+
+
+# -- the contract steps (0030-0031): the legacy tables gone ------------------------------
+
+
+def _snapshot(conn) -> tuple:
+    """Every row of the run history and the backfill's progress, as they stand."""
+    return (
+        conn.execute("SELECT * FROM runs_daily ORDER BY run_id").fetchall(),
+        conn.execute("SELECT * FROM run_attempts_daily ORDER BY run_id, attempt").fetchall(),
+        conn.execute("SELECT * FROM backfills ORDER BY name").fetchall(),
+    )
+
+
+def test_contract__legacy_tables_and_mirror_gone__backfill_done_and_changes_nothing(
+    client, admin_database_url
+):
+    """The whole schema (contract steps applied): `runs`, `run_attempts`, the
+    mirror's triggers and functions are gone; `cronwheel backfill` has nothing
+    left to copy, says so in one line and writes nothing, not even `--reset`'s
+    rewind, whatever the backfill's row said; `cronwheel migrate --status`
+    still reports."""
+    t, job = _tenant_job(client, "contract")
+    now = datetime.now(UTC).replace(microsecond=0)
+    _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=28))
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM runs WHERE job_id = %s", [job]).fetchone() == (2,)
+        run_ids = [r[0] for r in _runs_at(conn, job)]
+    _succeed(client, t, run_ids[0])
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT to_regclass('runs'), to_regclass('run_attempts')"
+        ).fetchone() == (None, None)
+        assert (
+            conn.execute("SELECT proname FROM pg_proc WHERE proname LIKE '%%mirror%%'").fetchall()
+            == []
+        )
+        assert (
+            conn.execute(
+                "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+                " AND tgrelid IN ('runs_daily'::regclass, 'run_attempts_daily'::regclass)"
+            ).fetchall()
+            == []
+        )
+        before = _snapshot(conn)
+    assert len(before[0]) == 3 and len(before[1]) == 1 and before[2][0][-1] is not None
+
+    env = {**os.environ, "CRONWHEEL_ADMIN_DATABASE_URL": admin_database_url}
+    command = [sys.executable, "-m", "services.entrypoints"]
+    out = subprocess.run([*command, "backfill", "--reset"], env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "backfill runs_daily: done, nothing to copy (`runs` was dropped by the contract step)"
+    ]
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert _snapshot(conn) == before
+        # As a `--reset` before the contract steps left it: not finished.
+        runs_daily.backfill_reset(conn)
+        reset = _snapshot(conn)
+
+    done = run_history.backfill(admin_database_url, run_history.BackfillOptions(batch=10))
+
+    assert done.done and done.source_dropped and (done.visited, done.copied) == (0, 0)
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert _snapshot(conn) == reset
+    status = subprocess.run([*command, "migrate", "--status"], env=env, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    contract = [line.split()[1:] for line in lines if line.startswith(("0030_", "0031_"))]
+    assert contract == [["contract", "applied"]] * 2, status.stdout
+    [backfill] = [line for line in lines if line.startswith("backfill ")]
+    assert backfill.endswith("; done: nothing to copy, `runs` was dropped (contract step)")

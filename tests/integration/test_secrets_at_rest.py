@@ -46,9 +46,9 @@ MANAGED = {
 }
 HELD = {"secret_id": "whs_1", "secret": "whsec_legacy"}
 # Where a plain value may be, by kind: a managed job's env is read by the
-# executor from its job (and the run's copy of the target, which runs_daily
-# and its day tables mirror: migration 0025).
-MAY_HOLD = {"env": {"jobs", "runs", "runs_daily"}}
+# executor from its job (and the run's copy of the target, in runs_daily and
+# its day tables).
+MAY_HOLD = {"env": {"jobs", "runs_daily"}}
 
 
 def _table(name: str) -> str:

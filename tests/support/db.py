@@ -45,9 +45,14 @@ def _migrations_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def template(admin_url: str) -> str:
-    """Create (once per migration set) a migrated template database; return its name."""
-    name = f"cw_template_{_migrations_digest()}"
+def template(admin_url: str, *, contract: bool = True) -> str:
+    """Create (once per migration set) a migrated template database; return its name.
+
+    `contract=False`: the expand steps only, the contract steps pending (a
+    template of its own name), as a platform has its schema mid-upgrade, when
+    `cronwheel migrate` has run and `cronwheel migrate --contract` has not."""
+    kind = "" if contract else "expand_"
+    name = f"cw_template_{kind}{_migrations_digest()}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(4242)")
         try:
@@ -55,7 +60,7 @@ def template(admin_url: str) -> str:
             if not exists:
                 conn.execute(f'CREATE DATABASE "{name}"')
                 try:
-                    migrate(with_dbname(admin_url, name))
+                    migrate(with_dbname(admin_url, name), contract=contract)
                     with psycopg.connect(with_dbname(admin_url, name), autocommit=True) as db:
                         db.execute(_TEST_ONLY_GRANT)
                 except Exception:
