@@ -594,7 +594,7 @@ def test_contract__legacy_tables_and_mirror_gone__backfill_done_and_changes_noth
             "SELECT to_regclass('runs'), to_regclass('run_attempts')"
         ).fetchone() == (None, None)
         assert (
-            conn.execute("SELECT proname FROM pg_proc WHERE proname LIKE '%%mirror%%'").fetchall()
+            conn.execute("SELECT proname FROM pg_proc WHERE proname LIKE '%mirror%'").fetchall()
             == []
         )
         assert (
