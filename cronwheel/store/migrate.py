@@ -139,13 +139,13 @@ def migrate(
     the tests, benchmarks and the schema snapshot run this release's code on
     this release's whole schema.
 
-    Then the indexes a step declared on a partitioned table alone are built
-    on each partition (store/partition_indexes.py), and the services' roles
-    (migration 0018) get their logins, with the passwords of
-    config.role_passwords() (CRONWHEEL_DB_PLATFORM_PASSWORD,
+    Then the services' roles (migration 0018) get their logins, with the
+    passwords of config.role_passwords() (CRONWHEEL_DB_PLATFORM_PASSWORD,
     CRONWHEEL_DB_GATEWAY_PASSWORD, or the local stack's; docs/tenancy.md
     "Roles"): a role belongs to the cluster, its password to the deployment,
-    neither to a migration file."""
+    neither to a migration file. Last, the indexes a step declared on a
+    partitioned table alone are built on each partition
+    (store/partition_indexes.py)."""
     pending_all = [m for m in discover(directory) if contract or not m.contract]
     applied: list[Migration] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -168,10 +168,11 @@ def migrate(
                 else:
                     _retry_cluster_race(_apply_in_transaction, conn, sql, record, mig)
                 applied.append(mig)
-            # A step's indexes declared ON ONLY a partitioned parent, built
-            # partition by partition without stopping its writers.
-            partition_indexes.complete(conn)
             _retry_cluster_race(roles.set_logins, conn, config.role_passwords())
+            # A step's indexes declared ON ONLY a partitioned parent, built
+            # partition by partition without stopping its writers; after the
+            # logins, which a failed or slow build must not hold back.
+            partition_indexes.complete(conn)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
     return applied

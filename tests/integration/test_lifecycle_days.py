@@ -18,6 +18,7 @@ from cronwheel.store import runs_daily, webhooks
 from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
 from cronwheel.store.run_days import recent_days
+from cronwheel.store.timers import FireReport, Timer
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def test_run_days_old__outside_the_first_window__every_call_still_finds_it(world
 
     # In a batch, beside a recent run: both start and both complete.
     started = life.start_many(conn, [StartCall(t, old2, "w"), StartCall(t, recent, "w")], T0)
-    assert [s["attempt"] for s in started] == [1, 1]
+    assert [(s["run_id"], s["attempt"]) for s in started] == [(old2, 1), (recent, 1)]
     done = life.complete_many(
         conn,
         [
@@ -119,3 +120,56 @@ def test_delivery_targets__run_days_old__found_beside_recent_ones(world):
 
     assert sorted(got) == sorted([old, recent])
     assert got[old].state == "PENDING" and got[old].attempt == 1
+
+
+def _timer(conn, run_id: str, kind: str) -> Timer:
+    p, timer_id, owner, due, attempt, tenant, prio = conn.execute(
+        "SELECT partition_id, timer_id, owner_id, due_at, attempt, tenant_id, priority"
+        " FROM timers WHERE owner_id = %s AND kind = %s",
+        [run_id, kind],
+    ).fetchone()
+    return Timer(p, timer_id, kind, owner, int(due.timestamp() * 1000), attempt, tenant, prio)
+
+
+def test_timers_of_a_run_days_old__retry_and_lease_expiry__end_and_bring_it_back(world):
+    conn, life, t, run = world
+    old = run(T0 - 5 * DAY_MS)
+    got = life.start(conn, t, old, "w", T0)
+    life.complete(conn, t, old, 1, got["start_token"], "FAILED", T0, error="x")
+
+    retry = _timer(conn, old, "retry")
+    with conn.transaction():
+        assert len(life.on_retry(conn, [retry], retry.due_ms, FireReport())) == 1
+    again = life.start(conn, t, old, "w", retry.due_ms)
+    assert again["attempt"] == 2
+    lease = _timer(conn, old, "lease")
+    with conn.transaction():
+        life.on_expiry(conn, [lease], lease.due_ms + 1, FireReport())
+
+    state = conn.execute(
+        "SELECT state, attempt FROM runs_daily WHERE run_id = %s", [old]
+    ).fetchone()
+    assert state == ("RETRY_WAIT", 2)
+    outcomes = conn.execute(
+        "SELECT attempt, outcome FROM run_attempts_daily WHERE run_id = %s ORDER BY attempt", [old]
+    ).fetchall()
+    assert outcomes == [(1, "FAILED"), (2, "TIMED_OUT")]
+
+
+def test_heartbeat__repeated__its_prepared_statement_keeps_the_generic_plan(world):
+    """The window's bounds go through date_trunc(.., 'UTC'), STABLE, so a
+    custom plan is no cheaper than the generic one and PostgreSQL keeps the
+    generic plan, pruning at the executor's start (lifecycle.sql). Were the
+    bounds folded at planning, each call would be planned anew."""
+    conn, life, t, run = world
+    recent = run(T0 - 1000)
+    got = life.start(conn, t, recent, "w", T0)
+    for i in range(20):
+        life.heartbeat(conn, t, recent, 1, got["start_token"], T0 + i)
+    plans = conn.execute(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+        " WHERE statement LIKE '%UPDATE runs_daily%SET lease_expires_at%'"
+    ).fetchone()
+    assert plans is not None and plans[0] >= 5, conn.execute(
+        "SELECT left(statement, 60), generic_plans, custom_plans FROM pg_prepared_statements"
+    ).fetchall()

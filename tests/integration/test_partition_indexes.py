@@ -80,3 +80,15 @@ def test_migrated_schema__runs_daily_open_job__valid_on_every_partition(admin_da
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
         ).fetchone()[0]
         assert len(_attached(conn, "runs_daily_open_job")) == parts
+
+
+def test_child_name__past_63_bytes__cut_and_told_apart_by_a_hash():
+    long_table = "run_attempts_daily_p20261204"
+    a = partition_indexes.child_name(
+        "run_attempts_daily_a_long_index_name_one", "run_attempts_daily", long_table
+    )
+    b = partition_indexes.child_name(
+        "run_attempts_daily_a_long_index_name_two", "run_attempts_daily", long_table
+    )
+    assert len(a.encode()) <= 63 and len(b.encode()) <= 63 and a != b
+    assert partition_indexes.child_name("pi_t_v", "pi_t", "pi_t_p1") == "pi_t_p1_v"

@@ -31,7 +31,12 @@ SELECT * FROM jobs WHERE tenant_id = %(t)s;
 SELECT * FROM runs_daily WHERE tenant_id = %(t)s;
 
 -- name: rows_run_attempts_daily
-SELECT * FROM run_attempts_daily WHERE tenant_id = %(t)s;
+-- Through the tenant's runs (runs_daily_tenant_created) and each one's
+-- attempts by key: run_attempts_daily has no index on tenant_id.
+SELECT a.* FROM run_attempts_daily a
+  JOIN runs_daily r ON r.partition_id = a.partition_id AND r.run_id = a.run_id
+                   AND r.scheduled_at = a.scheduled_at
+ WHERE r.tenant_id = %(t)s;
 
 -- name: rows_timers
 -- Its armed timers and those a freeze parked (the source's, after the
@@ -72,7 +77,10 @@ SELECT tenant_id, name, priority_classes, created_at, kafka_scram_mechanism,
 -- The tenant's runs and workflow runs with their attempts and nodes (every
 -- CTE sees the rows as the statement began, so the children are found
 -- through the parents it deletes). With delete_small: all of the tenant.
-WITH a AS (DELETE FROM run_attempts_daily WHERE tenant_id = %(t)s),
+WITH a AS (
+    DELETE FROM run_attempts_daily a USING runs_daily r
+     WHERE r.partition_id = a.partition_id AND r.run_id = a.run_id
+       AND r.scheduled_at = a.scheduled_at AND r.tenant_id = %(t)s),
 wrn AS (
     DELETE FROM workflow_run_nodes n USING workflow_runs w
      WHERE w.partition_id = n.partition_id AND w.workflow_run_id = n.workflow_run_id

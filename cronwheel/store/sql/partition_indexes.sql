@@ -21,8 +21,9 @@ SELECT pi.relname AS parent_index, t.relname AS parent_table, c.relname AS parti
  ORDER BY pi.relname, c.relname;
 
 -- name: index_valid
--- Whether an index of that name exists, and is valid (a CREATE INDEX
--- CONCURRENTLY that failed leaves an invalid one behind).
+-- Whether an index of that name exists on that partition, and is valid (a
+-- CREATE INDEX CONCURRENTLY that failed leaves an invalid one behind).
 SELECT x.indisvalid
   FROM pg_class i JOIN pg_index x ON x.indexrelid = i.oid
- WHERE i.relname = %(name)s AND i.relnamespace = 'public'::regnamespace;
+ WHERE i.relname = %(name)s AND i.relnamespace = 'public'::regnamespace
+   AND x.indrelid = %(partition)s::regclass;
