@@ -91,7 +91,15 @@ def backfill(
             horizon = at - timedelta(
                 days=runs_daily.longest_retention(conn, options.retention_days)
             )
-            got = runs_daily.backfill_batch(conn, at, options.batch, horizon)
+            try:
+                got = runs_daily.backfill_batch(conn, at, options.batch, horizon)
+            except psycopg.errors.LockNotAvailable as e:
+                # A day's partition was not made within its lock_timeout (an
+                # autovacuum or a long transaction on the default partition):
+                # nothing of the batch committed, so it is tried again.
+                log.warning("backfill runs_daily: waiting to make a day's partition (%s)", e)
+                stop.wait(0.5)
+                continue
             if got is None:  # another backfill holds the row: wait for its batch
                 stop.wait(0.5)
                 continue

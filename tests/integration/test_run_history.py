@@ -13,10 +13,12 @@ as a platform has it mid-upgrade; the others on the whole schema."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 from datetime import UTC, date, datetime, timedelta
 
 import psycopg
@@ -310,6 +312,41 @@ def test_backfill__killed_midway_then_resumed__copies_every_row_once(
     assert (done.visited, done.copied, done.copied_attempts) == (n, n, 5)
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
         assert _same_rows(conn) == (n, 5)
+
+
+def test_backfill__default_partition_locked_while_a_day_is_made__waits_then_copies_all(
+    legacy_client, expand_only_admin_database_url, caplog
+):
+    """A day's partition is made under the default partition's lock, with a
+    lock_timeout; an autovacuum of the default partition held it past that
+    once (CI, the backfill process died). The backfill waits and goes on."""
+    client, admin_database_url = legacy_client, expand_only_admin_database_url
+    t, job = _tenant_job(client, "backfill-locked")
+    now = datetime.now(UTC).replace(microsecond=0)
+    n = _fire(client, t, job, now - timedelta(seconds=60), now - timedelta(seconds=1))["created"]
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        _as_before_the_expand(conn)
+        assert runs_daily.days(conn) == []  # the copy has to make today's
+    result: dict = {}
+    with psycopg.connect(admin_database_url) as holder:
+        # What autovacuum takes; it conflicts with create_day's LOCK TABLE.
+        holder.execute("LOCK TABLE runs_daily_default IN SHARE UPDATE EXCLUSIVE MODE")
+        copier = threading.Thread(
+            target=lambda: result.update(
+                done=run_history.backfill(admin_database_url, run_history.BackfillOptions(batch=50))
+            ),
+            daemon=True,
+        )
+        with caplog.at_level(logging.WARNING, logger="cronwheel"):
+            copier.start()
+            wait_for(lambda: "waiting to make a day's partition" in caplog.text, 30,
+                     what="the backfill to meet the lock")  # fmt: skip
+            holder.rollback()
+            copier.join(timeout=60)
+
+    assert result["done"].done and result["done"].copied == n
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert _same_rows(conn) == (n, 0)
 
 
 def test_backfill__runs_written_while_it_runs__mirrored_not_copied_again(
