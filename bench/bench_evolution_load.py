@@ -29,7 +29,6 @@ import uuid
 from datetime import UTC, datetime
 
 import psycopg
-from bench_retention import _load
 from common import (
     JobBatch,
     Reader,
@@ -42,6 +41,7 @@ from common import (
     fresh_database,
     grant,
     header,
+    load_runs,
     machine_load,
     now_ms,
     say,
@@ -63,7 +63,7 @@ def legacy_history(conn, tenant_id: str, n: int) -> None:
     """`n` finished runs in `runs` that the mirror never saw, the backfill rewound."""
     conn.execute("ALTER TABLE runs DISABLE TRIGGER USER")
     midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    _load(conn, "runs", tenant_id, n, max(1, n // 5), midnight)
+    load_runs(conn, "runs", tenant_id, n, max(1, n // 5), midnight)
     conn.execute("ALTER TABLE runs ENABLE TRIGGER USER")
     runs_daily.backfill_reset(conn)
 

@@ -24,8 +24,13 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_retention import _load  # noqa: E402
-from bench.common import cpu_seconds, fresh_database, machine_load, say  # noqa: E402
+from bench.common import (  # noqa: E402
+    cpu_seconds,
+    fresh_database,
+    load_runs,
+    machine_load,
+    say,
+)
 from cronwheel.core.clock import now_ms  # noqa: E402
 from cronwheel.kafka import Topics  # noqa: E402
 from cronwheel.store import runs_daily  # noqa: E402
@@ -52,7 +57,7 @@ def keep_history(conn, tenant_id: str, days: int, per_day: int) -> int:
     runs_daily.ensure_ahead(conn, today, 7)
     if days:
         midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-        _load(conn, "runs_daily", tenant_id, days * per_day, per_day, midnight)
+        load_runs(conn, "runs_daily", tenant_id, days * per_day, per_day, midnight)
     return conn.execute(
         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
     ).fetchone()[0]

@@ -36,6 +36,7 @@ from common import (
     fresh_database,
     grant,
     header,
+    load_runs,
     say,
     storm,
     vacuum_analyze,
@@ -45,23 +46,6 @@ from cronwheel import run_history
 from cronwheel.kafka import Topics
 from cronwheel.store import runs_daily
 
-# Finished runs of one tenant, `n` of them, spread over the days before
-# `until` (`per_day` a day), into `target` (runs_daily; runs for the backfill).
-_RUNS = """
-INSERT INTO {target} (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state,
-                      attempt, start_token, lease_expires_at, created_at, started_at,
-                      finished_at, updated_at)
-SELECT g %% 1024, lpad(to_hex(g %% 1024), 3, '0') || substr(md5(%(seed)s || g::text), 1, 29),
-       %(tenant)s, 'job_bench', s, '{{}}'::jsonb, %(state)s::run_state, 1,
-       CASE WHEN %(state)s = 'RUNNING' THEN 'tok' END,
-       CASE WHEN %(state)s = 'RUNNING' THEN s + interval '1 hour' END, s, s,
-       CASE WHEN %(state)s = 'RUNNING' THEN NULL ELSE s END, s
-  FROM generate_series(0, %(n)s - 1) AS g,
-       LATERAL (SELECT %(until)s::timestamptz
-                       - interval '1 day' * (1 + g / %(per_day)s)
-                       + interval '1 millisecond' * (g %% %(per_day)s)
-                         * (86400000 / %(per_day)s) AS s) t
-"""
 # An attempt for each run, with its run's scheduled_at and tenant_id.
 _ATTEMPTS = """
 INSERT INTO run_attempts_daily (partition_id, run_id, attempt, worker_id, started_at,
@@ -78,15 +62,6 @@ SELECT partition_id, run_id, 1, 'bench', started_at, finished_at, 'SUCCEEDED' FR
 """
 
 
-def _load(conn, target: str, tenant: str, n: int, per_day: int, until: datetime,
-          state: str = "SUCCEEDED") -> None:  # fmt: skip
-    conn.execute(
-        _RUNS.format(target=target),
-        {"seed": uuid.uuid4().hex, "tenant": tenant, "n": n, "per_day": per_day,
-         "until": until, "state": state},
-    )  # fmt: skip
-
-
 def bench_backfill(n: int) -> None:
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     for batch in (1000, 5000):
@@ -97,7 +72,7 @@ def bench_backfill(n: int) -> None:
             tenant = create_tenants(conn, 1)[0]["tenant_id"]
             conn.execute("ALTER TABLE runs DISABLE TRIGGER USER")
             conn.execute("ALTER TABLE run_attempts DISABLE TRIGGER USER")
-            _load(conn, "runs", tenant, n, max(1, n // 5), today)
+            load_runs(conn, "runs", tenant, n, max(1, n // 5), today)
             conn.execute(_LEGACY_ATTEMPTS)
             conn.execute("ALTER TABLE runs ENABLE TRIGGER USER")
             conn.execute("ALTER TABLE run_attempts ENABLE TRIGGER USER")
@@ -123,8 +98,8 @@ def bench_drop(sizes: list[int]) -> None:
             runs_daily.ensure_days(conn, [day])
             until = datetime.combine(day + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
             began = time.perf_counter()
-            _load(conn, "runs_daily", tenant, n, n, until)
-            _load(conn, "runs_daily", tenant, 10, 10, until, state="RUNNING")
+            load_runs(conn, "runs_daily", tenant, n, n, until)
+            load_runs(conn, "runs_daily", tenant, 10, 10, until, state="RUNNING")
             loaded = time.perf_counter() - began
             vacuum_analyze(url)
             size = conn.execute(
@@ -158,7 +133,7 @@ def bench_storm(jobs: int, days: int, per_day: int) -> None:
                             conn, [today - timedelta(days=i) for i in range(1, history + 1)]
                         )
                         midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-                        _load(conn, "runs_daily", tenants[0]["tenant_id"], history * per_day,
+                        load_runs(conn, "runs_daily", tenants[0]["tenant_id"], history * per_day,
                               per_day, midnight)  # fmt: skip
                         conn.execute(_ATTEMPTS)
                     runs_daily.ensure_ahead(conn, datetime.now(UTC).date(), 1)
@@ -211,7 +186,7 @@ def bench_lookup(days: int, per_day: int, calls: int) -> None:
         runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
         runs_daily.ensure_ahead(conn, today, 7)
         midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-        _load(conn, "runs_daily", tenant, days * per_day, per_day, midnight)
+        load_runs(conn, "runs_daily", tenant, days * per_day, per_day, midnight)
         parts = conn.execute(
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
         ).fetchone()[0]

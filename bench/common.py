@@ -852,3 +852,34 @@ def describe(values: list[float]) -> str:
 def header(title: str) -> None:
     say(f"{title} (python {sys.version.split()[0]}, pid {os.getpid()})")
     say(f"machine: {machine_load()}")
+
+
+# Finished runs of one tenant, `n` of them, spread over the days before
+# `until` (`per_day` a day), into `target` (runs_daily; runs for the backfill).
+_RUNS_SQL = """
+INSERT INTO {target} (partition_id, run_id, tenant_id, job_id, scheduled_at, spec, state,
+                      attempt, start_token, lease_expires_at, created_at, started_at,
+                      finished_at, updated_at)
+SELECT g %% 1024, lpad(to_hex(g %% 1024), 3, '0') || substr(md5(%(seed)s || g::text), 1, 29),
+       %(tenant)s, 'job_bench', s, '{{}}'::jsonb, %(state)s::run_state, 1,
+       CASE WHEN %(state)s = 'RUNNING' THEN 'tok' END,
+       CASE WHEN %(state)s = 'RUNNING' THEN s + interval '1 hour' END, s, s,
+       CASE WHEN %(state)s = 'RUNNING' THEN NULL ELSE s END, s
+  FROM generate_series(0, %(n)s - 1) AS g,
+       LATERAL (SELECT %(until)s::timestamptz
+                       - interval '1 day' * (1 + g / %(per_day)s)
+                       + interval '1 millisecond' * (g %% %(per_day)s)
+                         * (86400000 / %(per_day)s) AS s) t
+"""
+
+
+def load_runs(conn, target: str, tenant: str, n: int, per_day: int, until,
+                       state: str = "SUCCEEDED") -> None:  # fmt: skip
+    """`n` runs of `tenant` in `target` (runs_daily, or the legacy runs), `per_day`
+    a day over the days before `until`, in one INSERT ... SELECT: finished, or
+    RUNNING with a lease an hour long (`state`)."""
+    conn.execute(
+        _RUNS_SQL.format(target=target),
+        {"seed": uuid.uuid4().hex, "tenant": tenant, "n": n, "per_day": per_day,
+         "until": until, "state": state},
+    )  # fmt: skip
