@@ -48,7 +48,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cronwheel.kafka import end_offsets
@@ -126,10 +126,20 @@ class Dozing:
         self._next_sweep = time.monotonic() + self.sweep_s
         self.missed_total = 0  # wakes the sweep made up for
 
-    def start(self, consumer: Consumer) -> None:
-        """Read the wake topic from its end: what came before this instance's
-        start is covered by its partitions starting awake."""
-        consumer.incremental_assign([TopicPartition(self.wake_topic, 0, -1)])  # OFFSET_END
+    def start(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
+        """Read the wake topic from its end as it is now: what came before this
+        instance's start is covered by its partitions starting awake. The end
+        is asked of the broker here, not left to librdkafka (OFFSET_END), which
+        resolves it only when it first fetches the partition: on a busy
+        machine or a topic just made that can be after a wake was written,
+        and the wake would be skipped (to the sweep's cost, `sweep_ms`)."""
+        wake = TopicPartition(self.wake_topic, 0)
+        try:
+            _low, wake.offset = consumer.get_watermark_offsets(wake, timeout=timeout_s)
+        except KafkaException as exc:
+            log.warning("wake topic's end unknown (%s): read from where librdkafka finds it", exc)
+            wake.offset = OFFSET_END
+        consumer.incremental_assign([wake])
 
     def is_wake(self, topic: str) -> bool:
         return topic == self.wake_topic

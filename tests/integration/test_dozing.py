@@ -4,15 +4,17 @@ record is read, and a record no wake announced is still forwarded (the sweep).""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 
 import psycopg
 import pytest
+from confluent_kafka import TopicPartition
 
 from cronwheel import kafka
 from cronwheel.consumer import produce as produce_waiting
-from cronwheel.dozing import Waker, wake_topic_of
+from cronwheel.dozing import Dozing, Waker, wake_topic_of
 from cronwheel.kafka import Topics
 from services.dispatcher.service import Dispatcher
 from tests.integration.test_dispatcher import produce, ready
@@ -59,9 +61,24 @@ def _forward_then_doze(d: Dispatcher, kafka_bootstrap, topics, tenant: str) -> N
     wait_for(lambda: (run_topic, 0) in d.dozing.dozing, timeout=30, what="the partition dozes")
 
 
-def _expect_both_forwarded(kafka_bootstrap, topics, tenant: str) -> None:
+def _expect_both_forwarded(d: Dispatcher, kafka_bootstrap, topics, tenant: str) -> None:
     got = drain(kafka_bootstrap, topics.queue(tenant, "billing"), want=2, timeout=30)
-    assert sorted(d["run_id"] for _t, _k, _n, d, _m in got) == ["r-0", "r-1"]
+    forwarded = sorted(datum["run_id"] for _t, _k, _n, datum, _m in got)
+    assert forwarded == ["r-0", "r-1"], f"forwarded {forwarded}; {_state(d, topics.runs(tenant))}"
+
+
+def _state(d: Dispatcher, run_topic: str) -> str:
+    """What the dispatcher believed of the run topic's partition, for a failure's
+    message (read from the test's thread: sets and counters, and librdkafka's
+    thread-safe assignment and position)."""
+    key = (run_topic, 0)
+    wake = TopicPartition(d.topics.wake, 0)
+    return (
+        f"dozing={key in d.dozing.dozing} unread={key in d.dozing.unread}"
+        f" leased={key in d.assignment.assigned} in_consumer={key in _in_consumer(d)}"
+        f" resumes_at={d._dozed_at.get(key)} wake_position={d._consumer.position([wake])}"
+        f" forwarded_total={d.forwarded_total} missed_total={d.dozing.missed_total}"
+    )
 
 
 def test_dozing_partition__woken_like_the_relay_does__record_forwarded_no_sweep_needed(
@@ -77,7 +94,7 @@ def test_dozing_partition__woken_like_the_relay_does__record_forwarded_no_sweep_
         waker.read(run_topic)  # the relay reads a row for the topic
         assert producer.flush(30) == 0
         produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
-        _expect_both_forwarded(kafka_bootstrap, topics, tenant)
+        _expect_both_forwarded(d, kafka_bootstrap, topics, tenant)
         assert waker.sent_total == 1 and d.dozing.missed_total == 0
         # Assigned again where it was consumed to: r-0 was not read twice.
         assert d.duplicates_total == 0 and d.forwarded_total == 2
@@ -162,8 +179,37 @@ def test_dozing_partition__record_without_a_wake__found_by_the_sweep(
         _forward_then_doze(d, kafka_bootstrap, topics, tenant)
         assert (run_topic, 0) in d.dozing.dozing  # the record below lands on a dozing partition
         produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
-        _expect_both_forwarded(kafka_bootstrap, topics, tenant)
+        _expect_both_forwarded(d, kafka_bootstrap, topics, tenant)
         assert d.dozing.missed_total >= 1
+
+
+def test_start__the_wake_topic_read_from_its_end_as_it_was_at_the_start(kafka_bootstrap, topics):
+    """A wake written after start() is read even if librdkafka first fetches
+    the partition later (it would resolve OFFSET_END only then): the first
+    record read is the one written after start, not one before it."""
+    kafka.ensure_topics(
+        [topics.wake], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher"
+    )
+    producer = kafka.producer(kafka_bootstrap, principal="relay")
+    for key in (b"before-1", b"before-2"):
+        producer.produce(topics.wake, key=key, value=b"")
+    assert producer.flush(30) == 0
+    consumer = kafka.consumer(
+        f"{topics.prefix}.dispatcher", kafka_bootstrap, principal="dispatcher"
+    )
+    try:
+        Dozing(topics.wake, after_ms=1_000, sweep_ms=600_000).start(consumer)
+        producer.produce(topics.wake, key=b"after", value=b"")
+        assert producer.flush(30) == 0
+        first = None
+        deadline = time.monotonic() + 30
+        while first is None and time.monotonic() < deadline:
+            m = consumer.poll(0.2)
+            first = m if m is not None and not m.error() else None
+        assert first is not None, "nothing read from the wake topic in 30 s"
+        assert (first.key(), first.offset()) == (b"after", 2)
+    finally:
+        consumer.close()
 
 
 def test_wake_topic_of__run_topics_only():
