@@ -15,18 +15,39 @@ is scheduled_at -> readable by a consumer, per window.
   unthrottled or at `--backfill-rate` runs/s), as `cronwheel backfill` does.
 - `contract`: in the middle window `cronwheel migrate --contract` applies
   0030 and 0031 (the reverse mirror, then `runs` and `run_attempts`, go).
+- `expand`: the release before an expand step runs the load (`--release`,
+  v0.3.0: its timer, relay and workers, from its tree as make test-upgrade
+  exports it) on a database migrated with that release's own migrations; in
+  the middle window this checkout's `cronwheel migrate` applies what came
+  after (from v0.3.0: 0029, its triggers, the foreign key dropped, and
+  `runs_daily_open_job` built partition by partition, CONCURRENTLY), as an
+  operator does before upgrading the services; `--legacy-runs` finished
+  runs are in today's partition first, for the index to be built over.
 
-    .venv/bin/python bench/bench_evolution_load.py [--only backfill|contract]
-        [--backfill-rate R]
+Workers complete runs throughout (`--complete-tenants`, 3: 300 runs/s;
+bench/complete_runs.py, a process), so the change meets the firing loop's
+inserts and the worker protocol's updates of the same day's runs. Per window
+it prints scheduled_at -> completed beside the firing's lateness; every run
+must end SUCCEEDED, none twice.
+
+    .venv/bin/python bench/bench_evolution_load.py [--only backfill|contract|expand]
+        [--backfill-rate R] [--complete-tenants N] [--release TAG]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 from common import (
@@ -35,6 +56,7 @@ from common import (
     Services,
     bulk_jobs,
     check_like_create,
+    completions_topic,
     create_tenants,
     delete_topics,
     describe,
@@ -44,6 +66,7 @@ from common import (
     load_runs,
     machine_load,
     now_ms,
+    release_env,
     say,
     vacuum_analyze,
 )
@@ -57,6 +80,93 @@ EVERY_MS = 1_000
 TENANTS = 10
 WARMUP_MS = 20_000  # past fresh partitions' one-time stall (bench_kafka_floor.py)
 SETTLE_MS = 15_000  # a record not readable this long after the last window counts as missing
+BENCH = Path(__file__).resolve().parent
+DAY = timedelta(days=1)
+sys.path.append(str(BENCH.parent))  # tests.upgrade.previous: the releases, exported
+from tests.upgrade import previous  # noqa: E402
+
+
+class Completer:
+    """bench/complete_runs.py as a process, of this checkout or of `tree`."""
+
+    def __init__(self, url: str, prefix: str, names: list[str], tree: Path | None):
+        self.out = Path(tempfile.mkdtemp(prefix="cw-completer-")) / "done.json"
+        self.log = self.out.with_suffix(".log")
+        env = dict(os.environ)
+        if tree is not None:
+            env = release_env(tree, env)
+            env["PYTHONPATH"] += os.pathsep + str(BENCH)  # common.py after the release's code
+        args = ["--database-url", url, "--prefix", prefix, "--out", str(self.out), *names]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(BENCH / "complete_runs.py"), *args],
+                cwd=tree or BENCH.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the completer exited {self.proc.returncode}: {self.log}")
+
+    def result(self) -> dict:
+        """Stops it; {"done": [[run_id, scheduled_ms, completed_ms]], "refused": {kind: n}}."""
+        self.proc.send_signal(signal.SIGTERM)
+        if self.proc.wait(60) != 0:
+            raise RuntimeError(f"the completer exited {self.proc.returncode}: {self.log}")
+        return json.loads(self.out.read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def finish(completer: Completer, url: str, tenant_ids: list[str], lo: int, hi: int) -> dict:
+    """Once the completing tenants' runs of [lo, hi) have all ended (or
+    SETTLE_MS has passed): their states, the worker's completions and
+    refusals, and how many runs it completed twice."""
+    deadline = now_ms() + SETTLE_MS
+    span = [
+        tenant_ids,
+        datetime.fromtimestamp(lo / 1000, UTC),
+        datetime.fromtimestamp(hi / 1000, UTC),
+    ]
+    which = "tenant_id = ANY(%s) AND scheduled_at >= %s AND scheduled_at < %s"
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            left = conn.execute(
+                f"SELECT count(*) FROM runs_daily WHERE {which} AND finished_at IS NULL", span
+            ).fetchone()[0]
+            if left == 0 or now_ms() > deadline:
+                break
+            time.sleep(0.2)
+        states = dict(
+            conn.execute(f"SELECT state, count(*) FROM runs_daily WHERE {which} GROUP BY 1", span)
+        )
+        retried = conn.execute(
+            f"SELECT count(*) FROM runs_daily WHERE {which} AND attempt > 1", span
+        ).fetchone()[0]
+    got = completer.result()
+    done, refused = got["done"], got["refused"]
+    ids = [run_id for run_id, _at, _end in done]
+    return {
+        "states": states,
+        "retried": retried,
+        "done": [(at, end) for _id, at, end in done if lo <= at < hi],
+        "twice": len(ids) - len(set(ids)),
+        "refused": refused,
+    }
+
+
+KINDS = ("backfill", "contract", "expand")
+
+
+def release_tree(tag: str) -> Path:
+    """The release `tag` of RELEASES exported into a directory of its own."""
+    listed = {r.tag: r for r in previous.releases()}
+    if tag not in listed:
+        raise SystemExit(f"--release {tag}: not in RELEASES ({', '.join(listed)})")
+    tree = Path(tempfile.mkdtemp(prefix=f"cw-{tag}-"))
+    previous.export(listed[tag], tree)
+    return tree
 
 
 def legacy_history(conn, tenant_id: str, n: int) -> None:
@@ -66,6 +176,13 @@ def legacy_history(conn, tenant_id: str, n: int) -> None:
     load_runs(conn, "runs", tenant_id, n, max(1, n // 5), midnight)
     conn.execute("ALTER TABLE runs ENABLE TRIGGER USER")
     runs_daily.backfill_reset(conn)
+
+
+def todays_history(conn, tenant_id: str, n: int) -> None:
+    """`n` finished runs in today's partition of runs_daily (the mirror's copies
+    of a busy morning), which 0029's index is built over."""
+    tomorrow = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) + DAY
+    load_runs(conn, "runs_daily", tenant_id, n, n, tomorrow)
 
 
 def change(kind: str, url: str, rate: float | None) -> tuple[threading.Thread, dict]:
@@ -80,26 +197,39 @@ def change(kind: str, url: str, rate: float | None) -> tuple[threading.Thread, d
                 f" at --rate {rate:g}" if rate else ""
             )
         else:
-            applied = migrate.migrate(url, contract=True)
+            applied = migrate.migrate(url, contract=kind == "contract")
             told["what"] = "applied " + ", ".join(f"{m.version:04d}_{m.name}" for m in applied)
         told["seconds"] = time.perf_counter() - began
 
     return threading.Thread(target=run, name=kind, daemon=True), told
 
 
-def case(kind: str, window_ms: int, legacy_runs: int, rate: float | None) -> None:
+def case(kind: str, window_ms: int, args: argparse.Namespace) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     grant(prefix)
-    with fresh_database(contract=False) as url:
+    tree = release_tree(args.release) if kind == "expand" else None
+    with fresh_database(template="template0") if tree else fresh_database(contract=False) as url:
         with psycopg.connect(url, autocommit=True) as conn:
+            if tree:
+                older = migrate.migrate(url, tree / "cronwheel" / "store" / "migrations")
+                say(
+                    f"expand: {args.release}'s schema, up to {older[-1].version:04d}_{older[-1].name}"
+                )
             tenants = create_tenants(conn, TENANTS)
             runs_daily.ensure_ahead(conn, datetime.now(UTC).date(), 7)
             if kind == "backfill":
-                legacy_history(conn, tenants[0]["tenant_id"], legacy_runs)
+                legacy_history(conn, tenants[0]["tenant_id"], args.legacy_runs)
+            elif kind == "expand":
+                # a tenant whose runs no worker completes: the windows' counts stay the load's
+                todays_history(conn, tenants[-1]["tenant_id"], args.legacy_runs)
         names = [topics.runs(t["tenant_id"]) for t in tenants]
+        completing = tenants[: args.complete_tenants]
+        completions_topic(topics)
+        completer = None
         try:
-            with Reader(names, decode=True) as reader, Services(url, prefix) as services:
+            with Reader(names, decode=True) as reader, Services(url, prefix, tree=tree) as services:
+                completer = Completer(url, prefix, names[: len(completing)], tree)
                 with psycopg.connect(url, autocommit=True) as conn:
                     batch = JobBatch(
                         JOBS, now_ms() - EVERY_MS, every_ms=EVERY_MS, spread_ms=EVERY_MS
@@ -109,13 +239,18 @@ def case(kind: str, window_ms: int, legacy_runs: int, rate: float | None) -> Non
                 vacuum_analyze(url)
                 start = now_ms() + WARMUP_MS
                 bounds = [start + i * window_ms for i in range(4)]
-                thread, told = change(kind, url, rate)
-                while now_ms() < bounds[1]:
+                thread, told = change(kind, url, args.backfill_rate)
+
+                def alive() -> None:
                     services.check_alive()
+                    completer.check_alive()
+
+                while now_ms() < bounds[1]:
+                    alive()
                     time.sleep(0.05)
                 thread.start()
                 while now_ms() < bounds[3]:
-                    services.check_alive()
+                    alive()
                     time.sleep(0.1)
                 thread.join()
                 expected = JOBS * 3 * window_ms // EVERY_MS
@@ -125,8 +260,12 @@ def case(kind: str, window_ms: int, legacy_runs: int, rate: float | None) -> Non
                         break
                     time.sleep(0.05)
                 duplicates = reader.duplicates
+                ids = [t["tenant_id"] for t in completing]
+                completed = finish(completer, url, ids, start, bounds[3])
         finally:
-            delete_topics(names)
+            if completer is not None:
+                completer.stop()
+            delete_topics(names + [topics.run_completed])
     say(
         f"{kind}: {told.get('what')} in {told.get('seconds', 0):.1f} s, started at the middle"
         f" window's start; {len(arrivals):,} of {expected:,} instants readable,"
@@ -137,20 +276,33 @@ def case(kind: str, window_ms: int, legacy_runs: int, rate: float | None) -> Non
         missing = [float("inf")] * (JOBS * window_ms // EVERY_MS - len(got))
         late = [a.received_ms - a.scheduled_ms for a in got] + missing
         say(f"{kind} {label:>6}: lateness scheduled_at -> readable: {describe(late)}")
+        ended = [end - at for at, end in completed["done"] if lo <= at < hi]
+        say(f"{kind} {label:>6}: scheduled_at -> completed ({len(ended):,}): {describe(ended)}")
+    say(
+        f"{kind}: the completing tenants' runs of the windows: {completed['states']},"
+        f" {completed['retried']} retried, {completed['twice']} completed twice,"
+        f" refused {completed['refused'] or 'none'}"
+    )
     say(f"{kind}: machine after: {machine_load()}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["backfill", "contract"])
+    parser.add_argument("--only", choices=KINDS)
     parser.add_argument("--window", type=int, default=20, help="seconds per window (20)")
     parser.add_argument("--legacy-runs", type=int, default=200_000)
     parser.add_argument("--backfill-rate", type=float, help="runs/s (unthrottled)")
+    parser.add_argument(
+        "--complete-tenants", type=int, default=3, help="tenants whose runs workers complete (3)"
+    )
+    parser.add_argument(
+        "--release", default="v0.3.0", help="expand: the release running the load (v0.3.0)"
+    )
     args = parser.parse_args()
-    header("bench_evolution_load: lateness while the backfill runs and the contract applies")
-    for kind in ("backfill", "contract"):
+    header("bench_evolution_load: lateness while the schema changes under a steady load")
+    for kind in KINDS:
         if args.only in (None, kind):
-            case(kind, args.window * 1000, args.legacy_runs, args.backfill_rate)
+            case(kind, args.window * 1000, args)
 
 
 if __name__ == "__main__":

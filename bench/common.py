@@ -357,14 +357,33 @@ def _rows(conn: psycopg.Connection, job_id: str) -> tuple[dict | None, dict | No
 # -- services ---------------------------------------------------------------
 
 
+def release_env(tree: Path, base: dict[str, str]) -> dict[str, str]:
+    """The environment of a process of the release exported in `tree`, as
+    make test-upgrade runs one (tests/upgrade/previous.py)."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+    from tests.upgrade import previous  # this checkout's tests, not the release's
+
+    return previous.env(tree, base)
+
+
 class Services:
     """`cronwheel serve <name>` processes, one per service, against one database
     and topic prefix; stopped with SIGTERM (their own clean shutdown) on exit."""
 
-    def __init__(self, url: str, prefix: str, names: tuple[str, ...] = ("timer", "relay")):
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        names: tuple[str, ...] = ("timer", "relay"),
+        tree: Path | None = None,
+    ):
+        """`tree`: an earlier release's exported tree (tests/upgrade/previous.py)
+        whose services run instead of this checkout's."""
         self.url = url
         self.prefix = prefix
         self.names = names
+        self.tree = tree
         self.procs: dict[str, subprocess.Popen] = {}
         self.logdir = Path(tempfile.mkdtemp(prefix="cw-bench-"))
 
@@ -376,11 +395,13 @@ class Services:
             CRONWHEEL_TOPIC_PREFIX=self.prefix,
             CRONWHEEL_LOG_LEVEL=os.environ.get("CRONWHEEL_LOG_LEVEL", "WARNING"),
         )
+        if self.tree is not None:
+            env = release_env(self.tree, env)
         for name in self.names:
             log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - kept by the process
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "services.entrypoints", "serve", name],
-                cwd=ROOT,
+                cwd=self.tree or ROOT,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

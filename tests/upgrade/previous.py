@@ -29,18 +29,26 @@ class Release:
     commit: str
 
 
-def previous(path: Path = RELEASES) -> Release:
-    """The newest release RELEASES lists (`<tag> <commit>` a line, oldest first;
+def releases(path: Path = RELEASES) -> list[Release]:
+    """Every release RELEASES lists (`<tag> <commit>` a line, oldest first;
     blank lines and # comments skipped)."""
     entries = [
         line.split()
         for line in path.read_text().splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    if not entries or len(entries[-1]) != 2:
-        raise Unavailable(f"{path.name}: the last line must be '<tag> <commit>'")
-    tag, commit = entries[-1]
-    return Release(tag, commit)
+    for entry in entries:
+        if len(entry) != 2:
+            raise Unavailable(f"{path.name}: {' '.join(entry)!r} is not '<tag> <commit>'")
+    return [Release(tag, commit) for tag, commit in entries]
+
+
+def previous(path: Path = RELEASES) -> Release:
+    """The newest release RELEASES lists."""
+    listed = releases(path)
+    if not listed:
+        raise Unavailable(f"{path.name}: no release listed ('<tag> <commit>' a line)")
+    return listed[-1]
 
 
 def export(release: Release, dest: Path, repo: Path = ROOT) -> str:

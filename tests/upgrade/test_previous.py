@@ -20,6 +20,15 @@ def test_releases__the_last_line_is_the_previous_release(tmp_path):
         previous.previous(path)
 
 
+def test_releases__every_line_oldest_first__a_malformed_one_named(tmp_path):
+    path = tmp_path / "RELEASES"
+    path.write_text("# comment\nv0.1.0 aaaa\n\nv0.2.0 bbbb\n")
+    assert [r.tag for r in previous.releases(path)] == ["v0.1.0", "v0.2.0"]
+    path.write_text("v0.1.0 aaaa\nv0.2.0\n")
+    with pytest.raises(previous.Unavailable, match="'v0.2.0' is not '<tag> <commit>'"):
+        previous.releases(path)
+
+
 def test_releases__the_committed_file_names_a_commit_of_this_clone():
     rel = previous.previous()
     out = subprocess.run(
