@@ -46,6 +46,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store import outbox, timers
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.new_runs import ready_row
+from cronwheel.store.run_days import EVERY_DAY, recent_days
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.timers import FireReport, ScheduleCache, Timer
 from cronwheel.store.timers import workflow_timer_id as workflow_timer_id  # where it was
@@ -561,14 +562,18 @@ class Workflows:
         if state != RunState.SUCCEEDED and state not in FAILURES:
             raise ValueError(f"a node's run cannot end {state.value}")
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            begun = cur.execute(
-                Q["begin_step"],
-                {
-                    "consumer": CONSUMER, "key": run_id, "now": to_dt(now), "p": p, "wfr": wfr,
-                    "node": node, "tenant_id": record["tenant_id"],
-                    "attempt": record["attempt"], "state": state.value,
-                },
-            ).fetchone()  # fmt: skip
+            asked = {
+                "consumer": CONSUMER, "key": run_id, "now": to_dt(now), "p": p, "wfr": wfr,
+                "node": node, "tenant_id": record["tenant_id"],
+                "attempt": record["attempt"], "state": state.value,
+            }  # fmt: skip
+            # A run ends days after its instant only when it ran or retried that
+            # long: its day is looked for near the end first (run_days.py).
+            # Nothing is written when no run is found, so asking again is exact.
+            near = recent_days(record.get("finished_at") or now)
+            begun = cur.execute(Q["begin_step"], asked | near).fetchone()
+            if begun["refused"] == "no_run":
+                begun = cur.execute(Q["begin_step"], asked | EVERY_DAY).fetchone()
             wf_state, wf_id = begun["state"], begun["workflow_id"]
             if begun["refused"] is not None:
                 return NodeStep(

@@ -15,13 +15,15 @@ import pytest
 from cronwheel import kafka
 from cronwheel.core import events
 from cronwheel.core.avro import default_registry
-from cronwheel.core.clock import now_ms, to_ms
+from cronwheel.core.clock import now_ms, to_dt, to_ms
 from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.ids import run_id_for_node
 from cronwheel.core.workflows import workflow_run_id_for_instant
 from cronwheel.kafka import Topics
+from cronwheel.store import runs_daily
 from cronwheel.store.jobs import create_tenant
 from cronwheel.store.lifecycle import Lifecycle
+from cronwheel.store.run_days import recent_days
 from cronwheel.store.workflows import Workflows
 from services.relay.service import Relay
 from services.timer.service import TimerService
@@ -117,6 +119,30 @@ def flow(conn, topic_prefix) -> Flow:
 
 
 # -- the store, no broker ---------------------------------------------------------------
+
+
+def test_completion__of_a_run_days_old__applied_though_its_day_is_outside_the_first_window(
+    flow, admin_database_url
+):
+    """begin_step looks for the run in the days around the record's finished_at
+    first, then in every day: a node whose run was due five days before it
+    ended (a workflow triggered for then) still advances its workflow run."""
+    now = now_ms()
+    long_ago = now - 5 * 86_400_000
+    with psycopg.connect(admin_database_url, autocommit=True) as owner:
+        runs_daily.ensure_days(owner, [to_dt(long_ago).date()])
+    wf = flow.create(DIAMOND, at=long_ago)
+    wfr = flow.trigger(wf["workflow_id"], at=long_ago)
+    a = flow.nodes(wfr)["a"]["run_id"]
+    (day,) = flow.conn.execute(
+        "SELECT tableoid::regclass::text FROM runs_daily WHERE run_id = %s", [a]
+    ).fetchone()
+    assert day == runs_daily.runs_part(to_dt(long_ago).date())
+    assert to_dt(long_ago) < recent_days(now)["lo"]
+    assert [s.outcome for s in flow.run_and_apply(wfr, "a")] == ["applied"]
+    assert {k: v["state"] for k, v in flow.nodes(wfr).items()} == {
+        "a": "SUCCEEDED", "b": "PENDING", "c": "PENDING", "d": "WAITING",
+    }  # fmt: skip
 
 
 def test_trigger__creates_workflow_run_and_runs_of_roots_only(flow):

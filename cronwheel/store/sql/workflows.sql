@@ -210,6 +210,9 @@ SELECT workflow_id, tenant_id, state, priority, scheduled_at, covers
 -- statement saw stays true for the rest of the transaction: no lock on the run.
 -- `run_error` is the run's own error, which a failed node's step writes into the
 -- workflow run rather than the record's.
+-- The run is looked for in the days [lo, hi) (cronwheel/store/run_days.py; the
+-- bounds pass through date_trunc as lifecycle.sql says why): those around the
+-- record's finished_at first, then every day when that found no run.
 WITH wr AS (
     SELECT workflow_id, tenant_id, state, priority, scheduled_at, covers
       FROM workflow_runs
@@ -229,7 +232,10 @@ verdict AS (
            r.error
       FROM (SELECT 1) AS one
       LEFT JOIN wr ON true
-      LEFT JOIN runs_daily r ON r.partition_id = %(p)s AND r.run_id = %(key)s),
+      LEFT JOIN runs_daily r
+        ON r.partition_id = %(p)s AND r.run_id = %(key)s
+       AND r.scheduled_at >= date_trunc('day', %(lo)s::timestamptz, 'UTC')
+       AND r.scheduled_at < date_trunc('day', %(hi)s::timestamptz, 'UTC')),
 fresh AS (
     INSERT INTO processed (consumer, message_key, processed_at)
     SELECT %(consumer)s, %(key)s, %(now)s FROM verdict WHERE refused IS NULL
