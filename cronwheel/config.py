@@ -329,6 +329,9 @@ class Metrics:
 
     addr: str | None = setting("CRONWHEEL_METRICS_ADDR", None, parse=host_port, accepts=HOST_PORT)
     port: int | None = setting("CRONWHEEL_METRICS_PORT", None, parse=port, accepts=PORT)
+    # librdkafka's statistics of the services' producers, every this many ms
+    # (cronwheel/kafka_stats.py); 0: off.
+    kafka_stats_ms: int = setting("CRONWHEEL_KAFKA_STATS_MS", 0, minimum=0)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 
-from cronwheel import config
+from cronwheel import config, kafka_stats
 from cronwheel.core.runs import NORMAL_RANK, PRIORITIES
 
 log = logging.getLogger("cronwheel.kafka")
@@ -156,7 +156,9 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
 def producer(
     bootstrap: str | None = None, *, principal: str | Credentials, **overrides
 ) -> Producer:
-    """An idempotent producer: retries never duplicate or reorder within a partition."""
+    """An idempotent producer: retries never duplicate or reorder within a partition.
+    A platform role's reports librdkafka's statistics as metrics when
+    CRONWHEEL_KAFKA_STATS_MS is set (cronwheel.kafka_stats)."""
     conf = {
         "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
         **security(principal, bootstrap),
@@ -167,6 +169,7 @@ def producer(
         "queue.buffering.max.messages": 500000,
         "compression.type": "lz4",
         "log_level": 3,
+        **(kafka_stats.options(principal) if isinstance(principal, str) else {}),
     }
     conf.update(overrides)
     return Producer(conf)

@@ -64,6 +64,17 @@ PROCESSED_PRUNED = Counter(
     "Idempotency rows deleted after the redelivery window",
     ["consumer"],
 )
+KAFKA_PRODUCER_LATENCY = Gauge(
+    "cronwheel_kafka_producer_latency_seconds",
+    "librdkafka's last statistics interval (CRONWHEEL_KAFKA_STATS_MS): a record's wait in the"
+    " producer's queue, a request's before the socket, and the broker's round trip",
+    ["role", "broker", "stage", "quantile"],
+)
+KAFKA_PRODUCER_QUEUED = Gauge(
+    "cronwheel_kafka_producer_queued_messages",
+    "Records in the producer's queue, not yet acknowledged (CRONWHEEL_KAFKA_STATS_MS)",
+    ["role"],
+)
 CONSUMER_LAG = Gauge("cronwheel_consumer_lag", "Records behind the end of the topic", ["consumer"])
 KAFKA_CLIENTS_RESTARTED = Counter(
     "cronwheel_kafka_clients_restarted_total",

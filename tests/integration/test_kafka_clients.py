@@ -91,3 +91,34 @@ def test_aiokafka__the_faust_client__reads_and_writes_the_same_records(
 
     got = asyncio.run(scenario())
     assert sorted(d["run_id"] for d in got) == [f"{i:032x}" for i in range(5)]
+
+
+def test_producer_statistics__a_platform_role_reports_the_broker_round_trip(
+    kafka_bootstrap, topic_prefix, monkeypatch
+):
+    """CRONWHEEL_KAFKA_STATS_MS on: a platform role's producer hands
+    librdkafka's statistics to cronwheel.kafka_stats during its poll(), and
+    the broker's round trip of what it sent shows in the metric."""
+    from prometheus_client import REGISTRY
+
+    monkeypatch.setenv("CRONWHEEL_KAFKA_STATS_MS", "100")
+    topic = f"{topic_prefix}.runs.stats"
+    kafka.ensure_topics([topic], bootstrap=kafka_bootstrap, principal="dispatcher")
+    producer = kafka.producer(kafka_bootstrap, principal="relay")
+    for i in range(20):
+        producer.produce(topic, _record(i))
+    assert producer.flush(30) == 0
+    labels = {"role": "relay", "stage": "rtt", "quantile": "1"}
+
+    def round_trip() -> float:
+        return max(
+            (s.value for m in REGISTRY.collect() if m.name == "cronwheel_kafka_producer_latency_seconds"
+             for s in m.samples if labels.items() <= s.labels.items()),
+            default=0.0,
+        )  # fmt: skip
+
+    deadline = time.monotonic() + 30
+    while round_trip() == 0.0 and time.monotonic() < deadline:
+        producer.produce(topic, _record(99))
+        producer.poll(0.2)  # the statistics arrive through poll()
+    assert 0.0 < round_trip() < 30.0

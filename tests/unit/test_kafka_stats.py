@@ -1,0 +1,75 @@
+"""librdkafka's statistics read into metrics (cronwheel.kafka_stats): the
+last interval's queue wait, socket wait and round trip per broker, in
+seconds; an interval with nothing sent reads 0; JSON it cannot read is
+logged and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from prometheus_client import REGISTRY
+
+from cronwheel import kafka_stats
+from cronwheel.kafka_stats import Recorder
+
+LATENCY = "cronwheel_kafka_producer_latency_seconds"
+
+
+def _histogram(p50: int, p99: int, top: int, cnt: int = 10) -> dict:
+    return {"min": 1, "max": top, "avg": p50, "p50": p50, "p99": p99, "cnt": cnt}
+
+
+def _stats(rtt: dict, queued: int = 3) -> str:
+    broker = {
+        "nodeid": 1,
+        "int_latency": _histogram(1_000, 38_000, 57_000),
+        "outbuf_latency": _histogram(17, 2_751, 11_075),
+        "rtt": rtt,
+    }
+    bootstrap = {**broker, "nodeid": -1, "rtt": _histogram(9, 9, 9_000_000)}
+    return json.dumps({"msg_cnt": queued, "brokers": {"b1": broker, "boot": bootstrap}})
+
+
+def _seen(role: str, stage: str, quantile: str) -> float | None:
+    labels = {"role": role, "broker": "1", "stage": stage, "quantile": quantile}
+    return REGISTRY.get_sample_value(LATENCY, labels)
+
+
+def test_recorder__last_interval_per_stage_in_seconds__bootstrap_connection_left_out():
+    r = Recorder("unit-relay")
+    r(_stats(_histogram(197, 14_783, 35_524)))
+    assert _seen("unit-relay", "queue", "0.99") == 0.038
+    assert _seen("unit-relay", "outbuf", "1") == 0.011075
+    assert _seen("unit-relay", "rtt", "0.5") == 0.000197
+    assert REGISTRY.get_sample_value(LATENCY, {"role": "unit-relay", "broker": "-1",
+                                               "stage": "rtt", "quantile": "1"}) is None  # fmt: skip
+    assert (
+        REGISTRY.get_sample_value(
+            "cronwheel_kafka_producer_queued_messages", {"role": "unit-relay"}
+        )
+        == 3
+    )
+    r(_stats(_histogram(0, 0, 0, cnt=0)))  # nothing sent in this interval
+    assert _seen("unit-relay", "rtt", "1") == 0.0
+    assert r.intervals == 2
+
+
+def test_recorder__json_it_cannot_read__logged_and_nothing_changes(caplog):
+    r = Recorder("unit-odd")
+    r(_stats(_histogram(100, 200, 300)))
+    with caplog.at_level(logging.WARNING, "cronwheel.kafka_stats"):
+        r("{not json")
+        r(json.dumps({"brokers": {}}))  # no msg_cnt
+    assert r.intervals == 1
+    assert _seen("unit-odd", "rtt", "1") == 0.0003
+    assert len([m for m in caplog.messages if "not read" in m]) == 2
+
+
+def test_options__off_unless_asked(monkeypatch):
+    monkeypatch.delenv("CRONWHEEL_KAFKA_STATS_MS", raising=False)
+    assert kafka_stats.options("relay") == {}
+    monkeypatch.setenv("CRONWHEEL_KAFKA_STATS_MS", "5000")
+    got = kafka_stats.options("relay")
+    assert got["statistics.interval.ms"] == 5000
+    assert isinstance(got["stats_cb"], Recorder) and got["stats_cb"].role == "relay"
