@@ -15,14 +15,16 @@ is scheduled_at -> readable by a consumer, per window.
   unthrottled or at `--backfill-rate` runs/s), as `cronwheel backfill` does.
 - `contract`: in the middle window `cronwheel migrate --contract` applies
   0030 and 0031 (the reverse mirror, then `runs` and `run_attempts`, go).
-- `expand`: the release before an expand step runs the load (`--release`,
-  v0.3.0: its timer, relay and workers, from its tree as make test-upgrade
-  exports it) on a database migrated with that release's own migrations; in
-  the middle window this checkout's `cronwheel migrate` applies what came
-  after (from v0.3.0: 0029, its triggers, the foreign key dropped, and
-  `runs_daily_open_job` built partition by partition, CONCURRENTLY), as an
-  operator does before upgrading the services; `--legacy-runs` finished
-  runs are in today's partition first, for the index to be built over.
+- `expand`: a release runs the load (`--release`, v0.3.0: its timer, relay
+  and workers, from its tree as make test-upgrade exports it) on a database
+  migrated with that release's own migrations; in the middle window
+  `cronwheel migrate` applies the next release's expand steps (the next
+  line of RELEASES, or this checkout after the last: from v0.3.0, 0027-0029,
+  0029's triggers, the foreign key dropped and `runs_daily_open_job` built
+  partition by partition, CONCURRENTLY; from v0.1.0, 0022-0025, `runs_daily`
+  made beside `runs` with its mirror), as an operator does before upgrading
+  the services; `--legacy-runs` finished runs of today are in the database
+  first (in runs_daily, or in `runs` before 0025).
 
 Workers complete runs throughout (`--complete-tenants`, 3: 300 runs/s;
 bench/complete_runs.py, a process), so the change meets the firing loop's
@@ -81,6 +83,7 @@ TENANTS = 10
 WARMUP_MS = 20_000  # past fresh partitions' one-time stall (bench_kafka_floor.py)
 SETTLE_MS = 15_000  # a record not readable this long after the last window counts as missing
 BENCH = Path(__file__).resolve().parent
+MIGRATIONS = Path("cronwheel", "store", "migrations")  # in a release's tree
 DAY = timedelta(days=1)
 sys.path.append(str(BENCH.parent))  # tests.upgrade.previous: the releases, exported
 from tests.upgrade import previous  # noqa: E402
@@ -129,21 +132,23 @@ def finish(completer: Completer, url: str, tenant_ids: list[str], lo: int, hi: i
         datetime.fromtimestamp(lo / 1000, UTC),
         datetime.fromtimestamp(hi / 1000, UTC),
     ]
-    which = "tenant_id = ANY(%s) AND scheduled_at >= %s AND scheduled_at < %s"
     with psycopg.connect(url, autocommit=True) as conn:
+        # The table every window's runs are in: `runs` while it is kept (a
+        # release before 0025 wrote only there), else runs_daily.
+        legacy = conn.execute("SELECT to_regclass('runs') IS NOT NULL").fetchone()[0]
+        table = "runs" if legacy else "runs_daily"
+        which = (
+            f"FROM {table} WHERE tenant_id = ANY(%s) AND scheduled_at >= %s AND scheduled_at < %s"
+        )
         while True:
             left = conn.execute(
-                f"SELECT count(*) FROM runs_daily WHERE {which} AND finished_at IS NULL", span
+                f"SELECT count(*) {which} AND finished_at IS NULL", span
             ).fetchone()[0]
             if left == 0 or now_ms() > deadline:
                 break
             time.sleep(0.2)
-        states = dict(
-            conn.execute(f"SELECT state, count(*) FROM runs_daily WHERE {which} GROUP BY 1", span)
-        )
-        retried = conn.execute(
-            f"SELECT count(*) FROM runs_daily WHERE {which} AND attempt > 1", span
-        ).fetchone()[0]
+        states = dict(conn.execute(f"SELECT state, count(*) {which} GROUP BY 1", span))
+        retried = conn.execute(f"SELECT count(*) {which} AND attempt > 1", span).fetchone()[0]
     got = completer.result()
     done, refused = got["done"], got["refused"]
     ids = [run_id for run_id, _at, _end in done]
@@ -159,14 +164,23 @@ def finish(completer: Completer, url: str, tenant_ids: list[str], lo: int, hi: i
 KINDS = ("backfill", "contract", "expand")
 
 
-def release_tree(tag: str) -> Path:
-    """The release `tag` of RELEASES exported into a directory of its own."""
-    listed = {r.tag: r for r in previous.releases()}
-    if tag not in listed:
-        raise SystemExit(f"--release {tag}: not in RELEASES ({', '.join(listed)})")
-    tree = Path(tempfile.mkdtemp(prefix=f"cw-{tag}-"))
-    previous.export(listed[tag], tree)
-    return tree
+def release_trees(tag: str) -> tuple[Path, Path]:
+    """The release `tag` of RELEASES exported into a directory of its own, and
+    the migrations of the release after it (exported too), or this checkout's
+    when `tag` is the last: the expand steps an operator applies next."""
+    listed = previous.releases()
+    tags = [r.tag for r in listed]
+    if tag not in tags:
+        raise SystemExit(f"--release {tag}: not in RELEASES ({', '.join(tags)})")
+
+    def export(release: previous.Release) -> Path:
+        tree = Path(tempfile.mkdtemp(prefix=f"cw-{release.tag}-"))
+        previous.export(release, tree)
+        return tree
+
+    at = tags.index(tag)
+    after = export(listed[at + 1]) / MIGRATIONS if at + 1 < len(listed) else migrate.MIGRATIONS_DIR
+    return export(listed[at]), after
 
 
 def legacy_history(conn, tenant_id: str, n: int) -> None:
@@ -178,27 +192,38 @@ def legacy_history(conn, tenant_id: str, n: int) -> None:
     runs_daily.backfill_reset(conn)
 
 
+def has_runs_daily(conn) -> bool:
+    return conn.execute("SELECT to_regclass('runs_daily') IS NOT NULL").fetchone()[0]
+
+
 def todays_history(conn, tenant_id: str, n: int) -> None:
-    """`n` finished runs in today's partition of runs_daily (the mirror's copies
-    of a busy morning), which 0029's index is built over."""
+    """`n` finished runs of today: in runs_daily's partition (the mirror's
+    copies of a busy morning), which 0029's index is built over; in `runs`
+    for a release before 0025, which the backfill copies later."""
     tomorrow = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) + DAY
-    load_runs(conn, "runs_daily", tenant_id, n, n, tomorrow)
+    load_runs(conn, "runs_daily" if has_runs_daily(conn) else "runs", tenant_id, n, n, tomorrow)
 
 
-def change(kind: str, url: str, rate: float | None) -> tuple[threading.Thread, dict]:
-    """The change the middle window runs beside the load, in a thread."""
+def change(
+    kind: str, url: str, rate: float | None, migrations: Path = migrate.MIGRATIONS_DIR
+) -> tuple[threading.Thread, dict]:
+    """The change the middle window runs beside the load, in a thread;
+    `migrations`: the expand steps' directory."""
     told: dict = {}
 
     def run() -> None:
         began = time.perf_counter()
-        if kind == "backfill":
-            p = run_history.backfill(url, run_history.BackfillOptions(batch=1000, rate=rate))
-            told["what"] = f"backfill copied {p.copied:,} runs" + (
-                f" at --rate {rate:g}" if rate else ""
-            )
-        else:
-            applied = migrate.migrate(url, contract=kind == "contract")
-            told["what"] = "applied " + ", ".join(f"{m.version:04d}_{m.name}" for m in applied)
+        try:
+            if kind == "backfill":
+                p = run_history.backfill(url, run_history.BackfillOptions(batch=1000, rate=rate))
+                told["what"] = f"backfill copied {p.copied:,} runs" + (
+                    f" at --rate {rate:g}" if rate else ""
+                )
+            else:
+                applied = migrate.migrate(url, migrations, contract=kind == "contract")
+                told["what"] = "applied " + ", ".join(f"{m.version:04d}_{m.name}" for m in applied)
+        except Exception as exc:  # printed with the figures, which then mean less
+            told["what"] = f"FAILED ({type(exc).__name__}: {str(exc).splitlines()[0]})"
         told["seconds"] = time.perf_counter() - began
 
     return threading.Thread(target=run, name=kind, daemon=True), told
@@ -208,16 +233,17 @@ def case(kind: str, window_ms: int, args: argparse.Namespace) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     grant(prefix)
-    tree = release_tree(args.release) if kind == "expand" else None
+    tree, after = release_trees(args.release) if kind == "expand" else (None, None)
     with fresh_database(template="template0") if tree else fresh_database(contract=False) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             if tree:
-                older = migrate.migrate(url, tree / "cronwheel" / "store" / "migrations")
+                older = migrate.migrate(url, tree / MIGRATIONS)
                 say(
                     f"expand: {args.release}'s schema, up to {older[-1].version:04d}_{older[-1].name}"
                 )
             tenants = create_tenants(conn, TENANTS)
-            runs_daily.ensure_ahead(conn, datetime.now(UTC).date(), 7)
+            if has_runs_daily(conn):  # a release before 0025 has only `runs`
+                runs_daily.ensure_ahead(conn, datetime.now(UTC).date(), 7)
             if kind == "backfill":
                 legacy_history(conn, tenants[0]["tenant_id"], args.legacy_runs)
             elif kind == "expand":
@@ -239,7 +265,9 @@ def case(kind: str, window_ms: int, args: argparse.Namespace) -> None:
                 vacuum_analyze(url)
                 start = now_ms() + WARMUP_MS
                 bounds = [start + i * window_ms for i in range(4)]
-                thread, told = change(kind, url, args.backfill_rate)
+                thread, told = change(
+                    kind, url, args.backfill_rate, after or migrate.MIGRATIONS_DIR
+                )
 
                 def alive() -> None:
                     services.check_alive()
