@@ -39,6 +39,18 @@ def recent_days(now: int) -> dict[str, datetime]:
     return {"lo": today - DAY, "hi": today + 2 * DAY}
 
 
+YEAR_MS = 366 * 86_400_000
+
+
+def recent_days_of(at: Any, now: int) -> dict[str, datetime]:
+    """recent_days of `at`, an instant a record carries (epoch ms), when it is
+    within a year of `now`; else of `now`. A record's field is not trusted to
+    make a date: a value centuries away would fail the statement, not find
+    the run, and the every-day ask finds it anyway."""
+    plausible = isinstance(at, int) and not isinstance(at, bool) and abs(at - now) <= YEAR_MS
+    return recent_days(at if plausible else now)
+
+
 def in_days(
     now: int, items: list[T], ask: Callable[[list[T], dict], list[R]], missing: Callable[[R], bool]
 ) -> list[R]:

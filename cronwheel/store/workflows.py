@@ -46,7 +46,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store import outbox, timers
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.new_runs import ready_row
-from cronwheel.store.run_days import EVERY_DAY, recent_days
+from cronwheel.store.run_days import EVERY_DAY, recent_days_of
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.timers import FireReport, ScheduleCache, Timer
 from cronwheel.store.timers import workflow_timer_id as workflow_timer_id  # where it was
@@ -570,7 +570,7 @@ class Workflows:
             # A run ends days after its instant only when it ran or retried that
             # long: its day is looked for near the end first (run_days.py).
             # Nothing is written when no run is found, so asking again is exact.
-            near = recent_days(record.get("finished_at") or now)
+            near = recent_days_of(record.get("finished_at"), now)
             begun = cur.execute(Q["begin_step"], asked | near).fetchone()
             if begun["refused"] == "no_run":
                 begun = cur.execute(Q["begin_step"], asked | EVERY_DAY).fetchone()

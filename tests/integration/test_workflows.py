@@ -145,6 +145,16 @@ def test_completion__of_a_run_days_old__applied_though_its_day_is_outside_the_fi
     }  # fmt: skip
 
 
+def test_completion__finished_at_centuries_away__still_applied_not_a_bad_record(flow):
+    """The record's finished_at only chooses the first days looked in: a value
+    no date can hold falls back to now's days, and the run is found."""
+    wfr = flow.trigger(flow.create(DIAMOND)["workflow_id"])
+    flow.finish(flow.nodes(wfr)["a"]["run_id"], retryable=False)
+    (record,) = flow.take_completions()
+    record["finished_at"] = 2**62
+    assert [s.outcome for s in flow.apply([record])] == ["applied"]
+
+
 def test_trigger__creates_workflow_run_and_runs_of_roots_only(flow):
     wf = flow.create(DIAMOND)
     wfr = flow.trigger(wf["workflow_id"])
