@@ -7,7 +7,7 @@ HTTP hop left out: it costs the database nothing).
 A script rather than a function so that a benchmark can run it with an
 earlier release's tree first on PYTHONPATH (bench_evolution_load's `expand`
 case: the release still running while the next one's expand steps apply);
-it uses only calls every release since v0.2.0 has. On SIGTERM it writes to
+it uses only calls every release since v0.1.0 has. On SIGTERM it writes to
 `--out`, as JSON, every completion ([run_id, scheduled_ms, completed_ms])
 and the count of each refusal's kind.
 

@@ -331,7 +331,7 @@ class Metrics:
     port: int | None = setting("CRONWHEEL_METRICS_PORT", None, parse=port, accepts=PORT)
     # librdkafka's statistics of the services' producers, every this many ms
     # (cronwheel/kafka_stats.py); 0: off.
-    kafka_stats_ms: int = setting("CRONWHEEL_KAFKA_STATS_MS", 0, minimum=0)
+    kafka_stats_ms: int = setting("CRONWHEEL_KAFKA_STATS_MS", 0, minimum=0, maximum=86_400_000)
 
 
 @dataclass(frozen=True)

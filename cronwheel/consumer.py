@@ -421,6 +421,10 @@ class ConsumerService:
                         lambda: kafka.answers(self.bootstrap, principal=self.name),
                     )  # fmt: skip
                 self.producer.renew_if_quiet(self.name, self.log)
+                # Serves what the producer queued for this thread (delivery
+                # reports, librdkafka's statistics: cronwheel.kafka_stats),
+                # which a service that produces rarely would otherwise pile up.
+                self.producer.poll(0)
                 if runtime.describe_requested():
                     state = json.dumps(self.describe(consumer), default=str)
                     self.log.warning("state, as asked (SIGUSR2): %s", state)

@@ -7,7 +7,8 @@ the platform's own load"), and librdkafka alone knows how that time splits:
 request (the linger, and requests ahead of it); `outbuf_latency`, a request's
 wait before it is written to the socket; `rtt`, the broker's answer. Every
 `CRONWHEEL_KAFKA_STATS_MS` the client hands its statistics (JSON) to the
-callback below, during the service's own poll() or flush(), and its
+callback below, during the service's own poll() or flush() (every consumer
+service polls its producer once a turn), and its
 histograms start again: each gauge is the last interval's, 0 when nothing
 was sent in it.
 
@@ -41,13 +42,15 @@ class Recorder:
         try:
             stats = json.loads(stats_json)
             self._record(stats)
-        except (ValueError, KeyError, TypeError) as exc:  # a client's JSON we do not read
+        except Exception as exc:  # a client's JSON we do not read; never into the poll() caller
             log.warning("librdkafka statistics of %s not read: %s", self.role, exc)
             return
         self.intervals += 1
 
     def _record(self, stats: dict) -> None:
-        metrics.KAFKA_PRODUCER_QUEUED.labels(self.role).set(stats["msg_cnt"])
+        """Every value read first, then set: a JSON missing a part sets none."""
+        queued = int(stats["msg_cnt"])
+        latencies = []
         for broker in stats["brokers"].values():
             if broker["nodeid"] < 0:  # a bootstrap connection, not a broker's
                 continue
@@ -56,9 +59,10 @@ class Recorder:
                 histogram = broker[field]
                 for key, quantile in QUANTILES.items():
                     seconds = histogram[key] / 1e6 if histogram["cnt"] else 0.0
-                    metrics.KAFKA_PRODUCER_LATENCY.labels(self.role, node, stage, quantile).set(
-                        seconds
-                    )
+                    latencies.append(((self.role, node, stage, quantile), seconds))
+        metrics.KAFKA_PRODUCER_QUEUED.labels(self.role).set(queued)
+        for labels, seconds in latencies:
+            metrics.KAFKA_PRODUCER_LATENCY.labels(*labels).set(seconds)
 
 
 def options(role: str) -> dict:

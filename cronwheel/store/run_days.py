@@ -42,13 +42,13 @@ def recent_days(now: int) -> dict[str, datetime]:
 YEAR_MS = 366 * 86_400_000
 
 
-def recent_days_of(at: Any, now: int) -> dict[str, datetime]:
-    """recent_days of `at`, an instant a record carries (epoch ms), when it is
-    within a year of `now`; else of `now`. A record's field is not trusted to
-    make a date: a value centuries away would fail the statement, not find
-    the run, and the every-day ask finds it anyway."""
-    plausible = isinstance(at, int) and not isinstance(at, bool) and abs(at - now) <= YEAR_MS
-    return recent_days(at if plausible else now)
+def plausible(at: Any, now: int) -> int:
+    """`at`, an instant a record carries (epoch ms), when it is an integer
+    within a year of `now`; else `now`. A record's field is not trusted to
+    make a date: a value centuries away fails in Python's datetime before any
+    statement runs, and the every-day ask finds the run anyway."""
+    ok = isinstance(at, int) and not isinstance(at, bool) and abs(at - now) <= YEAR_MS
+    return at if ok else now
 
 
 def in_days(
@@ -65,7 +65,10 @@ def in_days(
     return got
 
 
-def one_in_days(now: int, ask: Callable[[dict], Any]) -> Any:
-    """A statement of one run: its row over the recent days, else over every day."""
+def one_in_days(
+    now: int, ask: Callable[[dict], Any], missing: Callable[[Any], bool] = lambda row: row is None
+) -> Any:
+    """A statement of one run: its row over the recent days, else (the row
+    `missing` the run) over every day."""
     row = ask(recent_days(now))
-    return row if row is not None else ask(EVERY_DAY)
+    return ask(EVERY_DAY) if missing(row) else row

@@ -46,7 +46,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store import outbox, timers
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.new_runs import ready_row
-from cronwheel.store.run_days import EVERY_DAY, recent_days_of
+from cronwheel.store.run_days import one_in_days, plausible
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.timers import FireReport, ScheduleCache, Timer
 from cronwheel.store.timers import workflow_timer_id as workflow_timer_id  # where it was
@@ -567,13 +567,16 @@ class Workflows:
                 "node": node, "tenant_id": record["tenant_id"],
                 "attempt": record["attempt"], "state": state.value,
             }  # fmt: skip
-            # A run ends days after its instant only when it ran or retried that
-            # long: its day is looked for near the end first (run_days.py).
-            # Nothing is written when no run is found, so asking again is exact.
-            near = recent_days_of(record.get("finished_at"), now)
-            begun = cur.execute(Q["begin_step"], asked | near).fetchone()
-            if begun["refused"] == "no_run":
-                begun = cur.execute(Q["begin_step"], asked | EVERY_DAY).fetchone()
+            # A node's run carries its workflow run's instant (_create_node_runs),
+            # so its day is near its end's only for a workflow run that ends
+            # within a day or so of its instant; a later node of a longer one
+            # is found by the second ask, over every day. Nothing is written
+            # when no run is found, so asking again is exact.
+            begun = one_in_days(
+                plausible(record.get("finished_at"), now),
+                lambda days: cur.execute(Q["begin_step"], asked | days).fetchone(),
+                missing=lambda verdict: verdict["refused"] == "no_run",
+            )
             wf_state, wf_id = begun["state"], begun["workflow_id"]
             if begun["refused"] is not None:
                 return NodeStep(

@@ -4,13 +4,14 @@ record is read, and a record no wake announced is still forwarded (the sweep).""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections import Counter
 
 import psycopg
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_END, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.consumer import produce as produce_waiting
@@ -76,7 +77,8 @@ def _state(d: Dispatcher, run_topic: str) -> str:
     return (
         f"dozing={key in d.dozing.dozing} unread={key in d.dozing.unread}"
         f" leased={key in d.assignment.assigned} in_consumer={key in _in_consumer(d)}"
-        f" resumes_at={d._dozed_at.get(key)} wake_position={d._consumer.position([wake])}"
+        f" resumes_at={d._dozed_at.get(key)}"
+        f" wake_position={d._consumer.position([wake]) if d._consumer else None}"
         f" forwarded_total={d.forwarded_total} missed_total={d.dozing.missed_total}"
     )
 
@@ -199,6 +201,8 @@ def test_start__the_wake_topic_read_from_its_end_as_it_was_at_the_start(kafka_bo
     )
     try:
         Dozing(topics.wake, after_ms=1_000, sweep_ms=600_000).start(consumer)
+        # Assigned at the end as it is now, not at OFFSET_END (-1), to be resolved later.
+        assert [(tp.topic, tp.offset) for tp in consumer.assignment()] == [(topics.wake, 2)]
         producer.produce(topics.wake, key=b"after", value=b"")
         assert producer.flush(30) == 0
         first = None
@@ -208,6 +212,22 @@ def test_start__the_wake_topic_read_from_its_end_as_it_was_at_the_start(kafka_bo
             first = m if m is not None and not m.error() else None
         assert first is not None, "nothing read from the wake topic in 30 s"
         assert (first.key(), first.offset()) == (b"after", 2)
+    finally:
+        consumer.close()
+
+
+def test_start__the_end_unknown__read_from_where_librdkafka_finds_it_and_said(
+    kafka_bootstrap, topics, caplog
+):
+    consumer = kafka.consumer(
+        f"{topics.prefix}.dispatcher", kafka_bootstrap, principal="dispatcher"
+    )
+    missing = f"{topics.prefix}.nosuch.wake"  # no such topic: the broker cannot say its end
+    try:
+        with caplog.at_level(logging.WARNING, "cronwheel.dozing"):
+            Dozing(missing, after_ms=1_000, sweep_ms=600_000).start(consumer, timeout_s=2)
+        assert [(tp.topic, tp.offset) for tp in consumer.assignment()] == [(missing, OFFSET_END)]
+        assert any("wake topic's end unknown" in m for m in caplog.messages)
     finally:
         consumer.close()
 

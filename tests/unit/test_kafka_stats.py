@@ -61,9 +61,17 @@ def test_recorder__json_it_cannot_read__logged_and_nothing_changes(caplog):
     with caplog.at_level(logging.WARNING, "cronwheel.kafka_stats"):
         r("{not json")
         r(json.dumps({"brokers": {}}))  # no msg_cnt
+        r(json.dumps({"msg_cnt": 0, "brokers": []}))  # brokers not an object
+        half = json.loads(_stats(_histogram(900, 900, 900), queued=7))
+        del half["brokers"]["b1"]["outbuf_latency"]
+        r(json.dumps(half))  # a broker without one histogram: nothing of it is set
     assert r.intervals == 1
     assert _seen("unit-odd", "rtt", "1") == 0.0003
-    assert len([m for m in caplog.messages if "not read" in m]) == 2
+    assert (
+        REGISTRY.get_sample_value("cronwheel_kafka_producer_queued_messages", {"role": "unit-odd"})
+        == 3
+    )
+    assert len([m for m in caplog.messages if "not read" in m]) == 4
 
 
 def test_options__off_unless_asked(monkeypatch):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cronwheel.core.clock import to_ms
-from cronwheel.store.run_days import YEAR_MS, recent_days, recent_days_of
+from cronwheel.store.run_days import YEAR_MS, plausible, recent_days
 
 NOW = to_ms(datetime(2026, 12, 4, 13, 50, tzinfo=UTC))
 FIVE_DAYS_AGO = NOW - 5 * 86_400_000
@@ -22,9 +22,9 @@ def test_recent_days__yesterday_to_the_day_after_tomorrow_utc():
     }
 
 
-def test_recent_days_of__a_plausible_instant__its_own_days():
-    assert recent_days_of(FIVE_DAYS_AGO, NOW) == recent_days(FIVE_DAYS_AGO)
-    assert recent_days_of(NOW + YEAR_MS, NOW) == recent_days(NOW + YEAR_MS)
+def test_plausible__an_integer_within_a_year__kept():
+    assert plausible(FIVE_DAYS_AGO, NOW) == FIVE_DAYS_AGO
+    assert plausible(NOW + YEAR_MS, NOW) == NOW + YEAR_MS
 
 
 @pytest.mark.parametrize(
@@ -40,5 +40,5 @@ def test_recent_days_of__a_plausible_instant__its_own_days():
         "bool",
     ],
 )
-def test_recent_days_of__missing_or_implausible__the_days_of_now(carried):
-    assert recent_days_of(carried, NOW) == recent_days(NOW)
+def test_plausible__missing_or_implausible__now(carried):
+    assert plausible(carried, NOW) == NOW
