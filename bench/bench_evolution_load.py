@@ -52,6 +52,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
+
+# The steady load's shape and timing are bench_firing_steady's own.
+from bench_firing_steady import EVERY_MS, JOBS, SETTLE_MS, TENANTS, WARMUP_MS
 from common import (
     JobBatch,
     Reader,
@@ -77,11 +80,6 @@ from cronwheel import run_history
 from cronwheel.kafka import Topics
 from cronwheel.store import migrate, runs_daily
 
-JOBS = 1_000
-EVERY_MS = 1_000
-TENANTS = 10
-WARMUP_MS = 20_000  # past fresh partitions' one-time stall (bench_kafka_floor.py)
-SETTLE_MS = 15_000  # a record not readable this long after the last window counts as missing
 BENCH = Path(__file__).resolve().parent
 MIGRATIONS = Path("cronwheel", "store", "migrations")  # in a release's tree
 DAY = timedelta(days=1)

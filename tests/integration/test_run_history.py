@@ -93,6 +93,16 @@ def _fire(client, tenant: dict, job_id: str, start: datetime, end: datetime) -> 
     return r.json()
 
 
+def _two_runs(client, name: str, admin_database_url: str) -> tuple[dict, str, list[str]]:
+    """A tenant and job of `name`, fired for two instants 30 s and 29 s ago;
+    the runs' ids, in order."""
+    t, job = _tenant_job(client, name)
+    now = datetime.now(UTC).replace(microsecond=0)
+    _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=28))
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        return t, job, [r[0] for r in _runs_at(conn, job)]
+
+
 def _runs_at(conn, job_id: str) -> list[tuple]:
     """(run_id, scheduled_at, the table holding it) of the job's runs in runs_daily."""
     return conn.execute(
@@ -153,11 +163,7 @@ def test_mirror__runs_and_attempts__written_updated_and_rolled_back_with_runs(
     """Before the contract steps (a platform mid-upgrade): each write reaches
     the other table in the writer's transaction, and a rollback takes back both."""
     client, admin_database_url = legacy_client, expand_only_admin_database_url
-    t, job = _tenant_job(client, "mirror")
-    now = datetime.now(UTC).replace(microsecond=0)
-    _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=28))
-    with psycopg.connect(admin_database_url, autocommit=True) as conn:
-        run_ids = [r[0] for r in _runs_at(conn, job)]
+    t, job, run_ids = _two_runs(client, "mirror", admin_database_url)
     _succeed(client, t, run_ids[0])
     _start(client, t, run_ids[1])
 
@@ -620,11 +626,7 @@ def test_contract__legacy_tables_and_mirror_gone__backfill_done_and_changes_noth
     left to copy, says so in one line and writes nothing, not even `--reset`'s
     rewind, whatever the backfill's row said; `cronwheel migrate --status`
     still reports."""
-    t, job = _tenant_job(client, "contract")
-    now = datetime.now(UTC).replace(microsecond=0)
-    _fire(client, t, job, now - timedelta(seconds=30), now - timedelta(seconds=28))
-    with psycopg.connect(admin_database_url, autocommit=True) as conn:
-        run_ids = [r[0] for r in _runs_at(conn, job)]
+    t, job, run_ids = _two_runs(client, "contract", admin_database_url)
     _succeed(client, t, run_ids[0])
     with psycopg.connect(admin_database_url, autocommit=True) as conn:
         assert conn.execute(
