@@ -7,9 +7,9 @@ save per run, for the platform's own workers and the batch routes.
 
 Prints wall time and CPU per run of this process and of its PostgreSQL backend,
 once per history: with `D` days of finished runs kept (one day partition each,
-a week ahead made too), the worker protocol finds a run by its id alone, so
-every partition's key is probed (docs/migrations.md, "Finding a run without
-its day").
+a week ahead made too), the worker protocol finds a run by its id alone,
+within the days around now first (docs/migrations.md, "Finding a run without
+its day"), so history should cost it nothing.
 """
 
 from __future__ import annotations

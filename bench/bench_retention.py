@@ -18,6 +18,10 @@ retention"), three figures:
    runs_daily (its day partitions made): runs/s end to end.
 4. lookup: a recent run found by its key in runs_daily without its day,
    with it, and within the last two days; read and one-row update, p50/p99.
+5. overlap: the firing loop's plan of `--overlap-jobs` (200) jobs
+   (`jobs_for_timers`), whose `has_active` probes every day for a job with
+   overlap `skip`, with no history and with `--history-days` of it: the
+   database backend's CPU per job planned, `allow` and `skip`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import psycopg
 from common import (
     Reader,
     Services,
+    cpu_seconds,
     create_tenants,
     delete_topics,
     fresh_database,
@@ -43,8 +48,10 @@ from common import (
 )
 
 from cronwheel import run_history
+from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
-from cronwheel.store import runs_daily
+from cronwheel.store import jobs as job_store
+from cronwheel.store import pgarrays, runs_daily
 
 # An attempt for each run, with its run's scheduled_at and tenant_id.
 _ATTEMPTS = """
@@ -219,6 +226,53 @@ def bench_lookup(days: int, per_day: int, calls: int) -> None:
                 )
 
 
+def bench_overlap(n_jobs: int, days: int, per_day: int, calls: int = 200) -> None:
+    for history in (0, days):
+        with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
+            tenant = create_tenants(conn, 1)[0]
+            today = datetime.now(UTC).date()
+            runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, history + 1)])
+            runs_daily.ensure_ahead(conn, today, 7)
+            if history:
+                midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
+                load_runs(conn, "runs_daily", tenant["tenant_id"], history * per_day, per_day,
+                          midnight)  # fmt: skip
+            parts = conn.execute(
+                "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
+            ).fetchone()[0]
+            jobs = job_store.Jobs(Topics("bench"))
+            made = {
+                overlap: [
+                    jobs.create(conn, tenant, {
+                        "name": f"{overlap}-{i}",
+                        "schedule": {"cron": "0 0 1 1 *", "timezone": "UTC", "overlap": overlap},
+                        "target": {"type": "queue", "queue": "q"},
+                    }, now_ms())["job_id"]
+                    for i in range(n_jobs)
+                ]
+                for overlap in ("allow", "skip")
+            }  # fmt: skip
+            vacuum_analyze(url)
+            for overlap, ids in made.items():
+                keys = conn.execute(
+                    "SELECT partition_id, job_id FROM jobs WHERE job_id = ANY(%s)", [ids]
+                ).fetchall()
+                args = {
+                    "partitions": pgarrays.int2_array([p for p, _j in keys]),
+                    "job_ids": pgarrays.text_array([j for _p, j in keys]),
+                }
+                assert len(conn.execute(job_store.Q["jobs_for_timers"], args).fetchall()) == n_jobs
+                b0 = cpu_seconds(conn.info.backend_pid)
+                for _ in range(calls):
+                    conn.execute(job_store.Q["jobs_for_timers"], args).fetchall()
+                per_job = (cpu_seconds(conn.info.backend_pid) - b0) / calls / n_jobs
+                say(
+                    f"overlap {overlap}, {history} days of history ({parts} partitions):"
+                    f" {per_job * 1e6:.1f} us of backend CPU per job planned"
+                    f" ({calls} plans of {n_jobs} jobs)"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backfill-runs", type=int, default=200_000)
@@ -227,9 +281,14 @@ def main() -> None:
     ap.add_argument("--history-days", type=int, default=7)
     ap.add_argument("--history-per-day", type=int, default=100_000)
     ap.add_argument("--lookup-calls", type=int, default=3000)
-    ap.add_argument("--only", choices=["backfill", "drop", "storm", "lookup"], default=None)
+    ap.add_argument("--overlap-jobs", type=int, default=200)
+    ap.add_argument(
+        "--only", choices=["backfill", "drop", "storm", "lookup", "overlap"], default=None
+    )
     args = ap.parse_args()
-    header("bench_retention: run history by day (backfill, drop, storm with history, lookup)")
+    header(
+        "bench_retention: run history by day (backfill, drop, storm with history, lookup, overlap)"
+    )
     if args.only in (None, "backfill"):
         bench_backfill(args.backfill_runs)
     if args.only in (None, "drop"):
@@ -238,6 +297,8 @@ def main() -> None:
         bench_storm(args.storm, args.history_days, args.history_per_day)
     if args.only in (None, "lookup"):
         bench_lookup(args.history_days, args.history_per_day, args.lookup_calls)
+    if args.only in (None, "overlap"):
+        bench_overlap(args.overlap_jobs, args.history_days, args.history_per_day)
 
 
 if __name__ == "__main__":

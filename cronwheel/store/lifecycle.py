@@ -49,7 +49,7 @@ from cronwheel.core.runs import (
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox, pgarrays, timers
 from cronwheel.store.new_runs import NewRuns, insert_runs, ready_row, run_spec
-from cronwheel.store.run_days import in_days, one_in_days
+from cronwheel.store.run_days import Days, in_days, one_in_days
 from cronwheel.store.sql_loader import queries, splice
 from cronwheel.store.timers import FireReport, Timer
 
@@ -243,7 +243,7 @@ class Lifecycle:
             "token": token, "now": to_dt(now), "attempt": attempt, **timers.CLASS_PARAMS,
         }  # fmt: skip
         row = one_in_days(
-            now, lambda w: _named(Started, conn.execute(Q["start_attempt"], args | w)).fetchone()
+            now, lambda w: _named(Started, w.execute(conn, Q["start_attempt"], args)).fetchone()
         )
         if row is None:
             raise NotFound("run")
@@ -293,9 +293,10 @@ class Lifecycle:
         return answers  # type: ignore[return-value]
 
     @staticmethod
-    def _start_rows(conn, calls, batch, now: int, window: dict) -> list[Started]:
+    def _start_rows(conn, calls, batch, now: int, window: Days) -> list[Started]:
         cs = [calls[i] for i, _p, _t in batch]
-        cur = conn.execute(
+        cur = window.execute(
+            conn,
             Q["start_many"],
             {  # binary arrays: the list dumper cost ~2 us an element
                 "p": pgarrays.int2_array([p for _i, p, _t in batch]),
@@ -306,7 +307,6 @@ class Lifecycle:
                 "attempt": pgarrays.int4_array([c.attempt for c in cs]),
                 "now": to_dt(now),
                 **timers.CLASS_PARAMS,
-                **window,
             },
         )
         return _named(Started, cur).fetchall()
@@ -324,7 +324,7 @@ class Lifecycle:
         """The run's snapshot (target, payload, retry, timeout_ms, lease_ms), for the
         platform's own workers; never sent over the worker API (webhook headers)."""
         key = {"p": _partition(run_id), "run_id": run_id, "tenant_id": tenant_id}
-        row = one_in_days(now, lambda w: conn.execute(Q["run_spec"], key | w).fetchone())
+        row = one_in_days(now, lambda w: w.execute(conn, Q["run_spec"], key).fetchone())
         if row is None:
             return None
         (spec,) = row
@@ -343,7 +343,7 @@ class Lifecycle:
         p = _partition(run_id)
         args = {"p": p, "run_id": run_id, "tenant_id": tenant_id, "attempt": attempt,
                 "token": start_token, "now": to_dt(now)}  # fmt: skip
-        row = one_in_days(now, lambda w: conn.execute(Q["heartbeat"], args | w).fetchone())
+        row = one_in_days(now, lambda w: w.execute(conn, Q["heartbeat"], args).fetchone())
         if row is None:
             raise self._stale_or_missing(conn, p, run_id, tenant_id, now)
         (lease_expires_at,) = row
@@ -382,7 +382,7 @@ class Lifecycle:
                 "attempt_error": error,
             }  # fmt: skip
             row = one_in_days(
-                now, lambda w: _named(Ended, conn.execute(Q["end_attempt"], args | w)).fetchone()
+                now, lambda w: _named(Ended, w.execute(conn, Q["end_attempt"], args)).fetchone()
             )
             if row is None:
                 raise self._stale_or_missing(conn, p, run_id, tenant_id, now)
@@ -456,8 +456,9 @@ class Lifecycle:
         if not keys:
             return []
 
-        def ask(keys, window: dict) -> list:
-            return [retry for _i, retry in conn.execute(
+        def ask(keys, window: Days) -> list:
+            return [retry for _i, retry in window.execute(
+                conn,
                 Q["attempt_policies"],
                 {
                     "p": pgarrays.int2_array([k[0] for k in keys]),
@@ -465,7 +466,6 @@ class Lifecycle:
                     "run_id": pgarrays.text_array([k[2] for k in keys]),
                     "attempt": pgarrays.int4_array([k[3] for k in keys]),
                     "token": pgarrays.text_array([k[4] for k in keys]),
-                    **window,
                 },
             ).fetchall()]  # fmt: skip
 
@@ -483,10 +483,11 @@ class Lifecycle:
         )  # fmt: skip
 
     @staticmethod
-    def _end_rows(conn, endings: list[Ending], now: int, window: dict) -> list[Ended]:
+    def _end_rows(conn, endings: list[Ending], now: int, window: Days) -> list[Ended]:
         return _named(
             Ended,
-            conn.execute(
+            window.execute(
+                conn,
                 Q["end_attempts"],
                 {  # binary arrays, as in start_many
                     "p": pgarrays.int2_array([e.p for e in endings]),
@@ -503,7 +504,6 @@ class Lifecycle:
                     "attempt_outcome": pgarrays.text_array([e.attempt_outcome for e in endings]),
                     "attempt_error": pgarrays.text_array([e.attempt_error for e in endings]),
                     "now": to_dt(now),
-                    **window,
                 },
             ),
         ).fetchall()
@@ -553,11 +553,11 @@ class Lifecycle:
         """The runs of `keys` that exist, locked; over every day for those the
         recent days did not have."""
 
-        def ask(keys, window: dict) -> list[RunToEnd | None]:
+        def ask(keys, window: Days) -> list[RunToEnd | None]:
             found = {
                 (r.p, r.run_id): r
-                for r in _named(RunToEnd, conn.execute(Q["runs_to_end"], {
-                    "p": [p for p, _r in keys], "run_id": [r for _p, r in keys], **window,
+                for r in _named(RunToEnd, window.execute(conn, Q["runs_to_end"], {
+                    "p": [p for p, _r in keys], "run_id": [r for _p, r in keys],
                 })).fetchall()
             }  # fmt: skip
             return [found.get(k) for k in keys]
@@ -592,7 +592,7 @@ class Lifecycle:
     def _seen(conn, p, run_id, tenant_id, now: int) -> Seen | None:
         key = {"p": p, "run_id": run_id, "tenant_id": tenant_id}
         return one_in_days(
-            now, lambda w: _named(Seen, conn.execute(Q["run_state"], key | w)).fetchone()
+            now, lambda w: _named(Seen, w.execute(conn, Q["run_state"], key)).fetchone()
         )
 
     def _stale_or_missing(self, conn, p, run_id, tenant_id, now: int) -> Exception:
@@ -680,7 +680,7 @@ class Lifecycle:
             args = {"p": t.partition_id, "run_id": t.owner_id, "attempt": t.attempt,
                     "now": to_dt(now)}  # fmt: skip
             got = one_in_days(
-                now, lambda w, args=args: conn.execute(Q["retry_run"], args | w).fetchone()
+                now, lambda w, args=args: w.execute(conn, Q["retry_run"], args).fetchone()
             )
             if got is None:
                 continue

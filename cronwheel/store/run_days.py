@@ -11,7 +11,16 @@ partitions (and the default one, while a day of the window has none), and
 only the runs it found nothing for are asked again over every day.
 
 A statement takes the window as `%(lo)s` and `%(hi)s`, each written
-`date_trunc('day', %(lo)s::timestamptz, 'UTC')` (lifecycle.sql says why).
+`date_trunc('day', %(lo)s::timestamptz, 'UTC')` (lifecycle.sql says why),
+and is run through its window (`Days.execute`). The recent days are written
+into the statement's text as constants: PostgreSQL then prunes the other days
+at planning, and a prepared statement's generic plan names, and locks, only
+the window's partitions. With the bounds as parameters the generic plan names
+every day and PostgreSQL 15 locks each one (and its indexes) at every
+execution before pruning: 82 relation locks per statement at 40 days against
+8 (docs/migrations.md, "Finding a run without its day"). The text changes once
+a day, so each statement is prepared anew once a day. Every day stays a
+parameter: that window prunes nothing.
 A run not found in the first window had nothing done to it, so asking again
 is exact; what it costs is a second statement for a run days away from now
 (a late CompleteRun of a long run, a retry after a long backoff, a run
@@ -20,23 +29,59 @@ triggered for a later day) or not there at all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from cronwheel.core.clock import to_dt
 
 DAY = timedelta(days=1)
-EVERY_DAY = {"lo": datetime.min.replace(tzinfo=UTC), "hi": datetime.max.replace(tzinfo=UTC)}
+# How every windowed statement writes its bounds (a test holds the SQL files to it).
+LO = "date_trunc('day', %(lo)s::timestamptz, 'UTC')"
+HI = "date_trunc('day', %(hi)s::timestamptz, 'UTC')"
+
+
+class Days(dict):
+    """A window of UTC days [lo, hi), as a statement's `lo` and `hi`
+    parameters; `inline` writes it into the statement's text instead."""
+
+    def __init__(self, lo: datetime, hi: datetime, *, inline: bool):
+        super().__init__(lo=lo, hi=hi)
+        self.inline = inline
+
+    def sql(self, text: str) -> str:
+        """`text` with this window's bounds as constants, when inline."""
+        return _inlined(text, self["lo"], self["hi"]) if self.inline else text
+
+    def execute(self, conn: Any, text: str, params: Mapping[str, Any]) -> Any:
+        """`conn.execute` (a connection or a cursor) of a windowed statement."""
+        return conn.execute(self.sql(text), {**params, **self})
+
+
+@functools.lru_cache(maxsize=256)
+def _inlined(text: str, lo: datetime, hi: datetime) -> str:
+    if LO not in text or HI not in text:
+        raise ValueError(f"a windowed statement must bound scheduled_at by {LO} and {HI}")
+    # Midnights in UTC, with their offset: the same instant whatever the
+    # session's TimeZone. Only digits, '-', ':', 'T' and '+': nothing to quote.
+    return text.replace(LO, _constant(lo)).replace(HI, _constant(hi))
+
+
+def _constant(day: datetime) -> str:
+    return f"'{day.astimezone(UTC).isoformat()}'::timestamptz"
+
+
+EVERY_DAY = Days(datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC), inline=False)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def recent_days(now: int) -> dict[str, datetime]:
+def recent_days(now: int) -> Days:
     """[yesterday, the day after tomorrow) of `now` (epoch ms), UTC days."""
     today = to_dt(now).replace(hour=0, minute=0, second=0, microsecond=0)
-    return {"lo": today - DAY, "hi": today + 2 * DAY}
+    return Days(today - DAY, today + 2 * DAY, inline=True)
 
 
 YEAR_MS = 366 * 86_400_000
@@ -52,7 +97,7 @@ def plausible(at: Any, now: int) -> int:
 
 
 def in_days(
-    now: int, items: list[T], ask: Callable[[list[T], dict], list[R]], missing: Callable[[R], bool]
+    now: int, items: list[T], ask: Callable[[list[T], Days], list[R]], missing: Callable[[R], bool]
 ) -> list[R]:
     """`ask(items, window)` answers one result per item; over the recent days
     first, then over every day for the items whose result is `missing`."""
@@ -66,7 +111,7 @@ def in_days(
 
 
 def one_in_days(
-    now: int, ask: Callable[[dict], Any], missing: Callable[[Any], bool] = lambda row: row is None
+    now: int, ask: Callable[[Days], Any], missing: Callable[[Any], bool] = lambda row: row is None
 ) -> Any:
     """A statement of one run: its row over the recent days, else (the row
     `missing` the run) over every day."""

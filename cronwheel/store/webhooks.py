@@ -33,7 +33,7 @@ from cronwheel.core.errors import Conflict, NotFound, ValidationError
 from cronwheel.core.ids import new_id, partition_of, partition_of_run
 from cronwheel.core.sealing import Keyring, SealingError
 from cronwheel.store import sealed as sealed_store
-from cronwheel.store.run_days import in_days
+from cronwheel.store.run_days import Days, in_days
 from cronwheel.store.sql_loader import queries
 
 Q = queries("webhooks")
@@ -213,17 +213,13 @@ def delivery_targets(
     if not keys:
         return {}
 
-    def ask(keys: list[tuple[int, str]], window: dict) -> list[tuple | None]:
+    def ask(keys: list[tuple[int, str]], window: Days) -> list[tuple | None]:
         found = {
             row[0]: row
-            for row in conn.execute(
+            for row in window.execute(
+                conn,
                 Q["delivery_targets"],
-                {
-                    "p": [k[0] for k in keys],
-                    "id": [k[1] for k in keys],
-                    "now": to_dt(now),
-                    **window,
-                },
+                {"p": [k[0] for k in keys], "id": [k[1] for k in keys], "now": to_dt(now)},
             )
         }
         return [found.get(run_id) for _p, run_id in keys]

@@ -574,7 +574,7 @@ class Workflows:
             # when no run is found, so asking again is exact.
             begun = one_in_days(
                 plausible(record.get("finished_at"), now),
-                lambda days: cur.execute(Q["begin_step"], asked | days).fetchone(),
+                lambda days: days.execute(cur, Q["begin_step"], asked).fetchone(),
                 missing=lambda verdict: verdict["refused"] == "no_run",
             )
             wf_state, wf_id = begun["state"], begun["workflow_id"]

@@ -157,10 +157,10 @@ def test_timers_of_a_run_days_old__retry_and_lease_expiry__end_and_bring_it_back
 
 
 def test_heartbeat__repeated__its_prepared_statement_keeps_the_generic_plan(world):
-    """The window's bounds go through date_trunc(.., 'UTC'), STABLE, so a
-    custom plan is no cheaper than the generic one and PostgreSQL keeps the
-    generic plan, pruning at the executor's start (lifecycle.sql). Were the
-    bounds folded at planning, each call would be planned anew."""
+    """The recent days are constants in the statement's text and every other
+    value a parameter, so a custom plan is no cheaper than the generic one and
+    PostgreSQL keeps the generic plan (lifecycle.sql, run_days.py). Were the
+    bounds parameters folded at planning, each call would be planned anew."""
     conn, life, t, run = world
     recent = run(T0 - 1000)
     got = life.start(conn, t, recent, "w", T0)
@@ -173,3 +173,27 @@ def test_heartbeat__repeated__its_prepared_statement_keeps_the_generic_plan(worl
     assert plans is not None and plans[0] >= 5, conn.execute(
         "SELECT left(statement, 60), generic_plans, custom_plans FROM pg_prepared_statements"
     ).fetchall()
+
+
+def test_heartbeat__its_generic_plan_locks_only_the_recent_days(world):
+    """PostgreSQL 15 locks every partition a generic plan names, at each
+    execution, before it prunes; the recent days written into the statement
+    as constants are pruned at planning, so the plan names only theirs
+    (run_days.py). With the bounds as parameters, each heartbeat locked all
+    eleven days of this fixture and the default partition."""
+    conn, life, t, run = world
+    recent = run(T0 - 1000)
+    got = life.start(conn, t, recent, "w", T0)
+    for i in range(8):  # past psycopg's prepare threshold and the five custom plans
+        with conn.transaction():
+            life.heartbeat(conn, t, recent, 1, got["start_token"], T0 + i)
+            locked = conn.execute(
+                "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " WHERE l.pid = pg_backend_pid() AND c.relkind = 'r'"
+                " AND c.relname LIKE 'runs_daily%%' ORDER BY 1"
+            ).fetchall()
+    assert [name for (name,) in locked] == [
+        "runs_daily_p20300316",
+        "runs_daily_p20300317",
+        "runs_daily_p20300318",
+    ]

@@ -9,12 +9,15 @@
 -- its instant, [lo, hi): the caller asks the days around now first,
 -- which PostgreSQL's partition pruning turns into those days' partitions and
 -- the default one, and asks every day only for the runs that found nothing
--- (store/run_days.py). The bounds go through date_trunc(.., 'UTC'),
--- which is STABLE: PostgreSQL then prunes at the executor's start in every
--- plan, never at planning, so a custom plan looks no cheaper than the generic
--- one and a prepared statement keeps its generic plan (with the bounds as
--- constants, it would be planned anew at each call, and planning over a
--- month of partitions costs more than running it). Where a statement has found the run once, its scheduled_at
+-- (store/run_days.py). The bounds are written
+-- date_trunc('day', %(lo)s::timestamptz, 'UTC'), and the caller's window
+-- (run_days.Days) writes the recent days into the statement's text as
+-- constants: PostgreSQL prunes the other days at planning, and the generic
+-- plan of the prepared statement names, and locks, only the window's
+-- partitions. A window of every day stays parameters, which date_trunc (STABLE)
+-- keeps from being folded at planning, so a custom plan looks no cheaper than
+-- the generic one and the generic plan is kept (with plain parameters each
+-- call was planned anew over every partition). Where a statement has found the run once, its scheduled_at
 -- goes on with it, so the statements after touch its day only.
 -- An attempt's timers are armed and ended by fragments of timers.sql, written
 -- in where they stand as {{timers.<name>}} (timers.spliced, at load): the
