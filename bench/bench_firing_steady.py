@@ -15,11 +15,20 @@ one-time stall of fresh partitions is waited out (`PRIME_SETTLE_S`), so the
 window measures tenants that are idle, not tenants that all arrived in the
 last minute. `--only spread|aligned` runs one case: the topics a case deletes
 at its end keep the broker busy for a while, so with thousands of them run
-the cases apart."""
+the cases apart.
+
+`--fifo` (root, or CAP_SYS_NICE) puts every thread of the relay, the broker
+and this process (the reader) in SCHED_FIFO for the case, ahead of everything
+else on the machine, and the broker back in SCHED_OTHER after: the Kafka hop
+when the processes on it never wait for a CPU, which tells the path's own
+latency from the two shared cores' (docs/architecture.md, "The Kafka hop is
+the wait for a CPU")."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 import uuid
 
@@ -90,7 +99,35 @@ def prime(names: list[str]) -> None:
     time.sleep(PRIME_SETTLE_S)
 
 
-def case(label: str, spread_ms: int, idle: int) -> float:
+FIFO_PRIORITY = 5  # any real-time priority puts a thread ahead of every SCHED_OTHER one
+
+
+def set_policy(pids: list[int], policy: int, priority: int) -> int:
+    """Every live thread of `pids` to `policy`; returns how many threads."""
+    n = 0
+    for pid in pids:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setscheduler(int(task.name), policy, os.sched_param(priority))
+                n += 1
+    return n
+
+
+@contextlib.contextmanager
+def fifo(services: Services):
+    """The relay, the broker and this process in SCHED_FIFO, until the end."""
+    pids = [services.pids["relay"], services.pids["bench-reader"]]
+    broker = services.pids.get("kafka-broker(shared)")
+    pids += [broker] if broker else []
+    n = set_policy(pids, os.SCHED_FIFO, FIFO_PRIORITY)
+    say(f"fifo: {n} threads of the relay, the broker and the reader in SCHED_FIFO")
+    try:
+        yield
+    finally:
+        set_policy(pids, os.SCHED_OTHER, 0)
+
+
+def case(label: str, spread_ms: int, idle: int, realtime: bool = False) -> float:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     grant(prefix)
@@ -106,7 +143,11 @@ def case(label: str, spread_ms: int, idle: int) -> float:
             )
         names = [topics.runs(t["tenant_id"]) for t in tenants]
         try:
-            with Reader(names, decode=True) as reader, Services(url, prefix) as services:
+            with (
+                Reader(names, decode=True) as reader,
+                Services(url, prefix) as services,
+                fifo(services) if realtime else contextlib.nullcontext(),
+            ):
                 with psycopg.connect(url, autocommit=True) as conn:
                     # Created over the last second (spread) or at one instant (aligned).
                     batch = JobBatch(
@@ -163,6 +204,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--idle-tenants", type=int, default=0, help="idle tenants beside (0)")
     parser.add_argument("--only", choices=["spread", "aligned"], help="one case")
+    parser.add_argument(
+        "--fifo", action="store_true", help="the relay, broker and reader in SCHED_FIFO (root)"
+    )
     args = parser.parse_args()
     header("bench_firing_steady: 1k jobs every second, lateness to a consumer")
     say(
@@ -172,7 +216,7 @@ def main() -> None:
     )
     cases = {"spread": EVERY_MS, "aligned": 1}
     results = {
-        label: case(label, spread_ms, args.idle_tenants)
+        label: case(label, spread_ms, args.idle_tenants, args.fifo)
         for label, spread_ms in cases.items()
         if args.only in (None, label)
     }
