@@ -18,8 +18,8 @@ at its end keep the broker busy for a while, so with thousands of them run
 the cases apart.
 
 `--fifo` (root, or CAP_SYS_NICE) puts every thread of the relay, the broker
-and this process (the reader) in SCHED_FIFO for the case, ahead of everything
-else on the machine, and the broker back in SCHED_OTHER after: the Kafka hop
+and this process (the reader) in SCHED_FIFO for the case, ahead of every
+thread of the ordinary class, and all of them back in SCHED_OTHER after: the Kafka hop
 when the processes on it never wait for a CPU, which tells the path's own
 latency from the two shared cores' (docs/architecture.md, "The Kafka hop is
 the wait for a CPU")."""
@@ -103,25 +103,31 @@ FIFO_PRIORITY = 5  # any real-time priority puts a thread ahead of every SCHED_O
 
 
 def set_policy(pids: list[int], policy: int, priority: int) -> int:
-    """Every live thread of `pids` to `policy`; returns how many threads."""
+    """Every live thread of `pids` to `policy`; returns how many threads. A
+    process or thread that has ended is passed over."""
     n = 0
     for pid in pids:
-        for task in os.scandir(f"/proc/{pid}/task"):
-            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-                os.sched_setscheduler(int(task.name), policy, os.sched_param(priority))
+        try:
+            tids = [int(task.name) for task in os.scandir(f"/proc/{pid}/task")]
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setscheduler(tid, policy, os.sched_param(priority))
                 n += 1
     return n
 
 
 @contextlib.contextmanager
 def fifo(services: Services):
-    """The relay, the broker and this process in SCHED_FIFO, until the end."""
-    pids = [services.pids["relay"], services.pids["bench-reader"]]
+    """The broker, this process and the relay in SCHED_FIFO until the end,
+    then back (the shared broker first), whatever ended the case."""
     broker = services.pids.get("kafka-broker(shared)")
-    pids += [broker] if broker else []
-    n = set_policy(pids, os.SCHED_FIFO, FIFO_PRIORITY)
-    say(f"fifo: {n} threads of the relay, the broker and the reader in SCHED_FIFO")
+    pids = [broker] if broker else []
+    pids += [services.pids["bench-reader"], services.pids["relay"]]
     try:
+        n = set_policy(pids, os.SCHED_FIFO, FIFO_PRIORITY)
+        say(f"fifo: {n} threads of the relay, the broker and the reader in SCHED_FIFO")
         yield
     finally:
         set_policy(pids, os.SCHED_OTHER, 0)

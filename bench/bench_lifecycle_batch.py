@@ -9,7 +9,7 @@ Prints wall time and CPU per run of this process and of its PostgreSQL backend,
 once per history: with `D` days of finished runs kept (one day partition each,
 a week ahead made too), the worker protocol finds a run by its id alone,
 within the days around now first (docs/migrations.md, "Finding a run without
-its day"), so history should cost it nothing.
+its day"): what is left of the history's cost.
 """
 
 from __future__ import annotations

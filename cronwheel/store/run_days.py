@@ -42,21 +42,41 @@ LO = "date_trunc('day', %(lo)s::timestamptz, 'UTC')"
 HI = "date_trunc('day', %(hi)s::timestamptz, 'UTC')"
 
 
-class Days(dict):
-    """A window of UTC days [lo, hi), as a statement's `lo` and `hi`
-    parameters; `inline` writes it into the statement's text instead."""
+class Days:
+    """A window of UTC days [lo, hi): passed as a statement's `lo` and `hi`
+    parameters, or, `inline`, written into its text. Not a mapping on
+    purpose: merged into a statement's parameters (`params | days`), a window
+    would run without being written in, and lose its point silently."""
+
+    __slots__ = ("lo", "hi", "inline")
 
     def __init__(self, lo: datetime, hi: datetime, *, inline: bool):
-        super().__init__(lo=lo, hi=hi)
-        self.inline = inline
+        if inline and not all(_midnight_utc(d) for d in (lo, hi)):
+            raise ValueError("an inline window's bounds are UTC midnights")
+        self.lo, self.hi, self.inline = lo, hi, inline
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Days) and (self.lo, self.hi, self.inline) == (
+            other.lo, other.hi, other.inline,
+        )  # fmt: skip
+
+    def __hash__(self) -> int:
+        return hash((self.lo, self.hi, self.inline))
+
+    def __repr__(self) -> str:
+        return f"Days({self.lo.isoformat()}, {self.hi.isoformat()}, inline={self.inline})"
 
     def sql(self, text: str) -> str:
         """`text` with this window's bounds as constants, when inline."""
-        return _inlined(text, self["lo"], self["hi"]) if self.inline else text
+        return _inlined(text, self.lo, self.hi) if self.inline else text
 
     def execute(self, conn: Any, text: str, params: Mapping[str, Any]) -> Any:
         """`conn.execute` (a connection or a cursor) of a windowed statement."""
-        return conn.execute(self.sql(text), {**params, **self})
+        return conn.execute(self.sql(text), {**params, "lo": self.lo, "hi": self.hi})
+
+
+def _midnight_utc(d: datetime) -> bool:
+    return d.utcoffset() == timedelta(0) and d.time() == datetime.min.time()
 
 
 @functools.lru_cache(maxsize=256)

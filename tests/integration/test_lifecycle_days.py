@@ -66,7 +66,7 @@ def test_run_days_old__outside_the_first_window__every_call_still_finds_it(world
     recent, future = run(T0 - 1000), run(T0 + 3 * DAY_MS)
     window = recent_days(T0)
     assert _table(conn, old).endswith("_p20300312")  # five days before T0's day
-    assert to_dt(T0 - 5 * DAY_MS) < window["lo"] and to_dt(T0 + 3 * DAY_MS) >= window["hi"]
+    assert to_dt(T0 - 5 * DAY_MS) < window.lo and to_dt(T0 + 3 * DAY_MS) >= window.hi
 
     # One at a time: start, heartbeat, a retryable failure (its policy read),
     # then a stale CompleteRun of the attempt that ended.
@@ -184,7 +184,9 @@ def test_heartbeat__its_generic_plan_locks_only_the_recent_days(world):
     conn, life, t, run = world
     recent = run(T0 - 1000)
     got = life.start(conn, t, recent, "w", T0)
-    for i in range(8):  # past psycopg's prepare threshold and the five custom plans
+    # psycopg prepares the statement at its 6th run, and PostgreSQL makes five
+    # custom plans of it before the generic one: 16 runs reach the generic plan.
+    for i in range(16):
         with conn.transaction():
             life.heartbeat(conn, t, recent, 1, got["start_token"], T0 + i)
             locked = conn.execute(
@@ -192,6 +194,11 @@ def test_heartbeat__its_generic_plan_locks_only_the_recent_days(world):
                 " WHERE l.pid = pg_backend_pid() AND c.relkind = 'r'"
                 " AND c.relname LIKE 'runs_daily%%' ORDER BY 1"
             ).fetchall()
+    generic = conn.execute(
+        "SELECT generic_plans FROM pg_prepared_statements"
+        " WHERE statement LIKE '%UPDATE runs_daily%SET lease_expires_at%'"
+    ).fetchone()
+    assert generic is not None and generic[0] >= 1  # the last heartbeats ran the generic plan
     assert [name for (name,) in locked] == [
         "runs_daily_p20300316",
         "runs_daily_p20300317",

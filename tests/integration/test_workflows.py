@@ -138,7 +138,7 @@ def test_completion__of_a_run_days_old__applied_though_its_day_is_outside_the_fi
         "SELECT tableoid::regclass::text FROM runs_daily WHERE run_id = %s", [a]
     ).fetchone()
     assert day == runs_daily.runs_part(to_dt(long_ago).date())
-    assert to_dt(long_ago) < recent_days(now)["lo"]
+    assert to_dt(long_ago) < recent_days(now).lo
     assert [s.outcome for s in flow.run_and_apply(wfr, "a")] == ["applied"]
     assert {k: v["state"] for k, v in flow.nodes(wfr).items()} == {
         "a": "SUCCEEDED", "b": "PENDING", "c": "PENDING", "d": "WAITING",

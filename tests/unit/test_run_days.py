@@ -10,7 +10,15 @@ from datetime import UTC, datetime
 import pytest
 
 from cronwheel.core.clock import to_ms
-from cronwheel.store.run_days import EVERY_DAY, HI, LO, YEAR_MS, plausible, recent_days
+from cronwheel.store.run_days import (
+    EVERY_DAY,
+    HI,
+    LO,
+    YEAR_MS,
+    Days,
+    plausible,
+    recent_days,
+)
 from cronwheel.store.sql_loader import queries
 
 NOW = to_ms(datetime(2026, 12, 4, 13, 50, tzinfo=UTC))
@@ -18,10 +26,28 @@ FIVE_DAYS_AGO = NOW - 5 * 86_400_000
 
 
 def test_recent_days__yesterday_to_the_day_after_tomorrow_utc():
-    assert recent_days(NOW) == {
-        "lo": datetime(2026, 12, 3, tzinfo=UTC),
-        "hi": datetime(2026, 12, 6, tzinfo=UTC),
-    }
+    window = recent_days(NOW)
+    assert (window.lo, window.hi) == (
+        datetime(2026, 12, 3, tzinfo=UTC),
+        datetime(2026, 12, 6, tzinfo=UTC),
+    )
+    assert window.inline and not EVERY_DAY.inline
+
+
+def test_days__not_a_mapping__merged_into_parameters_it_fails_loudly():
+    """Merged into a statement's parameters a window would run as parameters,
+    not written into the text: the lock it exists to spare comes back unseen."""
+    with pytest.raises(TypeError):
+        {"p": 1} | recent_days(NOW)  # type: ignore[operator]
+    with pytest.raises(TypeError):
+        dict(**recent_days(NOW))  # type: ignore[arg-type]
+
+
+def test_days__an_inline_bound_not_a_utc_midnight__refused():
+    with pytest.raises(ValueError, match="UTC midnights"):
+        Days(datetime(2026, 12, 3, 1, tzinfo=UTC), datetime(2026, 12, 6, tzinfo=UTC), inline=True)
+    with pytest.raises(ValueError, match="UTC midnights"):
+        Days(datetime(2026, 12, 3), datetime(2026, 12, 6), inline=True)  # naive: local time
 
 
 def test_recent_days__written_into_the_statement_as_utc_midnights():
