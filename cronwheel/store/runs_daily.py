@@ -32,6 +32,25 @@ BACKFILL = "runs_daily"
 # A drop or an attach waits this long for the parents' lock, then gives up
 # until the next pass, rather than queueing every write of runs behind it.
 LOCK_TIMEOUT = "1s"
+# A day's DDL chosen as a deadlock's victim rolled back whole: tried again
+# this many times in all. It locks both default partitions, and a writer's
+# transaction that holds one and then asks for the other closes the cycle
+# (the worker protocol's are retried by their callers the same way).
+DEADLOCK_TRIES = 3
+
+
+def _day_transaction(conn: psycopg.Connection, run) -> object:
+    """`run()` in a transaction of its own with LOCK_TIMEOUT, tried again when
+    PostgreSQL picked it as a deadlock's victim (nothing of it committed)."""
+    for attempt in range(1, DEADLOCK_TRIES + 1):
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                return run()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == DEADLOCK_TRIES:
+                raise
+    raise AssertionError("unreachable")
 
 
 def runs_part(day: date) -> str:
@@ -74,9 +93,7 @@ def ensure_days(conn: psycopg.Connection, wanted: list[date]) -> list[date]:
     have = set(days(conn))
     made = []
     for day in sorted(set(wanted) - have):
-        with conn.transaction():
-            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            conn.execute(_ddl("create_day", day))
+        _day_transaction(conn, lambda day=day: conn.execute(_ddl("create_day", day)))
         made.append(day)
     return made
 
@@ -116,10 +133,12 @@ def drop_expired(
             break
         (estimate,) = conn.execute(_ddl("day_size", day)).fetchone()
         began = clock()
-        with conn.transaction():
-            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+
+        def detach(day=day):
             conn.execute(_ddl("detach_day", day))
-            kept = conn.execute(_ddl("keep_unfinished", day)).fetchone()
+            return conn.execute(_ddl("keep_unfinished", day)).fetchone()
+
+        kept = _day_transaction(conn, detach)
         held = clock() - began
         # Detached, the day's tables are tables of their own: dropping them
         # (unlinking their files, which takes longer the bigger they are)

@@ -466,6 +466,49 @@ def test_retention__day_past_the_horizon__dropped_whole_and_unfinished_run_kept(
         assert conn.execute("SELECT count(*) FROM run_attempts_daily_default").fetchone() == (0,)
 
 
+def test_retention__a_writer_closes_a_deadlock_with_a_days_ddl__the_day_tried_again_and_made(
+    admin_database_url, monkeypatch
+):
+    """Making a day locks both default partitions, runs' first; a writer's
+    transaction that holds attempts' default and then asks for runs' closes a
+    cycle, and PostgreSQL fails the one that waited first (CI saw `cronwheel
+    retention` exit with `deadlock detected`). Rolled back whole, the day's
+    DDL is tried again and the day is made."""
+    # Above deadlock_timeout (1 s), so the cycle, not the lock timeout, ends the wait.
+    monkeypatch.setattr(runs_daily, "LOCK_TIMEOUT", "20s")
+    day = datetime.now(UTC).date() + timedelta(days=20)
+    result: dict = {}
+
+    def make() -> None:
+        try:
+            with psycopg.connect(admin_database_url, autocommit=True) as conn:
+                result["made"] = runs_daily.ensure_days(conn, [day])
+        except psycopg.Error as e:
+            result["made"] = e
+
+    with (
+        psycopg.connect(admin_database_url) as writer,
+        psycopg.connect(admin_database_url, autocommit=True) as watch,
+    ):
+        writer.execute("LOCK TABLE run_attempts_daily_default IN ROW EXCLUSIVE MODE")
+        maker = threading.Thread(target=make, daemon=True)
+        maker.start()
+        wait_for(
+            lambda: watch.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " WHERE NOT l.granted AND c.relname = 'run_attempts_daily_default'"
+            ).fetchone()[0] == 1,
+            30, what="the day's DDL to hold runs' default and wait for attempts'",
+        )  # fmt: skip
+        writer.execute("LOCK TABLE runs_daily_default IN ROW EXCLUSIVE MODE")  # the cycle
+        writer.commit()
+        maker.join(timeout=60)
+
+    assert result.get("made") == [day], result
+    with psycopg.connect(admin_database_url, autocommit=True) as conn:
+        assert day in runs_daily.days(conn)
+
+
 def test_retention__a_tenants_longer_override__keeps_the_day_until_it_passes(
     client, admin_database_url
 ):
