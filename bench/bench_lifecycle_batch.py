@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -27,13 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import (  # noqa: E402
     cpu_seconds,
     fresh_database,
-    load_runs,
+    keep_history,
     machine_load,
     say,
 )
 from cronwheel.core.clock import now_ms  # noqa: E402
 from cronwheel.kafka import Topics  # noqa: E402
-from cronwheel.store import runs_daily  # noqa: E402
 from cronwheel.store.jobs import Jobs, create_tenant  # noqa: E402
 from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall  # noqa: E402
 
@@ -47,20 +45,6 @@ def make_runs(conn, jobs: Jobs, tenant: dict, n: int) -> list[str]:
     job = jobs.create(conn, tenant, body, now_ms())
     t0 = now_ms() - 10_000
     return [jobs.trigger(conn, tenant, job["job_id"], t0 - k)["run_id"] for k in range(n)]
-
-
-def keep_history(conn, tenant_id: str, days: int, per_day: int) -> int:
-    """`days` days of finished runs before today, and today's partition and
-    a week's ahead: the partitions a lookup without the day probes."""
-    today = datetime.now(UTC).date()
-    runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
-    runs_daily.ensure_ahead(conn, today, 7)
-    if days:
-        midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-        load_runs(conn, "runs_daily", tenant_id, days * per_day, per_day, midnight)
-    return conn.execute(
-        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
-    ).fetchone()[0]
 
 
 def measure(conn, label: str, work, n: int) -> None:

@@ -41,6 +41,7 @@ from common import (
     fresh_database,
     grant,
     header,
+    keep_history,
     load_runs,
     say,
     storm,
@@ -189,14 +190,8 @@ _VERBS = {
 def bench_lookup(days: int, per_day: int, calls: int) -> None:
     with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
         tenant = create_tenants(conn, 1)[0]["tenant_id"]
-        today = datetime.now(UTC).date()
-        runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
-        runs_daily.ensure_ahead(conn, today, 7)
-        midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-        load_runs(conn, "runs_daily", tenant, days * per_day, per_day, midnight)
-        parts = conn.execute(
-            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
-        ).fetchone()[0]
+        parts = keep_history(conn, tenant, days, per_day)
+        midnight = datetime.combine(datetime.now(UTC).date(), datetime.min.time(), tzinfo=UTC)
         vacuum_analyze(url)
         # Recent runs (the last day), as a worker's StartRun and heartbeats find
         # them; the same keys for every way.
@@ -230,16 +225,7 @@ def bench_overlap(n_jobs: int, days: int, per_day: int, calls: int = 200) -> Non
     for history in (0, days):
         with fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
             tenant = create_tenants(conn, 1)[0]
-            today = datetime.now(UTC).date()
-            runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, history + 1)])
-            runs_daily.ensure_ahead(conn, today, 7)
-            if history:
-                midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
-                load_runs(conn, "runs_daily", tenant["tenant_id"], history * per_day, per_day,
-                          midnight)  # fmt: skip
-            parts = conn.execute(
-                "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
-            ).fetchone()[0]
+            parts = keep_history(conn, tenant["tenant_id"], history, per_day)
             jobs = job_store.Jobs(Topics("bench"))
             made = {
                 overlap: [

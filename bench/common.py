@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,6 +41,7 @@ from cronwheel.core.ids import partition_of
 from cronwheel.core.jobs import parse_job
 from cronwheel.core.runs import PRIORITY_RANK
 from cronwheel.kafka import Topics
+from cronwheel.store import runs_daily
 from cronwheel.store.firing import job_timer_id
 from cronwheel.store.jobs import Jobs, _spec_columns, create_tenant
 from cronwheel.store.migrate import MIGRATIONS_DIR, migrate
@@ -904,3 +906,19 @@ def load_runs(conn, target: str, tenant: str, n: int, per_day: int, until,
         {"seed": uuid.uuid4().hex, "tenant": tenant, "n": n, "per_day": per_day,
          "until": until, "state": state},
     )  # fmt: skip
+
+
+def keep_history(conn, tenant_id: str, days: int, per_day: int) -> int:
+    """`days` days of `per_day` finished runs before today in runs_daily, each
+    day its partition, and today's and a week ahead made: the partitions a
+    lookup of a run, or a probe of every day, meets. Returns how many
+    partitions runs_daily has (the default one of them)."""
+    today = datetime.now(UTC).date()
+    runs_daily.ensure_days(conn, [today - timedelta(days=i) for i in range(1, days + 1)])
+    runs_daily.ensure_ahead(conn, today, 7)
+    if days:
+        midnight = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
+        load_runs(conn, "runs_daily", tenant_id, days * per_day, per_day, midnight)
+    return conn.execute(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs_daily'::regclass"
+    ).fetchone()[0]

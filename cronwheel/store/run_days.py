@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -42,29 +43,20 @@ LO = "date_trunc('day', %(lo)s::timestamptz, 'UTC')"
 HI = "date_trunc('day', %(hi)s::timestamptz, 'UTC')"
 
 
+@dataclass(frozen=True, slots=True)
 class Days:
     """A window of UTC days [lo, hi): passed as a statement's `lo` and `hi`
     parameters, or, `inline`, written into its text. Not a mapping on
     purpose: merged into a statement's parameters (`params | days`), a window
     would run without being written in, and lose its point silently."""
 
-    __slots__ = ("lo", "hi", "inline")
+    lo: datetime
+    hi: datetime
+    inline: bool
 
-    def __init__(self, lo: datetime, hi: datetime, *, inline: bool):
-        if inline and not all(_midnight_utc(d) for d in (lo, hi)):
+    def __post_init__(self) -> None:
+        if self.inline and not all(_midnight_utc(d) for d in (self.lo, self.hi)):
             raise ValueError("an inline window's bounds are UTC midnights")
-        self.lo, self.hi, self.inline = lo, hi, inline
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Days) and (self.lo, self.hi, self.inline) == (
-            other.lo, other.hi, other.inline,
-        )  # fmt: skip
-
-    def __hash__(self) -> int:
-        return hash((self.lo, self.hi, self.inline))
-
-    def __repr__(self) -> str:
-        return f"Days({self.lo.isoformat()}, {self.hi.isoformat()}, inline={self.inline})"
 
     def sql(self, text: str) -> str:
         """`text` with this window's bounds as constants, when inline."""

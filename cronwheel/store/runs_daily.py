@@ -16,6 +16,7 @@ runs_daily_unfinished, not by reading the day).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from time import perf_counter
@@ -42,15 +43,16 @@ DEADLOCK_TRIES = 3
 def _day_transaction(conn: psycopg.Connection, run) -> object:
     """`run()` in a transaction of its own with LOCK_TIMEOUT, tried again when
     PostgreSQL picked it as a deadlock's victim (nothing of it committed)."""
-    for attempt in range(1, DEADLOCK_TRIES + 1):
-        try:
-            with conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                return run()
-        except psycopg.errors.DeadlockDetected:
-            if attempt == DEADLOCK_TRIES:
-                raise
-    raise AssertionError("unreachable")
+
+    def once() -> object:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            return run()
+
+    for _ in range(DEADLOCK_TRIES - 1):
+        with contextlib.suppress(psycopg.errors.DeadlockDetected):
+            return once()
+    return once()
 
 
 def runs_part(day: date) -> str:
