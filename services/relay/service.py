@@ -18,6 +18,15 @@ by publishing time, then class), and produces each at its millisecond. Held
 rows stay in the outbox until acknowledged, like any other: a crash loses
 nothing, and the new owner of a partition reads them again.
 
+Held rows are released by a thread of their own (`_releasing`), so a row
+whose time comes while the loop waits on the database (a read, a delete, a
+lease tick, a reconnect) is produced at its time, not after the round trip.
+What the two threads share is guarded by one lock (`_lock`): the heap, the
+rows in flight, and producing itself, so the records go to the producer in
+the heap's order whichever thread releases them. Delivery callbacks run on
+whichever thread polls, and only append to deques (never take the lock: a
+thread in a flush under the lock waits for those very callbacks).
+
 A crash between produce and delete publishes those rows again on restart, so a
 topic may hold duplicates; every consumer is idempotent by run_id (and attempt),
 and the database never holds two runs for one instant. The producer is
@@ -26,6 +35,7 @@ idempotent, so retries inside one session neither duplicate nor reorder.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import json
@@ -90,8 +100,12 @@ class Relay:
         self.more = False  # the last pass left rows in some lane
         self._turn = 0
         self._backlog = False  # the last pass left rows behind: read by lanes
-        self._inflight: set[int] = set()  # produced, not yet acknowledged
-        self._acked: list[int] = []  # acknowledged, not yet deleted
+        # Produced and not yet deleted (acknowledged or not); guarded by _lock.
+        self._inflight: set[int] = set()
+        # Filled by delivery callbacks, on whichever thread polls: appends only.
+        self._acked: collections.deque[int] = collections.deque()
+        self._refused: collections.deque[int] = collections.deque()  # delivery failed
+        self._deleting: list[int] = []  # acknowledged, taken from _acked, not yet deleted
         self.hold_ms = hold_ms  # how far ahead of its publishing time a row is read
         # heap: (publish at, class, read order, id, partition, produce()'s arguments)
         self._held: list[tuple] = []
@@ -99,9 +113,14 @@ class Relay:
         self._held_ids: set[int] = set()
         self._settled_at = 0.0  # monotonic time of the last delete
         self._read_at = 0.0  # monotonic time of the last read
-        self._failed = 0
+        # The heap, the rows in flight and producing (module docstring).
+        self._lock = threading.RLock()
+        self._due = threading.Condition(self._lock)  # a row pushed: the releaser looks again
+        self._release_stop = threading.Event()
+        self._releaser: threading.Thread | None = None
+        self._release_error: BaseException | None = None
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
-        self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
+        self.ack_wait_ms = 10  # with rows in flight, how long to wait for acks per turn
         # Class partitions of run topics; grows a topic a first non-normal record comes to.
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
         # Wakes the dispatcher's dozing partitions of a run topic before its records.
@@ -120,7 +139,46 @@ class Relay:
         rows in flight, acknowledged and held stay in memory, and the leases
         are renewed first."""
         self._placement.prime()  # every run topic's count, before the first pass
-        keep_connected(self._run_connected, stop, log)
+        self._start_releasing()
+        try:
+            keep_connected(self._run_connected, stop, log)
+        finally:
+            self._stop_releasing()
+
+    def _start_releasing(self) -> None:
+        self._release_stop.clear()
+        self._releaser = threading.Thread(target=self._releasing, name="relay-release", daemon=True)
+        self._releaser.start()
+
+    def _stop_releasing(self) -> None:
+        """The releaser stopped and joined (nothing produced by it after this)."""
+        self._release_stop.set()
+        with self._due:
+            self._due.notify()
+        if self._releaser is not None and self._releaser is not threading.current_thread():
+            self._releaser.join()
+        self._releaser = None
+
+    def _releasing(self) -> None:
+        """Produce each held row at its time until stopped. An error ends the
+        thread and is raised by the loop (`_check_releaser`), which ends the
+        run as an error of the loop's own would."""
+        try:
+            while not self._release_stop.is_set():
+                with self._due:
+                    wait = self._until_held() / 1000
+                    if wait > 0:
+                        # Woken early by a row pushed ahead of the first.
+                        self._due.wait(min(wait, self.idle_ms / 1000))
+                        continue
+                self._release_due()
+        except BaseException as exc:  # raised again on the loop's thread
+            self._release_error = exc
+
+    def _check_releaser(self) -> None:
+        if self._release_error is not None:
+            error, self._release_error = self._release_error, None
+            raise error
 
     def _run_connected(self, stop: threading.Event) -> None:
         with (
@@ -134,6 +192,7 @@ class Relay:
             lost = False
             try:
                 while not stop.is_set():
+                    self._check_releaser()
                     if time.monotonic() >= next_lease:
                         self.leases.tick(conn)
                         self._forget_unowned()
@@ -146,26 +205,27 @@ class Relay:
                         if n >= self.batch or self.more:
                             continue
                     else:
-                        self._release_due()
                         self._settle(conn, lazy=True)
-                    hold = self._until_held() / 1000
+                    # Held rows are the releaser's: this loop waits only for
+                    # acknowledgements, notifications and the leases.
                     if self._inflight:
                         # Wait briefly for acknowledgements; read again only when a
                         # commit announced new rows (no query per turn otherwise).
-                        self.producer.poll(min(self.ack_wait_ms / 1000, hold))
+                        self.producer.poll(self.ack_wait_ms / 1000)
                         wait = 0.0001
                     else:
-                        # Wait for a notification, a held row's time or the
-                        # next renewal of the leases (a late one loses them).
+                        # Wait for a notification or the next renewal of the
+                        # leases (a late one loses them).
                         renew = max(0.0, next_lease - time.monotonic())
-                        wait = min(self.idle_ms / 1000, hold, renew)
+                        wait = min(self.idle_ms / 1000, renew)
                     notified = self._notified(listen, wait)
                     if self.delivery_watch is not None and self.delivery_watch.due():
                         watch_delivering(
                             self.delivery_watch, self.producer, self.delivery_reports,
                             lambda: kafka.answers(self.bootstrap, principal="relay"),
                         )  # fmt: skip
-                    self.producer.renew_if_quiet("relay", log)
+                    with self._lock:  # not while the releaser produces
+                        self.producer.renew_if_quiet("relay", log)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
             except LOST:
@@ -175,6 +235,7 @@ class Relay:
                 # Its rows in flight stay in the outbox, read and published
                 # again by the next relay; the stuck producer must not publish
                 # them later as well.
+                self._stop_releasing()
                 self.producer.purge()
                 raise
             finally:
@@ -184,6 +245,7 @@ class Relay:
     def _wind_down(self, conn: psycopg.Connection) -> None:
         """Leaving: wait for what is in flight, delete what was acknowledged,
         hand the leases back."""
+        self._stop_releasing()
         self.producer.flush(10)
         try:
             self._settle(conn)
@@ -248,17 +310,26 @@ class Relay:
         # due. produce()'s arguments are made now, so that releasing a thousand
         # rows due at one instant costs only the calls.
         now = self.clock()
+        with self._lock:
+            # The fair read excludes nothing: a row held, or released by the
+            # releaser since the read, is not pushed again.
+            known = self._held_ids | self._inflight
+        pushed = []
         for row in rows:
             row_id, not_before = row[0], row[6]
-            if row_id in self._held_ids:
-                continue  # read again by the fair read, which excludes nothing
+            if row_id in known:
+                continue
             at = now if not_before is None else not_before
             # Within a time and class, the order read (the fair read's lanes).
-            item = (at, row[5], next(self._seq), row_id, row[7], self._record(row))
-            heapq.heappush(self._held, item)
-            self._held_ids.add(row_id)
+            pushed.append((at, row[5], next(self._seq), row_id, row[7], self._record(row)))
             self.waker.read(row[1])
-        self._release_due()
+        with self._due:
+            for item in pushed:
+                if item[3] not in self._held_ids and item[3] not in self._inflight:
+                    heapq.heappush(self._held, item)
+                    self._held_ids.add(item[3])
+            self._due.notify()
+        self._release_due()  # what is due already, without waking the releaser
         if self._backlog:
             self._drain(conn)
         else:
@@ -283,6 +354,7 @@ class Relay:
         }
 
     def _produce(self, row_id: int, record: dict) -> None:
+        """Under _lock (the caller's)."""
         self._inflight.add(row_id)
         # A full local queue is waited out (consumer.produce), never dropped.
         # A topic the broker does not have was made by the placement first.
@@ -303,9 +375,17 @@ class Relay:
         kafka.ensure_topics([name], partitions=1, client=self._placement.admin)
 
     def _release_due(self) -> int:
-        """Produce the held rows whose time has come (by time, then class)."""
+        """Produce the held rows whose time has come (by time, then class),
+        under the lock: from either thread, the heap's order is the producer's."""
         if not self._held:
             return 0
+        with self._lock:
+            n = self._release_due_locked()
+        if n:
+            self.producer.poll(0)  # acknowledgements so far (callbacks: deques only)
+        return n
+
+    def _release_due_locked(self) -> int:
         now = self.clock()
         n = 0
         last: int | None = None
@@ -323,8 +403,6 @@ class Relay:
             self._held_ids.discard(row_id)
             self._produce(row_id, record)
             n += 1
-        if n:
-            self.producer.poll(0)
         return n
 
     def _until_held(self) -> int:
@@ -332,29 +410,29 @@ class Relay:
         return max(0, self._held[0][0] - self.clock()) if self._held else 3_600_000
 
     def _excluded(self) -> list[int]:
-        """Rows a read must not return: held, produced, or acknowledged and not
-        yet deleted."""
-        if not self._held_ids and not self._acked:
-            return list(self._inflight)
-        return list(self._inflight | self._held_ids | set(self._acked))
+        """Rows a read must not return: held, or produced and not yet deleted
+        (acknowledged ones stay in _inflight until deleted)."""
+        with self._lock:
+            if not self._held_ids:
+                return list(self._inflight)
+            return list(self._inflight | self._held_ids)
 
     def _forget_unowned(self) -> None:
         """After a lease change: drop held rows of partitions no longer ours (their
         new owner reads them from the outbox)."""
         owned = self.leases.owned
-        if any(item[4] not in owned for item in self._held):
-            self._held = [item for item in self._held if item[4] in owned]
-            heapq.heapify(self._held)
-            self._held_ids = {item[3] for item in self._held}
+        with self._lock:
+            if any(item[4] not in owned for item in self._held):
+                self._held = [item for item in self._held if item[4] in owned]
+                heapq.heapify(self._held)
+                self._held_ids = {item[3] for item in self._held}
 
     def _delivered(self, err, row_id: int) -> None:
-        """Delivery callback (inside producer.poll/flush, on this thread)."""
+        """Delivery callback (inside producer.poll/flush, on the thread that
+        called it): appends only, no lock (module docstring). The count is the
+        delivery watch's sign of progress, exact enough for that."""
         self.delivery_reports += 1
-        if err is None:
-            self._acked.append(row_id)
-        else:
-            self._inflight.discard(row_id)  # read and produced again by a later pass
-            self._failed += 1
+        (self._acked if err is None else self._refused).append(row_id)
 
     def _drain(self, conn: psycopg.Connection) -> None:
         """Wait until nothing is in flight, then delete what was acknowledged."""
@@ -373,23 +451,32 @@ class Relay:
         if lazy and len(self._acked) < 256 and time.monotonic() - self._settled_at < 0.02:
             return
         self._settled_at = time.monotonic()
-        acked = self._acked
-        if acked:
+        self._deleting.extend(_take(self._acked))
+        if self._deleting:
             # Forgotten only once deleted: after a lost connection they are
             # deleted on the next one, not read and published again.
-            outbox.delete_delivered(conn, acked)
-            self._acked = []
-            self._inflight.difference_update(acked)
-            self.published_total += len(acked)
-            metrics.OUTBOX_PUBLISHED.inc(len(acked))
-        if self._failed:
-            metrics.OUTBOX_FAILED.inc(self._failed)
-            log.warning("%d outbox rows failed to publish; retrying on a later pass", self._failed)
-            self._failed = 0
-        if len(self.producer) == 0:
-            # Nothing queued or awaiting an answer: a row still marked in flight
-            # was lost without a callback (it cannot be), so read it again.
-            self._inflight.clear()
+            outbox.delete_delivered(conn, self._deleting)
+            deleted, self._deleting = self._deleting, []
+            with self._lock:
+                self._inflight.difference_update(deleted)
+            self.published_total += len(deleted)
+            metrics.OUTBOX_PUBLISHED.inc(len(deleted))
+        if refused := _take(self._refused):
+            with self._lock:
+                self._inflight.difference_update(refused)  # read and produced again later
+            metrics.OUTBOX_FAILED.inc(len(refused))
+            log.warning("%d outbox rows failed to publish; retrying on a later pass", len(refused))
+        with self._lock:  # the releaser produces under it: none between the two
+            if len(self.producer) == 0 and not self._acked and not self._refused:
+                # Nothing queued, awaiting an answer or reported and not yet
+                # taken: a row still marked in flight was lost without a
+                # callback (it cannot be), so read it again.
+                self._inflight.clear()
 
     def close(self) -> None:
         self.producer.flush(10)
+
+
+def _take(reports: collections.deque) -> list:
+    """What a deque of delivery reports holds now (others may append meanwhile)."""
+    return [reports.popleft() for _ in range(len(reports))]
