@@ -22,7 +22,7 @@ and this process (the reader) in SCHED_FIFO for the case, ahead of every
 thread of the ordinary class, and all of them back in SCHED_OTHER after: the Kafka hop
 when the processes on it never wait for a CPU, which tells the path's own
 latency from the two shared cores' (docs/architecture.md, "The Kafka hop is
-the wait for a CPU")."""
+the wait for a CPU"). `--fifo broker` does it to the broker alone."""
 
 from __future__ import annotations
 
@@ -119,21 +119,25 @@ def set_policy(pids: list[int], policy: int, priority: int) -> int:
 
 
 @contextlib.contextmanager
-def fifo(services: Services):
-    """The broker, this process and the relay in SCHED_FIFO until the end,
-    then back (the shared broker first), whatever ended the case."""
+def fifo(services: Services, who: str):
+    """The broker, this process and the relay (`who` "hop"), or the broker
+    alone ("broker"), in SCHED_FIFO until the end, then back (the shared
+    broker first), whatever ended the case."""
     broker = services.pids.get("kafka-broker(shared)")
     pids = [broker] if broker else []
-    pids += [services.pids["bench-reader"], services.pids["relay"]]
+    if who == "hop":
+        pids += [services.pids["bench-reader"], services.pids["relay"]]
     try:
         n = set_policy(pids, os.SCHED_FIFO, FIFO_PRIORITY)
-        say(f"fifo: {n} threads of the relay, the broker and the reader in SCHED_FIFO")
+        say(
+            f"fifo: {n} threads of {'the relay, the broker and the reader' if who == 'hop' else 'the broker'} in SCHED_FIFO"
+        )
         yield
     finally:
         set_policy(pids, os.SCHED_OTHER, 0)
 
 
-def case(label: str, spread_ms: int, idle: int, realtime: bool = False) -> float:
+def case(label: str, spread_ms: int, idle: int, realtime: str | None = None) -> float:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     grant(prefix)
@@ -152,7 +156,7 @@ def case(label: str, spread_ms: int, idle: int, realtime: bool = False) -> float
             with (
                 Reader(names, decode=True) as reader,
                 Services(url, prefix) as services,
-                fifo(services) if realtime else contextlib.nullcontext(),
+                fifo(services, realtime) if realtime else contextlib.nullcontext(),
             ):
                 with psycopg.connect(url, autocommit=True) as conn:
                     # Created over the last second (spread) or at one instant (aligned).
@@ -211,7 +215,11 @@ def main() -> None:
     parser.add_argument("--idle-tenants", type=int, default=0, help="idle tenants beside (0)")
     parser.add_argument("--only", choices=["spread", "aligned"], help="one case")
     parser.add_argument(
-        "--fifo", action="store_true", help="the relay, broker and reader in SCHED_FIFO (root)"
+        "--fifo",
+        nargs="?",
+        const="hop",
+        choices=["hop", "broker"],
+        help="the relay, broker and reader (hop), or the broker alone, in SCHED_FIFO (root)",
     )
     args = parser.parse_args()
     header("bench_firing_steady: 1k jobs every second, lateness to a consumer")

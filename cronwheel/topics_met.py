@@ -18,6 +18,7 @@ on with the new one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -101,12 +102,20 @@ class RenewingProducer:
     def __getattr__(self, name: str):
         return getattr(self._producer, name)
 
-    def renew_if_quiet(self, service: str, log: logging.Logger, flush_s: float = 10) -> bool:
+    def renew_if_quiet(
+        self,
+        service: str,
+        log: logging.Logger,
+        flush_s: float = 10,
+        producing: contextlib.AbstractContextManager | None = None,
+    ) -> bool:
         """At each look (`topics_met.due()`), a new producer if the look says
         so. What the old one holds is delivered first: its delivery reports
         come inside this flush, on the caller's thread, as at any flush. One
         that cannot deliver it all in `flush_s` is kept, and the next look
-        asks again."""
+        asks again. `producing`: held by whoever else produces (another
+        thread); the flush waits outside it, and the producer is replaced
+        under it only if nothing was produced meanwhile (else kept, as above)."""
         if self.topics_met is None or not self.topics_met.due():
             return False
         verdict = self.topics_met.look()
@@ -116,7 +125,12 @@ class RenewingProducer:
             log.warning("%s: kept its producer: %d records not delivered in %.0f s",
                         service, left, flush_s)  # fmt: skip
             return False
-        self._producer = self._make()
+        with producing or contextlib.nullcontext():
+            if left := len(self._producer):
+                log.info("%s: kept its producer: %d records produced during its flush",
+                         service, left)  # fmt: skip
+                return False
+            self._producer = self._make()
         self.topics_met.renewed()
         self.renewed_total += 1
         metrics.PRODUCERS_RENEWED.labels(service).inc()

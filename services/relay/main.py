@@ -15,9 +15,9 @@ SWITCH_INTERVAL_S = 0.001  # sys.setswitchinterval's default is 0.005
 
 def main() -> None:
     settings = config.load(RelaySettings)
-    # The releasing thread waits for the interpreter at most this long behind
-    # the loop's Python work (a read's records made, a pass's bookkeeping):
-    # at the default 5 ms a row came due that much late at p99.
+    # How long the loop's Python work (a read's records made, a pass's
+    # bookkeeping) keeps the interpreter before the releasing thread, waiting
+    # for it, is let in: at the default 5 ms, a held row's p99 was that late.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     log = setup_logging("relay", settings.common.log_level)
     metrics.serve("relay", settings.metrics)

@@ -20,12 +20,16 @@ nothing, and the new owner of a partition reads them again.
 
 Held rows are released by a thread of their own (`_releasing`), so a row
 whose time comes while the loop waits on the database (a read, a delete, a
-lease tick, a reconnect) is produced at its time, not after the round trip.
-What the two threads share is guarded by one lock (`_lock`): the heap, the
-rows in flight, and producing itself, so the records go to the producer in
-the heap's order whichever thread releases them. Delivery callbacks run on
-whichever thread polls, and only append to deques (never take the lock: a
-thread in a flush under the lock waits for those very callbacks).
+lease tick, a short reconnect) is produced at its time, not after the round
+trip. The loop also releases what a read finds due already (no hand-over for
+a run due now). What the two threads share is guarded by one lock (`_lock`):
+the heap, the rows in flight, and releasing itself (pop and produce()), so
+held records reach the producer in the heap's order whichever thread
+releases them. Delivery callbacks run on whichever thread polls, and only
+append to deques: never the lock, since a flush under the lock waits for
+those very callbacks. The releaser publishes only while the leases' last
+renewal is fresh (`_release_until`): a relay cut off from the database stops
+releasing before its leases can lapse and another relay read the same rows.
 
 A crash between produce and delete publishes those rows again on restart, so a
 topic may hold duplicates; every consumer is idempotent by run_id (and attempt),
@@ -42,6 +46,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -58,6 +63,11 @@ from cronwheel.topics_met import RenewingProducer, topics_met
 from services.relay.settings import RelaySettings
 
 log = logging.getLogger("cronwheel.relay")
+
+# The releaser publishes for this share of the lease TTL after a renewal
+# began (the rest is margin for the clocks); ticks come every third of it.
+RELEASE_TTL_SHARE = 0.8
+RELEASE_RECHECK_S = 0.05  # with the leases stale, how often the releaser looks again
 
 
 class Relay:
@@ -119,8 +129,9 @@ class Relay:
         self._release_stop = threading.Event()
         self._releaser: threading.Thread | None = None
         self._release_error: BaseException | None = None
+        self._release_until = 0.0  # monotonic: the leases renewed at the last tick hold till then
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
-        self.ack_wait_ms = 10  # with rows in flight, how long to wait for acks per turn
+        self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
         # Class partitions of run topics; grows a topic a first non-normal record comes to.
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
         # Wakes the dispatcher's dozing partitions of a run topic before its records.
@@ -150,29 +161,38 @@ class Relay:
         self._releaser = threading.Thread(target=self._releasing, name="relay-release", daemon=True)
         self._releaser.start()
 
-    def _stop_releasing(self) -> None:
-        """The releaser stopped and joined (nothing produced by it after this)."""
-        self._release_stop.set()
+    def _stop_releasing(self, timeout_s: float = 10.0) -> None:
+        """The releaser stopped and joined: nothing produced by it after this,
+        unless it is stuck in produce() (a full local queue on a wedged
+        producer), which is logged and left to the purge that follows."""
         with self._due:
+            self._release_stop.set()
             self._due.notify()
-        if self._releaser is not None and self._releaser is not threading.current_thread():
-            self._releaser.join()
-        self._releaser = None
+        releaser, self._releaser = self._releaser, None
+        if releaser is not None and releaser is not threading.current_thread():
+            releaser.join(timeout_s)
+            if releaser.is_alive():
+                log.error("the releasing thread did not stop within %.0f s", timeout_s)
 
     def _releasing(self) -> None:
         """Produce each held row at its time until stopped. An error ends the
-        thread and is raised by the loop (`_check_releaser`), which ends the
-        run as an error of the loop's own would."""
+        thread, is logged here and raised by the loop at its next turn
+        (`_check_releaser`), which ends the run with it."""
         try:
-            while not self._release_stop.is_set():
+            while True:
                 with self._due:
+                    if self._release_stop.is_set():  # under the lock: no stop missed
+                        return
                     wait = self._until_held() / 1000
+                    if time.monotonic() >= self._release_until:
+                        wait = max(wait, RELEASE_RECHECK_S)  # leases stale: hold everything
                     if wait > 0:
-                        # Woken early by a row pushed ahead of the first.
+                        # Woken early by a row pushed ahead of the first, or a stop.
                         self._due.wait(min(wait, self.idle_ms / 1000))
                         continue
                 self._release_due()
-        except BaseException as exc:  # raised again on the loop's thread
+        except BaseException as exc:
+            log.exception("the releasing thread failed")
             self._release_error = exc
 
     def _check_releaser(self) -> None:
@@ -194,8 +214,15 @@ class Relay:
                 while not stop.is_set():
                     self._check_releaser()
                     if time.monotonic() >= next_lease:
-                        self.leases.tick(conn)
+                        began = time.monotonic()
+                        # A partition given up is forgotten before the release
+                        # commits: no held row of it is produced after.
+                        self.leases.tick(conn, on_release=self._forget_partitions)
                         self._forget_unowned()
+                        # Renewed no earlier than `began`: they hold a TTL from
+                        # then; the releaser stops well before (a tick is due
+                        # every third of it).
+                        self._release_until = began + self.leases.ttl_ms * RELEASE_TTL_SHARE / 1000
                         metrics.OWNED_PARTITIONS.labels("relay").set(len(self.leases.owned))
                         next_lease = time.monotonic() + self.leases.ttl_ms / 3000
                         read = True
@@ -206,8 +233,8 @@ class Relay:
                             continue
                     else:
                         self._settle(conn, lazy=True)
-                    # Held rows are the releaser's: this loop waits only for
-                    # acknowledgements, notifications and the leases.
+                    # Held rows come due on the releaser: this loop waits only
+                    # for acknowledgements, notifications and the leases.
                     if self._inflight:
                         # Wait briefly for acknowledgements; read again only when a
                         # commit announced new rows (no query per turn otherwise).
@@ -224,8 +251,7 @@ class Relay:
                             self.delivery_watch, self.producer, self.delivery_reports,
                             lambda: kafka.answers(self.bootstrap, principal="relay"),
                         )  # fmt: skip
-                    with self._lock:  # not while the releaser produces
-                        self.producer.renew_if_quiet("relay", log)
+                    self.producer.renew_if_quiet("relay", log, producing=self._lock)
                     # Read anyway every idle_ms, whatever the notifications said.
                     read = notified or time.monotonic() - self._read_at >= self.idle_ms / 1000
             except LOST:
@@ -282,7 +308,6 @@ class Relay:
         acknowledgements first, as a batch of thousands amortises that wait."""
         self.more = False
         self._settle(conn)
-        self._release_due()
         if not self.leases.owned:
             return 0
         self._turn += 1
@@ -309,27 +334,29 @@ class Relay:
         # before it are produced ahead of normal ones this read found already
         # due. produce()'s arguments are made now, so that releasing a thousand
         # rows due at one instant costs only the calls.
-        now = self.clock()
         with self._lock:
             # The fair read excludes nothing: a row held, or released by the
             # releaser since the read, is not pushed again.
             known = self._held_ids | self._inflight
-        pushed = []
+        made = []
         for row in rows:
-            row_id, not_before = row[0], row[6]
-            if row_id in known:
-                continue
-            at = now if not_before is None else not_before
-            # Within a time and class, the order read (the fair read's lanes).
-            pushed.append((at, row[5], next(self._seq), row_id, row[7], self._record(row)))
-            self.waker.read(row[1])
+            if row[0] not in known:
+                made.append((row, self._record(row)))
+                self.waker.read(row[1])
         with self._due:
-            for item in pushed:
-                if item[3] not in self._held_ids and item[3] not in self._inflight:
-                    heapq.heappush(self._held, item)
-                    self._held_ids.add(item[3])
-            self._due.notify()
-        self._release_due()  # what is due already, without waking the releaser
+            # A row due now is stamped now, under the lock: none the releaser
+            # produced while the records were made is behind it in the heap.
+            now = self.clock()
+            for row, record in made:
+                row_id, not_before = row[0], row[6]
+                if row_id in self._held_ids or row_id in self._inflight:
+                    continue
+                at = now if not_before is None else not_before
+                # Within a time and class, the order read (the fair read's lanes).
+                heapq.heappush(self._held, (at, row[5], next(self._seq), row_id, row[7], record))
+                self._held_ids.add(row_id)
+            self._due.notify()  # a row ahead of the releaser's first
+        self._release_due()  # what is due already, here rather than handed over
         if self._backlog:
             self._drain(conn)
         else:
@@ -421,9 +448,17 @@ class Relay:
         """After a lease change: drop held rows of partitions no longer ours (their
         new owner reads them from the outbox)."""
         owned = self.leases.owned
+        self._keep_held(lambda partition: partition in owned)
+
+    def _forget_partitions(self, partitions: list[int]) -> None:
+        """Leases.tick's on_release: the partitions given up, before they are."""
+        gone = set(partitions)
+        self._keep_held(lambda partition: partition not in gone)
+
+    def _keep_held(self, keep: Callable[[int], bool]) -> None:
         with self._lock:
-            if any(item[4] not in owned for item in self._held):
-                self._held = [item for item in self._held if item[4] in owned]
+            if not all(keep(item[4]) for item in self._held):
+                self._held = [item for item in self._held if keep(item[4])]
                 heapq.heapify(self._held)
                 self._held_ids = {item[3] for item in self._held}
 
@@ -435,9 +470,12 @@ class Relay:
         (self._acked if err is None else self._refused).append(row_id)
 
     def _drain(self, conn: psycopg.Connection) -> None:
-        """Wait until nothing is in flight, then delete what was acknowledged."""
+        """Wait until nothing is in flight, then delete what was acknowledged.
+        The releaser waits meanwhile (the flush is under the lock), or the
+        flush would wait for its records too, as long as rows keep coming due."""
         if self._inflight:
-            remaining = self.producer.flush(30)
+            with self._lock:
+                remaining = self.producer.flush(30)
             if remaining:
                 log.warning(
                     "%d records not acknowledged within 30 s; they stay in the outbox", remaining
@@ -467,6 +505,8 @@ class Relay:
             metrics.OUTBOX_FAILED.inc(len(refused))
             log.warning("%d outbox rows failed to publish; retrying on a later pass", len(refused))
         with self._lock:  # the releaser produces under it: none between the two
+            # len() first: librdkafka counts a record until its callback has
+            # returned, so at 0 every report is in the deques (tested after).
             if len(self.producer) == 0 and not self._acked and not self._refused:
                 # Nothing queued, awaiting an answer or reported and not yet
                 # taken: a row still marked in flight was lost without a

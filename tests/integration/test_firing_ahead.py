@@ -8,6 +8,8 @@ job timers a claim ahead already took, so it does not wake once per timer."""
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 
@@ -113,6 +115,73 @@ def test_relay__host_clock_ahead__held_row_published_at_the_databases_time(
     # (the database's: same host).
     assert [key for _t, key, _n, _d, _m in records] == [b"held"]
     assert records[0][4].timestamp()[1] >= not_before
+
+
+def test_relay__held_row_due_while_the_loop_waits_on_the_database__produced_at_its_time(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    """Held rows are released by a thread of their own: a row whose time
+    comes while the relay's loop waits on the database (here: on a lock on
+    the outbox, held until the record was read) is produced at its time, not
+    when the loop gets its answer."""
+    topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
+    not_before = _db_ms(conn) + 3_000
+    with conn.transaction():
+        outbox.append(conn, [outbox.RankedRow(3, topic, b"held", value, not_before_ms=not_before)])
+    relay = Relay(database_url, kafka_bootstrap)
+    with running(relay), psycopg.connect(database_url) as locker:
+        wait_for(lambda: relay._held_ids, 30, what="the row read and held")
+        locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        # The loop reads again within its idle wait and waits on the lock:
+        # the fault has landed before the row's time.
+        wait_for(lambda: _waiting_on_a_lock(conn), 30, what="the relay's loop waiting on the lock")
+        assert _db_ms(conn) < not_before
+        records = drain(kafka_bootstrap, topic, want=1, timeout=30)
+        assert _waiting_on_a_lock(conn), "the loop was still waiting when the record was read"
+        unlocked_at = _db_ms(conn)
+        locker.rollback()
+    assert [key for _t, key, _n, _d, _m in records] == [b"held"]
+    assert not_before <= records[0][4].timestamp()[1] < unlocked_at
+
+
+def test_relay__the_releasing_thread_fails__the_relay_ends_with_its_error(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    """An error in the releasing thread ends the relay's run with that error
+    (its supervisor restarts it and logs why), not a relay that holds rows
+    and never publishes them. The row comes due while the loop waits on a
+    locked outbox, so only the releaser can be the one that failed."""
+    topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
+    not_before = _db_ms(conn) + 3_000
+    with conn.transaction():
+        outbox.append(conn, [outbox.RankedRow(3, topic, b"held", value, not_before_ms=not_before)])
+    relay = Relay(database_url, kafka_bootstrap)
+    failed_on: list[str] = []
+
+    def refuse(row_id, record):
+        failed_on.append(threading.current_thread().name)
+        raise RuntimeError(f"cannot produce row {row_id}")
+
+    relay._produce = refuse
+    with pytest.raises(RuntimeError, match="cannot produce row"), running(relay):
+        wait_for(lambda: relay._held_ids, 30, what="the row read and held")
+        with psycopg.connect(database_url) as locker:
+            locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+            wait_for(lambda: _waiting_on_a_lock(conn), 30, what="the loop waiting on the lock")
+            wait_for(lambda: failed_on, 30, what="the row's release to fail")
+            locker.rollback()
+        wait_for(lambda: relay._releaser is None, 30, what="the relay's run to end")
+    assert failed_on == ["relay-release"]
+    assert conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 1  # kept for the next
+
+
+def _waiting_on_a_lock(conn: psycopg.Connection) -> bool:
+    """A session of this database other than the test's waits for a lock on a
+    statement that reads or deletes outbox rows (the relay's loop)."""
+    return conn.execute(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query ILIKE '%%outbox%%'"
+    ).fetchone()[0]
 
 
 def _db_ms(conn: psycopg.Connection) -> int:
