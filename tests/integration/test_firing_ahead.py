@@ -9,6 +9,7 @@ job timers a claim ahead already took, so it does not wake once per timer."""
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 import pytest
@@ -173,6 +174,38 @@ def test_relay__the_releasing_thread_fails__the_relay_ends_with_its_error(
         wait_for(lambda: relay._releaser is None, 30, what="the relay's run to end")
     assert failed_on == ["relay-release"]
     assert conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 1  # kept for the next
+
+
+def test_relay__leases_not_renewed_lately__releaser_holds_its_rows_until_they_are(
+    database_url, kafka_bootstrap
+):
+    """A relay whose leases were not renewed within the releaser's share of
+    their TTL (cut off from the database) publishes none of its held rows:
+    another relay may own their partitions by now. Renewed, it goes on."""
+    relay = Relay(database_url, kafka_bootstrap)
+    relay.leases.owned = {1: 1}
+    relay._held.append((relay.clock() - 1, 2, 0, 10, 1, {}))
+    relay._held_ids.add(10)
+    produced: list[int] = []
+    looks: list[int] = []
+    until_held = relay._until_held
+    relay._produce = lambda row_id, record: produced.append(row_id)
+
+    def watch_until_held():
+        looks.append(1)
+        return until_held()
+
+    relay._until_held = watch_until_held
+    relay._start_releasing()
+    try:
+        wait_for(lambda: len(looks) >= 3, 30, what="the releaser to look three times")
+        assert produced == []
+        relay._release_until = time.monotonic() + 60  # as a tick sets it
+        wait_for(lambda: produced, 30, what="the row released")
+        assert produced == [10]
+    finally:
+        relay._stop_releasing()
+        relay.close()
 
 
 def _waiting_on_a_lock(conn: psycopg.Connection) -> bool:
