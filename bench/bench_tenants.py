@@ -110,15 +110,31 @@ def idle(counts: list[int], window_s: int) -> None:
             f"{r['tenants']:>7} | {r['partitions']:>17} | {r['cluster_partitions']:>18} |"
             f" {r['broker_rss_mb']:>13.0f} | {r['broker_cpu']:>12.1f} | {r['services_cpu']:>7.1f}"
         )
+    slopes = []
     for r in rows[1:]:
         extra = r["tenants"] - base["tenants"]
+        slope = {k: (r[k] - base[k]) / extra for k in FIGURES}
+        slopes.append((r["tenants"], slope))
         say(
             f"per extra tenant ({base['tenants']} -> {r['tenants']}):"
-            f" {(r['partitions'] - base['partitions']) / extra:.1f} partitions,"
-            f" {1000 * (r['broker_rss_mb'] - base['broker_rss_mb']) / extra:.0f} KB broker memory,"
-            f" {1000 * (r['broker_cpu'] - base['broker_cpu']) / extra:.2f} m% broker CPU,"
-            f" {1000 * (r['services_cpu'] - base['services_cpu']) / extra:.2f} m% services CPU"
+            f" {slope['partitions']:.1f} partitions,"
+            f" {1000 * slope['broker_rss_mb']:.0f} KB broker memory,"
+            f" {1000 * slope['broker_cpu']:.2f} m% broker CPU,"
+            f" {1000 * slope['services_cpu']:.2f} m% services CPU"
         )
+    # Flat: the cost per tenant at the largest count against the first step's
+    # (issue 21: within 20%). At small steps the CPU figures are mostly noise.
+    if len(slopes) > 1:
+        (first_n, first), (last_n, last) = slopes[0], slopes[-1]
+        say(
+            f"per-tenant cost at {last_n} over that at {first_n}: "
+            + ", ".join(
+                f"{k} {last[k] / first[k]:.2f}" if first[k] else f"{k} n/a" for k in FIGURES
+            )
+        )
+
+
+FIGURES = ("partitions", "broker_rss_mb", "broker_cpu", "services_cpu")
 
 
 SERVICES = ("timer", "relay", "dispatcher", "workflow", "webhook", "executor")
