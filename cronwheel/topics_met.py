@@ -114,21 +114,19 @@ class RenewingProducer:
         come inside this flush, on the caller's thread, as at any flush. One
         that cannot deliver it all in `flush_s` is kept, and the next look
         asks again. `producing`: held by whoever else produces (another
-        thread); the flush waits outside it, and the producer is replaced
-        under it only if nothing was produced meanwhile (else kept, as above)."""
+        thread): the flush waits outside it, and what that thread produced
+        meanwhile is flushed again under it (a few milliseconds of its
+        records in flight, not the whole backlog) before the producer is
+        replaced."""
         if self.topics_met is None or not self.topics_met.due():
             return False
         verdict = self.topics_met.look()
         if not verdict.renew:
             return False
-        if left := self._producer.flush(flush_s):
-            log.warning("%s: kept its producer: %d records not delivered in %.0f s",
-                        service, left, flush_s)  # fmt: skip
+        if not self._delivered_all(service, log, flush_s):
             return False
         with producing or contextlib.nullcontext():
-            if left := len(self._producer):
-                log.info("%s: kept its producer: %d records produced during its flush",
-                         service, left)  # fmt: skip
+            if not self._delivered_all(service, log, flush_s):
                 return False
             self._producer = self._make()
         self.topics_met.renewed()
@@ -138,4 +136,11 @@ class RenewingProducer:
             "%s: a new producer; the last had met %d topics, %d of them used in the last %.0f s",
             service, verdict.met, verdict.used, self.topics_met.every_s,
         )  # fmt: skip
+        return True
+
+    def _delivered_all(self, service: str, log: logging.Logger, flush_s: float) -> bool:
+        if left := self._producer.flush(flush_s):
+            log.warning("%s: kept its producer: %d records not delivered in %.0f s",
+                        service, left, flush_s)  # fmt: skip
+            return False
         return True

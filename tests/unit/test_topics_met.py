@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
-from cronwheel.topics_met import TopicsMet, Verdict
+import logging
+import threading
+
+from confluent_kafka import Producer
+
+from cronwheel.topics_met import RenewingProducer, TopicsMet, Verdict
 
 
 class Clock:
@@ -63,3 +68,28 @@ def test_renewed__counts_only_what_the_new_producer_meets():
     met(topics, ["a"])
     assert topics.look() == Verdict(met=1, used=1, renew=False)
     assert topics.look() == Verdict(met=1, used=0, renew=False)
+
+
+def test_renew_if_quiet__made_anew_under_the_other_producers_lock():
+    """With `producing` (the relay's releasing thread produces under it), the
+    producer is replaced while that lock is held, so no record goes to the
+    old one after its last flush. A real client with nothing to deliver:
+    its flush needs no broker."""
+    clock = Clock()
+    topics = TopicsMet(every_s=60, at_least=4, clock=clock)
+    lock = threading.Lock()
+    made_under_lock: list[bool] = []
+
+    def make() -> Producer:
+        made_under_lock.append(lock.locked())
+        return Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
+
+    producer = RenewingProducer(make, topics)
+    met(producer.topics_met, ["a", "b", "c", "d"])
+    clock.t += 60
+    topics.look()
+    met(producer.topics_met, ["a"])
+    clock.t += 60
+    assert producer.renew_if_quiet("test", logging.getLogger("test"), producing=lock)
+    assert made_under_lock == [False, True]  # the first at construction, the renewal under it
+    assert not lock.locked()
