@@ -351,17 +351,21 @@ def test_timer__paused_past_its_lease__taken_over_and_fenced__one_run_per_instan
 # -- a takeover inside the firing transaction, made certain -----------------------
 
 
-def _waiting_in_verify(conn, app: str) -> bool:
-    """Whether a session of `app` waits for a lock in verify_and_lock (leases.sql)."""
-    return (
-        conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
+def _lock_wait(conn, app: str) -> str | None:
+    """Where a session of `app` waits for a lock: "verify" in verify_and_lock
+    (leases.sql), "other" elsewhere (a lease tick), None if it does not."""
+    queries = [
+        q
+        for (q,) in conn.execute(
+            "SELECT query FROM pg_stat_activity"
             " WHERE application_name = %s AND datname = current_database()"
-            "   AND wait_event_type = 'Lock' AND query LIKE '%%partition_leases%%FOR SHARE%%'",
+            "   AND wait_event_type = 'Lock'",
             [app],
-        ).fetchone()[0]
-        > 0
-    )
+        ).fetchall()
+    ]
+    if any("partition_leases" in q and "FOR SHARE" in q for q in queries):
+        return "verify"
+    return "other" if queries else None
 
 
 def test_timer__leases_taken_between_claim_and_verify__claimed_timers_fenced__one_run_per_instant(
@@ -381,7 +385,12 @@ def test_timer__leases_taken_between_claim_and_verify__claimed_timers_fenced__on
     a = launch.start("timer", CRONWHEEL_METRICS_PORT=str(port - 1), PGAPPNAME="timer-a")
     wait_for(lambda: owned_count(conn, "timer", a.owner()) == 1024, 15, 0.05, "a owns all")
     fenced_before = _fenced_total(port)
-    with psycopg.connect(database_url) as holder:  # one transaction, until its commit
+    # The timer's loop meets the held rows either in a firing's verify (what
+    # this test wants) or in a lease tick (same loop, every third of the TTL;
+    # likely what failed CI once on 2026-12-04): then the rows are let go and
+    # held again.
+    for _ in range(5):
+        holder = psycopg.connect(database_url)  # one transaction, until its commit
         held = dict(
             holder.execute(
                 "SELECT partition_id, epoch FROM partition_leases"
@@ -389,9 +398,14 @@ def test_timer__leases_taken_between_claim_and_verify__claimed_timers_fenced__on
                 [a.owner()],
             ).fetchall()
         )
-        wait_for(
-            lambda: _waiting_in_verify(conn, "timer-a"), 15, 0.02, "a's firing to wait in verify"
-        )
+        where = wait_for(lambda: _lock_wait(conn, "timer-a"), 15, 0.02, "a to meet the held rows")
+        if where == "verify":
+            break
+        holder.close()  # rolled back: its tick goes through
+        wait_for(lambda: not _lock_wait(conn, "timer-a"), 15, 0.02, "a's tick to go through")
+    else:
+        raise AssertionError("a's lease tick, not its firing, met the held rows five times")
+    with holder:
         # Landed: a's transaction holds the due timers it claimed.
         claimed = _locked_timers(conn, list(held))
         assert claimed > 0, "a waits in verify_and_lock holding no claimed timer"
