@@ -334,13 +334,12 @@ class Relay:
         # before it are produced ahead of normal ones this read found already
         # due. produce()'s arguments are made now, so that releasing a thousand
         # rows due at one instant costs only the calls.
-        with self._lock:
-            # The fair read excludes nothing: a row held, or released by the
-            # releaser since the read, is not pushed again.
-            known = self._held_ids | self._inflight
+        # The fair read excludes nothing: a row held, or released by the
+        # releaser since the read, is not pushed again (looked up here to skip
+        # making its record, decided under the lock below).
         made = []
         for row in rows:
-            if row[0] not in known:
+            if row[0] not in self._held_ids and row[0] not in self._inflight:
                 made.append((row, self._record(row)))
                 self.waker.read(row[1])
         with self._due:
