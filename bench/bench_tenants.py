@@ -20,8 +20,11 @@ consumer more than the next, and that is setup, not idling) and 5 s more,
 `--window` seconds (60: one firing of every job, which all fire at the top
 of the minute) are measured: the broker's partitions (this prefix's and the whole cluster's),
 its resident memory, and every process's CPU, with what fired meanwhile
-(~N runs a minute). The cost per tenant is (figure at N - figure at the
-smallest N) / (N - smallest N).
+(~N runs a minute), and the dispatchers' CPU per thread name (librdkafka's
+rdk:main, rdk:broker<N>; Python's threads are all `python`). The cost per
+tenant is (figure at N - figure at the smallest N) / (N - smallest N).
+`--dispatchers K` runs K dispatcher instances, which share the tenants
+through their leases.
 
 `--restart N`: N tenants whose run topics each hold one waiting RunReady,
 and then `cronwheel serve dispatcher` starts (as after a crash and the
@@ -54,6 +57,7 @@ from common import (
     percentile,
     prefix_topics,
     say,
+    thread_cpu,
 )
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -96,11 +100,11 @@ def first_run(tenants: int, pace_ms: int, due_ms: int) -> None:
     say(f"RESULT first-run lateness p99 {_p99(queue_late)} ms (target: the steady p99)")
 
 
-def idle(counts: list[int], window_s: int) -> None:
+def idle(counts: list[int], window_s: int, dispatchers: int = 1) -> None:
     rows = []
     for n in counts:
         header(f"idle cost: {n} tenants, each with a queue job every minute")
-        rows.append(_idle_once(n, window_s))
+        rows.append(_idle_once(n, window_s, dispatchers))
     base = rows[0]
     say(
         "tenants | prefix partitions | cluster partitions | broker RSS MB | broker CPU % | services CPU %"
@@ -140,21 +144,24 @@ FIGURES = ("partitions", "broker_rss_mb", "broker_cpu", "services_cpu")
 SERVICES = ("timer", "relay", "dispatcher", "workflow", "webhook", "executor")
 
 
-def _idle_once(n: int, window_s: int) -> dict:
+def _idle_once(n: int, window_s: int, dispatchers: int) -> dict:
     """One measurement; its topics are deleted however it ends (thousands of
     tenants' topics left behind exhausted the broker's open files)."""
     prefix = f"bi{uuid.uuid4().hex[:8]}"
     grant(prefix)
     try:
-        return _measure_idle(prefix, n, window_s)
+        return _measure_idle(prefix, n, window_s, dispatchers)
     finally:
         if mine := prefix_topics(prefix):
             delete_topics(mine)
 
 
-def _measure_idle(prefix: str, n: int, window_s: int) -> dict:
+def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
     topics = Topics(prefix)
-    with fresh_database() as url, Services(url, prefix, SERVICES) as svc:
+    with (
+        fresh_database() as url,
+        Services(url, prefix, SERVICES + ("dispatcher",) * (dispatchers - 1)) as svc,
+    ):
         jobs = Jobs(topics)
         t0 = time.monotonic()
         with psycopg.connect(url, autocommit=True) as conn:
@@ -193,13 +200,25 @@ def _measure_idle(prefix: str, n: int, window_s: int) -> dict:
         broker = kafka_broker_pid()
         before = svc.cpu()
         b0 = cpu_seconds(broker) if broker else 0.0
+        dispatchers = [
+            pid
+            for name, pid in svc.pids.items()
+            if name.startswith("dispatcher") and "-pg" not in name
+        ]
+        threads0 = _threads(dispatchers)
         time.sleep(window_s)  # the measured window
         after = svc.cpu()
         b1 = cpu_seconds(broker) if broker else 0.0
+        threads1 = _threads(dispatchers)
         used = {k: 100 * (after[k] - before.get(k, 0.0)) / window_s for k in after}
         used.pop("kafka-broker(shared)", None)
         used.pop("bench-reader", None)
         say("CPU % per process: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items())))
+        per_thread = {k: 100 * (v - threads0.get(k, 0.0)) / window_s for k, v in threads1.items()}
+        say(
+            "dispatcher CPU % per thread: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_thread.items()) if v >= 0.05)
+        )
         rss = _rss_mb(broker) if broker else 0.0
         row = {
             "tenants": n,
@@ -278,6 +297,15 @@ def restart(n: int) -> None:
             delete_topics(mine)
 
 
+def _threads(pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far per thread name, summed over the processes."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        for name, used in thread_cpu(pid).items():
+            out[name] = out.get(name, 0.0) + used
+    return out
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -330,13 +358,14 @@ def main() -> None:
     ap.add_argument("--due-ms", type=int, default=3000)
     ap.add_argument("--idle", help="tenant counts, comma-separated: the idle-cost case")
     ap.add_argument("--window", type=int, default=60, help="seconds measured (--idle)")
+    ap.add_argument("--dispatchers", type=int, default=1, help="dispatcher instances (--idle)")
     ap.add_argument("--restart", type=int, help="tenants: the dispatcher-start case")
     args = ap.parse_args()
     if args.restart:
         restart(args.restart)
         return
     if args.idle:
-        idle([int(x) for x in args.idle.split(",")], args.window)
+        idle([int(x) for x in args.idle.split(",")], args.window, max(1, args.dispatchers))
         return
     if min(args.tenants, args.pace_ms, args.due_ms) < 1:
         ap.error("--tenants, --pace-ms and --due-ms must be at least 1")

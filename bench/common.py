@@ -98,6 +98,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each live thread of the process, summed per thread
+    name (librdkafka names its threads rdk:main, rdk:broker<N>, ...)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[name] = out.get(name, 0.0) + used
+    return out
+
+
 def waited_seconds(pid: int) -> float:
     """Seconds the process's live threads spent runnable but waiting for a CPU
     (schedstat run_delay; threads that already exited are not counted)."""
@@ -399,9 +414,13 @@ class Services:
         )
         if self.tree is not None:
             env = release_env(self.tree, env)
-        for name in self.names:
-            log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - kept by the process
-            self.procs[name] = subprocess.Popen(
+        for i, name in enumerate(self.names):
+            # A service named more than once runs as that many instances:
+            # `dispatcher`, `dispatcher2`, ...
+            copies = self.names[: i + 1].count(name)
+            key = name if copies == 1 else f"{name}{copies}"
+            log = open(self.logdir / f"{key}.log", "wb")  # noqa: SIM115 - kept by the process
+            self.procs[key] = subprocess.Popen(
                 [sys.executable, "-m", "services.entrypoints", "serve", name],
                 cwd=self.tree or ROOT,
                 env=env,

@@ -15,15 +15,28 @@ wakes.
 What holds:
 
 - A partition dozes only when it is caught up (its high watermark, as the
-  last fetch brought it, is the next offset to read) and has had neither a
-  record nor a wake for `after_ms`; what was finished of it is committed
-  before it leaves the assignment.
+  last fetch brought it, is the next offset to read), has had no record for
+  `after_ms` and no wake for `wake_holds_ms`; what was finished of it is
+  committed before it leaves the assignment.
 - The relay wakes a run topic when it reads an outbox row for it after
   `every_ms` without one: a record keyed by the topic's name on `<p>.wake`
   (one partition), which every dispatcher instance reads whole, from its end,
   and never pauses. A run fired ahead of its instant is read up to a second
   before it is published, so its partition is fetched again before its record
   exists.
+- A wake announces every row the relay reads for that topic in the next
+  `every_ms`, each published by its instant, at most the fire-ahead lead
+  later: so a wake holds its partition awake for `wake_holds_ms`, which must
+  exceed the relay's `every_ms` plus the lead, while a record read holds it
+  only `after_ms`. A partition woken whose record has not been read since
+  is held longer (`unread_holds_ms`): the relay may publish late under load,
+  and a record that lands after its partition dozed waits for the sweep.
+  A tenant firing once a minute is thus out of the fetches
+  a second or so after its run is forwarded, not after a fixed quiet time
+  counted from its wake (docs/dispatcher.md, "Idle partitions doze"): every
+  fetch names every awake partition, so at the top of a minute, when
+  thousands of such tenants fire, the fetches shrink as their runs go
+  through.
 - A partition assigned while a fetch is outstanding is first fetched when
   that fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
   comes. So the dispatcher, having assigned again what a wake names, writes a nudge
@@ -58,6 +71,7 @@ log = logging.getLogger("cronwheel.dozing")
 Where = tuple[str, int]
 
 NUDGE = b""  # the key of a dispatcher's nudge: it names no topic
+NEVER = float("-inf")  # no wake yet
 
 
 def wake_topic_of(run_topic: str) -> str | None:
@@ -109,13 +123,28 @@ class Waker:
 class Dozing:
     """The dispatcher's side: which assigned partitions doze, and waking them."""
 
-    def __init__(self, wake_topic: str, *, after_ms: int, sweep_ms: int, check_ms: int = 1_000):
+    def __init__(
+        self,
+        wake_topic: str,
+        *,
+        after_ms: int,
+        sweep_ms: int,
+        wake_holds_ms: int | None = None,
+        unread_holds_ms: int = 10_000,
+        check_ms: int = 250,
+    ):
+        """`wake_holds_ms`: how long a wake keeps its partition awake once a
+        record was read after it; by default `after_ms` (a wake then counts as
+        a record read). `unread_holds_ms`: how long while none was."""
         self.wake_topic = wake_topic
         self.after_s = after_ms / 1000
+        self.wake_holds_s = (after_ms if wake_holds_ms is None else wake_holds_ms) / 1000
+        self.unread_holds_s = max(unread_holds_ms / 1000, self.wake_holds_s)
         self.sweep_s = sweep_ms / 1000
         self.check_s = check_ms / 1000
         self.dozing: set[Where] = set()
-        self._last: dict[Where, float] = {}  # a record read or a wake, per partition
+        self._last: dict[Where, float] = {}  # a record read (or assigned), per partition
+        self._woke: dict[Where, float] = {}  # the last wake, per partition
         self._by_topic: dict[str, set[Where]] = {}
         # Woken and not read since: the record the wake announced may be on
         # the broker while the watermark the last fetch brought is older
@@ -154,6 +183,7 @@ class Dozing:
 
     def forget(self, key: Where) -> None:
         self._last.pop(key, None)
+        self._woke.pop(key, None)
         self.dozing.discard(key)
         self.unread.discard(key)
         same = self._by_topic.get(key[0])
@@ -169,12 +199,13 @@ class Dozing:
         self.unread.discard(key)
 
     def woken(self, topic: str) -> list[Where]:
-        """A wake for `topic`: its partitions are awake for `after_ms` again;
-        returns those that dozed (to be assigned again)."""
+        """A wake for `topic`: its partitions are held awake (`wake_holds_ms`,
+        `unread_holds_ms` until a record is read); returns those that dozed
+        (to be assigned again)."""
         now = time.monotonic()
         back = []
         for key in self._by_topic.get(topic, ()):
-            self._last[key] = now
+            self._woke[key] = now
             self.unread.add(key)
             if key in self.dozing:
                 self.dozing.discard(key)
@@ -188,8 +219,9 @@ class Dozing:
         admin: AdminClient | None = None,
         position: Callable[[Where], int | None] = lambda _key: None,
     ) -> list[Where]:
-        """At most once per `check_ms`: the partitions to doze now (quiet for
-        `after_ms`, caught up, and not paused or held for another reason).
+        """At most once per `check_ms`: the partitions to doze now (no record
+        for `after_ms`, no wake for `wake_holds_ms`, caught up, and not
+        paused or held for another reason).
         One woken and not read since is caught up only if the broker's end
         offset (asked through `admin`) is not past `position`."""
         now = time.monotonic()
@@ -197,10 +229,15 @@ class Dozing:
             return []
         self._next_check = now + self.check_s
         quiet = now - self.after_s
+        unwoken = {False: now - self.wake_holds_s, True: now - self.unread_holds_s}
         out = [
             key
             for key, last in self._last.items()
-            if last <= quiet and key not in self.dozing and not busy(key) and caught_up(key)
+            if last <= quiet
+            and self._woke.get(key, NEVER) <= unwoken[key in self.unread]
+            and key not in self.dozing
+            and not busy(key)
+            and caught_up(key)
         ]
         unsure = [key for key in out if key in self.unread]
         if unsure:

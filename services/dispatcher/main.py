@@ -25,6 +25,7 @@ def main() -> None:
             in_flight=settings.in_flight,
             doze_after_ms=settings.doze_after_ms,
             doze_sweep_ms=settings.doze_sweep_ms,
+            wake_holds_ms=settings.wake_holds_ms,
             fetch_watch_s=settings.fetch_watch_s,
             processed_retention_ms=settings.processed.retention_ms,
             renewal=settings.renewal,

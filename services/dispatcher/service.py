@@ -156,6 +156,7 @@ class Dispatcher(ConsumerService):
         lease_ttl_ms: int = 10_000,
         doze_after_ms: int = DispatcherSettings.doze_after_ms,
         doze_sweep_ms: int = DispatcherSettings.doze_sweep_ms,
+        wake_holds_ms: int = DispatcherSettings.wake_holds_ms,
         fetch_watch_s: float = DispatcherSettings.fetch_watch_s,
         renewal: ProducerRenewal | None = None,  # the settings' defaults
         **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
@@ -185,7 +186,12 @@ class Dispatcher(ConsumerService):
         self._by_rank_version = -1  # the assignment's version it was made at
         # Idle partitions out of the fetches until a wake (cronwheel.dozing).
         self.dozing = (
-            Dozing(self.topics.wake, after_ms=doze_after_ms, sweep_ms=doze_sweep_ms)
+            Dozing(
+                self.topics.wake,
+                after_ms=doze_after_ms,
+                sweep_ms=doze_sweep_ms,
+                wake_holds_ms=wake_holds_ms,
+            )
             if doze_after_ms
             else None
         )

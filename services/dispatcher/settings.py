@@ -21,9 +21,13 @@ class DispatcherSettings:
     # Batches produced and awaiting their acknowledgements at once; 1 waits for
     # each batch before reading the next.
     in_flight: int = setting("CRONWHEEL_DISPATCHER_IN_FLIGHT", 4, minimum=1)
-    # A run-topic partition quiet this long is left out of fetches until the
-    # relay wakes it (cronwheel.dozing); 0: never.
-    doze_after_ms: int = setting("CRONWHEEL_DISPATCHER_DOZE_AFTER_MS", 10_000, minimum=0)
+    # A run-topic partition with no record read for this long is left out of
+    # fetches until the relay wakes it (cronwheel.dozing); 0: never.
+    doze_after_ms: int = setting("CRONWHEEL_DISPATCHER_DOZE_AFTER_MS", 1_000, minimum=0)
+    # A wake keeps its partition awake this long: above the relay's
+    # CRONWHEEL_RELAY_WAKE_EVERY_MS plus CRONWHEEL_FIRE_AHEAD_MS, the longest
+    # a row the wake announced may take to be published.
+    wake_holds_ms: int = setting("CRONWHEEL_DISPATCHER_WAKE_HOLDS_MS", 3_000, minimum=0)
     # How often dozing partitions are checked for records no wake announced.
     doze_sweep_ms: int = setting("CRONWHEEL_DISPATCHER_DOZE_SWEEP_MS", 15_000, minimum=100)
     # How often the consumer's positions are compared with the broker's ends;

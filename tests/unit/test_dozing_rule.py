@@ -1,0 +1,98 @@
+"""When a run-topic partition dozes (cronwheel.dozing.Dozing.to_doze): a record
+read holds it `after_ms`, a wake `wake_holds_ms` once a record was read after
+it, and `unread_holds_ms` while none was. The clock is cronwheel.dozing's
+time.monotonic, set by the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from cronwheel import dozing
+from cronwheel.dozing import Dozing
+
+TOPIC = "p.runs.t1"
+KEY = (TOPIC, 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(dozing.time, "monotonic", c)
+    return c
+
+
+def _dozing(clock: Clock) -> Dozing:
+    d = Dozing("p.wake", after_ms=1_000, sweep_ms=600_000, wake_holds_ms=3_000, check_ms=0)
+    d.assigned([KEY])
+    return d
+
+
+def _doze_at(d: Dozing, clock: Clock, at: float, ends_past: list | None = None) -> list:
+    """What dozes at `at` seconds after the start, caught up and not busy; the
+    broker's answer for partitions woken and not read since is `ends_past`."""
+    clock.now = 1000.0 + at
+    # The broker's end offsets (a ListOffsets request) stand here.
+    d._ends_past = lambda _admin, _keys, _position: ends_past if ends_past is not None else []
+    return d.to_doze(lambda _k: True, lambda _k: False, admin=object())
+
+
+def test_record_read_without_a_wake__dozes_after_after_ms(clock):
+    d = _dozing(clock)
+    clock.now += 0.5
+    d.read(KEY)
+    assert _doze_at(d, clock, 1.4) == []
+    assert _doze_at(d, clock, 1.6) == [KEY]
+    assert KEY in d.dozing
+
+
+def test_woken_then_read__the_wake_holds_it_wake_holds_ms_not_the_read_after_ms(clock):
+    d = _dozing(clock)
+    clock.now = 1000.0 + 10
+    d.woken(TOPIC)  # at 10 s
+    clock.now = 1000.0 + 11
+    d.read(KEY)  # its record, at 11 s
+    assert _doze_at(d, clock, 12.5) == []  # read 1.5 s ago, but woken only 2.5 s ago
+    assert _doze_at(d, clock, 13.1) == [KEY]
+
+
+def test_read_lately__held_though_the_wake_is_old(clock):
+    d = _dozing(clock)
+    d.woken(TOPIC)
+    clock.now = 1000.0 + 3.5
+    d.read(KEY)
+    assert _doze_at(d, clock, 4.0) == []
+    assert _doze_at(d, clock, 4.6) == [KEY]
+
+
+def test_woken_never_read__held_unread_holds_ms__then_the_broker_asked(clock):
+    d = _dozing(clock)
+    d.woken(TOPIC)
+    assert _doze_at(d, clock, 5.0) == []  # past after_ms and wake_holds_ms, not read since
+    assert _doze_at(d, clock, 9.9) == []
+    # Past 10 s: its end offset is past what was read, so it stays awake ...
+    assert _doze_at(d, clock, 10.1, ends_past=[KEY]) == []
+    assert KEY in d.unread
+    # ... for after_ms; then the broker says nothing came, and it dozes.
+    assert _doze_at(d, clock, 11.2, ends_past=[]) == [KEY]
+    assert KEY not in d.unread
+
+
+def test_a_wake_for_a_dozing_partition__returned_to_be_assigned_and_held_again(clock):
+    d = _dozing(clock)
+    d.read(KEY)
+    assert _doze_at(d, clock, 2.0) == [KEY]
+    clock.now = 1000.0 + 30
+    assert d.woken(TOPIC) == [KEY]
+    assert KEY not in d.dozing
+    clock.now = 1000.0 + 30.5
+    d.read(KEY)
+    assert _doze_at(d, clock, 32.0) == []
+    assert _doze_at(d, clock, 33.1) == [KEY]
