@@ -233,15 +233,18 @@ class Dozing:
         out = [
             key
             for key, last in self._last.items()
-            if last <= quiet
+            if key not in self.dozing
+            and last <= quiet
             and self._woke.get(key, NEVER) <= unwoken[key in self.unread]
-            and key not in self.dozing
             and not busy(key)
             and caught_up(key)
         ]
         unsure = [key for key in out if key in self.unread]
         if unsure:
-            past = self._ends_past(admin, unsure, position) if admin else None
+            # `is not None`: an AdminClient is falsy (its len() is the requests
+            # it has outstanding, 0 when idle), and taking it for no admin kept
+            # every such partition awake until its next record.
+            past = self._ends_past(admin, unsure, position) if admin is not None else None
             behind = set(unsure if past is None else past)  # unknown: stays awake
             for key in unsure:
                 if key in behind:

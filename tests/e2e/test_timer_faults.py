@@ -18,6 +18,7 @@ from cronwheel.core.clock import now_ms, to_dt, to_ms
 from cronwheel.core.ids import run_id_for_instant
 from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
+from tests.support.db import lock_waits
 from tests.support.procs import ServiceProc, launcher
 from tests.support.wait import wait_for
 
@@ -354,15 +355,7 @@ def test_timer__paused_past_its_lease__taken_over_and_fenced__one_run_per_instan
 def _lock_wait(conn, app: str) -> str | None:
     """Where a session of `app` waits for a lock: "verify" in verify_and_lock
     (leases.sql), "other" elsewhere (a lease tick), None if it does not."""
-    queries = [
-        q
-        for (q,) in conn.execute(
-            "SELECT query FROM pg_stat_activity"
-            " WHERE application_name = %s AND datname = current_database()"
-            "   AND wait_event_type = 'Lock'",
-            [app],
-        ).fetchall()
-    ]
+    queries = lock_waits(conn, app)
     if any("partition_leases" in q and "FOR SHARE" in q for q in queries):
         return "verify"
     return "other" if queries else None

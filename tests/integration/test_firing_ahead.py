@@ -23,6 +23,7 @@ from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.store.leases import Leases
 from services.relay.service import Relay
 from services.timer.service import TimerService, TimingWheel
+from tests.support.db import lock_waits
 from tests.support.kafka import drain, run_topic_and_record
 from tests.support.running import running
 from tests.support.wait import wait_for
@@ -211,10 +212,7 @@ def test_relay__leases_not_renewed_lately__releaser_holds_its_rows_until_they_ar
 def _waiting_on_a_lock(conn: psycopg.Connection) -> bool:
     """A session of this database other than the test's waits for a lock on a
     statement that reads or deletes outbox rows (the relay's loop)."""
-    return conn.execute(
-        "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND query ILIKE '%%outbox%%'"
-    ).fetchone()[0]
+    return any("outbox" in q.lower() for q in lock_waits(conn))
 
 
 def _db_ms(conn: psycopg.Connection) -> int:

@@ -32,6 +32,19 @@ def gateway_url(url: str) -> str:
     return config.role_url(url, roles.GATEWAY)
 
 
+def lock_waits(conn: psycopg.Connection, application: str | None = None) -> list[str]:
+    """The statements that sessions of this database (of `application`, when
+    given) are waiting in for a lock now, by pg_stat_activity: how a test
+    proves a service reached the lock it holds for it."""
+    sql = (
+        "SELECT query FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    if application is None:
+        return [q for (q,) in conn.execute(sql).fetchall()]
+    return [q for (q,) in conn.execute(sql + " AND application_name = %s", [application])]
+
+
 # Tests create tables of their own beside the schema (the SDK example's
 # effects): in test databases only, the platform's role may.
 _TEST_ONLY_GRANT = "GRANT CREATE ON SCHEMA public TO cronwheel_platform"

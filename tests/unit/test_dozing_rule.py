@@ -35,13 +35,21 @@ def _dozing(clock: Clock) -> Dozing:
     return d
 
 
+class Admin:
+    """Stands for an AdminClient, falsy like one (its len() is the requests it
+    has outstanding)."""
+
+    def __len__(self) -> int:
+        return 0
+
+
 def _doze_at(d: Dozing, clock: Clock, at: float, ends_past: list | None = None) -> list:
     """What dozes at `at` seconds after the start, caught up and not busy; the
     broker's answer for partitions woken and not read since is `ends_past`."""
     clock.now = 1000.0 + at
     # The broker's end offsets (a ListOffsets request) stand here.
     d._ends_past = lambda _admin, _keys, _position: ends_past if ends_past is not None else []
-    return d.to_doze(lambda _k: True, lambda _k: False, admin=object())
+    return d.to_doze(lambda _k: True, lambda _k: False, admin=Admin())
 
 
 def test_record_read_without_a_wake__dozes_after_after_ms(clock):
@@ -82,6 +90,18 @@ def test_woken_never_read__held_unread_holds_ms__then_the_broker_asked(clock):
     assert KEY in d.unread
     # ... for after_ms; then the broker says nothing came, and it dozes.
     assert _doze_at(d, clock, 11.2, ends_past=[]) == [KEY]
+    assert KEY not in d.unread
+
+
+def test_woken_after_its_record_was_read__dozes_once_the_broker_says_nothing_came(clock):
+    """A run due at once: its record can be read before the wake that
+    announced it, which then finds nothing left to read."""
+    d = _dozing(clock)
+    d.read(KEY)
+    clock.now += 0.1
+    d.woken(TOPIC)
+    assert _doze_at(d, clock, 10.0) == []
+    assert _doze_at(d, clock, 10.2, ends_past=[]) == [KEY]
     assert KEY not in d.unread
 
 
