@@ -31,12 +31,11 @@ What holds:
   only `after_ms`. A partition woken whose record has not been read since
   is held longer (`unread_holds_ms`): the relay may publish late under load,
   and a record that lands after its partition dozed waits for the sweep.
-  A tenant firing once a minute is thus out of the fetches
-  a second or so after its run is forwarded, not after a fixed quiet time
-  counted from its wake (docs/dispatcher.md, "Idle partitions doze"): every
-  fetch names every awake partition, so at the top of a minute, when
-  thousands of such tenants fire, the fetches shrink as their runs go
-  through.
+  A tenant firing once a minute is thus out of the fetches a few seconds
+  after its wake, not ten seconds after its run (docs/dispatcher.md, "A
+  minute's firing at 3,000 tenants"): every fetch names every awake
+  partition, so at the top of a minute, when thousands of such tenants fire,
+  the fetches shrink as their runs go through.
 - A partition assigned while a fetch is outstanding is first fetched when
   that fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
   comes. So the dispatcher, having assigned again what a wake names, writes a nudge
