@@ -115,7 +115,7 @@ def _latency(url: str, topics: Topics, k: int) -> None:
         for i in range(2 * k):
             case = "dozing" if i % 2 == 0 else "awake"
             if case == "dozing":
-                dozes_by = time.monotonic() + 60  # a woken partition is held 10 s at most
+                dozes_by = time.monotonic() + 60  # held 10 s once woken, then the broker is asked
                 while (run_topic, 0) not in d.dozing.dozing:
                     if time.monotonic() > dozes_by:
                         raise SystemExit(f"case {i}: the partition did not doze in 60 s")

@@ -145,10 +145,11 @@ class Dozing:
         self._last: dict[Where, float] = {}  # a record read (or assigned), per partition
         self._woke: dict[Where, float] = {}  # the last wake, per partition
         self._by_topic: dict[str, set[Where]] = {}
-        # Woken and not read since: the record the wake announced may be on
-        # the broker while the watermark the last fetch brought is older
-        # (a partition assigned again is not fetched at once), so "caught
-        # up" is asked of the broker before such a partition dozes again.
+        # Woken and not read since (or swept awake, or paused meanwhile): the
+        # record the wake announced may be on the broker while the watermark
+        # the last fetch brought is older (a partition assigned again is not
+        # fetched at once; a paused one not at all), so "caught up" is asked
+        # of the broker before such a partition dozes again.
         self.unread: set[Where] = set()
         self._next_check = 0.0
         self._next_sweep = time.monotonic() + self.sweep_s
@@ -175,9 +176,13 @@ class Dozing:
     # -- the assignment ---------------------------------------------------------
 
     def assigned(self, keys: Iterable[Where]) -> None:
+        """Held as if woken (`wake_holds_ms`): a wake read before the lease
+        came here names a partition this instance did not have, and the rows
+        it announced are published within that hold."""
         now = time.monotonic()
         for key in keys:
             self._last[key] = now
+            self._woke[key] = now
             self._by_topic.setdefault(key[0], set()).add(key)
 
     def forget(self, key: Where) -> None:
@@ -229,15 +234,20 @@ class Dozing:
         self._next_check = now + self.check_s
         quiet = now - self.after_s
         unwoken = {False: now - self.wake_holds_s, True: now - self.unread_holds_s}
-        out = [
-            key
-            for key, last in self._last.items()
-            if key not in self.dozing
-            and last <= quiet
-            and self._woke.get(key, NEVER) <= unwoken[key in self.unread]
-            and not busy(key)
-            and caught_up(key)
-        ]
+        out = []
+        for key, last in self._last.items():
+            if (
+                key in self.dozing
+                or last > quiet
+                or self._woke.get(key, NEVER) > unwoken[key in self.unread]
+            ):
+                continue
+            if busy(key):
+                # Paused, so not fetched: when it resumes, what the last fetch
+                # said of it is stale, and the broker is asked before it dozes.
+                self.unread.add(key)
+            elif caught_up(key):
+                out.append(key)
         unsure = [key for key in out if key in self.unread]
         if unsure:
             # `is not None`: an AdminClient is falsy (its len() is the requests
@@ -264,7 +274,10 @@ class Dozing:
         moved = self._ends_past(admin, list(self.dozing), position) or []
         for key in moved:
             self.dozing.discard(key)
-            self._last[key] = now
+            # Held as if woken, its records not read yet: assigned again, it is
+            # not fetched at once, and its watermark is stale until it is.
+            self._last[key] = self._woke[key] = now
+            self.unread.add(key)
         self.missed_total += len(moved)
         return moved
 

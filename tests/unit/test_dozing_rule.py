@@ -43,21 +43,31 @@ class Admin:
         return 0
 
 
-def _doze_at(d: Dozing, clock: Clock, at: float, ends_past: list | None = None) -> list:
-    """What dozes at `at` seconds after the start, caught up and not busy; the
-    broker's answer for partitions woken and not read since is `ends_past`."""
+def _doze_at(
+    d: Dozing, clock: Clock, at: float, ends_past: list | None = None, busy: bool = False
+) -> list:
+    """What dozes at `at` seconds after the start, caught up; the broker's
+    answer for partitions woken and not read since is `ends_past`."""
     clock.now = 1000.0 + at
     # The broker's end offsets (a ListOffsets request) stand here.
     d._ends_past = lambda _admin, _keys, _position: ends_past if ends_past is not None else []
-    return d.to_doze(lambda _k: True, lambda _k: False, admin=Admin())
+    return d.to_doze(lambda _k: True, lambda _k: busy, admin=Admin())
+
+
+def test_just_assigned__held_as_if_woken(clock):
+    """A lease handed over: a wake the previous owner read is not this
+    instance's, so the assignment holds the partition as a wake would."""
+    d = _dozing(clock)
+    assert _doze_at(d, clock, 2.9) == []
+    assert _doze_at(d, clock, 3.1) == [KEY]
 
 
 def test_record_read_without_a_wake__dozes_after_after_ms(clock):
     d = _dozing(clock)
-    clock.now += 0.5
+    clock.now += 3.5
     d.read(KEY)
-    assert _doze_at(d, clock, 1.4) == []
-    assert _doze_at(d, clock, 1.6) == [KEY]
+    assert _doze_at(d, clock, 4.4) == []
+    assert _doze_at(d, clock, 4.6) == [KEY]
     assert KEY in d.dozing
 
 
@@ -108,7 +118,7 @@ def test_woken_after_its_record_was_read__dozes_once_the_broker_says_nothing_cam
 def test_a_wake_for_a_dozing_partition__returned_to_be_assigned_and_held_again(clock):
     d = _dozing(clock)
     d.read(KEY)
-    assert _doze_at(d, clock, 2.0) == [KEY]
+    assert _doze_at(d, clock, 3.1) == [KEY]
     clock.now = 1000.0 + 30
     assert d.woken(TOPIC) == [KEY]
     assert KEY not in d.dozing
@@ -116,3 +126,29 @@ def test_a_wake_for_a_dozing_partition__returned_to_be_assigned_and_held_again(c
     d.read(KEY)
     assert _doze_at(d, clock, 32.0) == []
     assert _doze_at(d, clock, 33.1) == [KEY]
+
+
+def test_paused_meanwhile__the_broker_asked_before_it_dozes(clock):
+    """A partition paused (a class above it, its quota) is not fetched, so what
+    the last fetch said of it is stale when it resumes."""
+    d = _dozing(clock)
+    d.read(KEY)
+    assert _doze_at(d, clock, 5.0, busy=True) == []
+    assert KEY in d.unread
+    assert _doze_at(d, clock, 11.0, ends_past=[KEY]) == []  # its record is there: awake
+    assert _doze_at(d, clock, 12.5, ends_past=[]) == [KEY]
+
+
+def test_swept_awake__held_and_the_broker_asked_before_it_dozes_again(clock):
+    """A partition the sweep found records in is assigned again and not
+    fetched at once: its stale watermark must not let it doze unread."""
+    d = Dozing("p.wake", after_ms=1_000, sweep_ms=1_000, wake_holds_ms=3_000, check_ms=0)
+    d.assigned([KEY])
+    d.read(KEY)
+    assert _doze_at(d, clock, 3.1) == [KEY]
+    clock.now = 1000.0 + 20
+    d._ends_past = lambda _admin, keys, _position: list(keys)  # the broker: records there
+    assert d.sweep(Admin(), lambda _k: 0) == [KEY]
+    assert KEY in d.unread and KEY not in d.dozing
+    assert _doze_at(d, clock, 25.0) == []
+    assert _doze_at(d, clock, 30.1, ends_past=[]) == [KEY]
