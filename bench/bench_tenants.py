@@ -205,11 +205,11 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
             for name, pid in svc.pids.items()
             if name.startswith("dispatcher") and "-pg" not in name
         ]
-        threads0 = _threads(dispatchers)
+        threads0 = thread_cpu(dispatchers)
         time.sleep(window_s)  # the measured window
         after = svc.cpu()
         b1 = cpu_seconds(broker) if broker else 0.0
-        threads1 = _threads(dispatchers)
+        threads1 = thread_cpu(dispatchers)
         used = {k: 100 * (after[k] - before.get(k, 0.0)) / window_s for k in after}
         used.pop("kafka-broker(shared)", None)
         used.pop("bench-reader", None)
@@ -295,15 +295,6 @@ def restart(n: int) -> None:
     finally:
         if mine := prefix_topics(prefix):
             delete_topics(mine)
-
-
-def _threads(pids: list[int]) -> dict[str, float]:
-    """CPU seconds so far per thread name, summed over the processes."""
-    out: dict[str, float] = {}
-    for pid in pids:
-        for name, used in thread_cpu(pid).items():
-            out[name] = out.get(name, 0.0) + used
-    return out
 
 
 def _rss_mb(pid: int) -> float:

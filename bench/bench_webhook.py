@@ -54,6 +54,7 @@ from common import (
     machine_load,
     percentile,
     say,
+    thread_times,
 )
 from standardwebhooks import Webhook
 
@@ -319,21 +320,13 @@ def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of a process's threads, grouped: the asyncio loop (the main
     thread), librdkafka's own threads, and the rest (the database threads, the
     consumer-call thread, DNS lookups)."""
-    hz = os.sysconf("SC_CLK_TCK")
     out = {"loop": 0.0, "librdkafka": 0.0, "db and other threads": 0.0}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-            comm = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / hz
+    for tid, name, cpu in thread_times(pid):
         key = (
             "loop"
-            if int(task.name) == pid
+            if tid == pid
             else "librdkafka"
-            if comm.startswith("rdk:")
+            if name.startswith("rdk:")
             else "db and other threads"
         )
         out[key] += cpu

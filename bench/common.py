@@ -90,26 +90,40 @@ def machine_load(sample_s: float = 1.0, top: int = 4) -> str:
     )
 
 
-def cpu_seconds(pid: int) -> float:
+def _stat_cpu(stat: Path) -> float | None:
+    """User + system CPU seconds of a /proc stat file; None once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
+        return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds so far of each live thread of the process, summed per thread
-    name (librdkafka names its threads rdk:main, rdk:broker<N>, ...)."""
-    out: dict[str, float] = {}
+def cpu_seconds(pid: int) -> float:
+    return _stat_cpu(Path(f"/proc/{pid}/stat")) or 0.0
+
+
+def thread_times(pid: int) -> list[tuple[int, str, float]]:
+    """(thread id, thread name, CPU seconds so far) of each live thread of the
+    process (librdkafka names its threads rdk:main, rdk:broker<N>, ...)."""
+    out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # the thread ended meanwhile
-        used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        out[name] = out.get(name, 0.0) + used
+        used = _stat_cpu(task / "stat")
+        if used is not None:
+            out.append((int(task.name), name, used))
+    return out
+
+
+def thread_cpu(pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of the processes' live threads, summed per name."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        for _tid, name, used in thread_times(pid):
+            out[name] = out.get(name, 0.0) + used
     return out
 
 
