@@ -28,9 +28,11 @@ What holds:
   `every_ms`, each published by its instant, at most the fire-ahead lead
   later: so a wake holds its partition awake for `wake_holds_ms`, which must
   exceed the relay's `every_ms` plus the lead, while a record read holds it
-  only `after_ms`. A partition woken whose record has not been read since
-  is held longer (`unread_holds_ms`): the relay may publish late under load,
-  and a record that lands after its partition dozed waits for the sweep.
+  only `after_ms`. A relay that publishes a row later than that after its
+  topic's last wake (`late_ms`: its releaser behind a lease renewal, a class
+  barrier's flush, a full local queue) wakes the topic again just before the
+  record, so a late record never waits for the sweep. A partition woken
+  whose record has not been read since is held longer (`unread_holds_ms`).
   A tenant firing once a minute is thus out of the fetches a few seconds
   after its wake, not ten seconds after its run (docs/dispatcher.md, "A
   minute's firing at 3,000 tenants"): every fetch names every awake
@@ -57,17 +59,19 @@ What holds:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-
-from cronwheel.kafka import end_offsets
 
 log = logging.getLogger("cronwheel.dozing")
 
 Where = tuple[str, int]
+# The broker's end offset of each partition asked (one ListOffsets request per
+# broker; kafka.RenewingAdmin.end_offsets), None for one not answered, None
+# altogether when the request could not be made.
+Ends = Callable[[list[Where]], "dict[Where, int | None] | None"]
 
 NUDGE = b""  # the key of a dispatcher's nudge: it names no topic
 NEVER = float("-inf")  # no wake yet
@@ -83,30 +87,65 @@ def wake_topic_of(run_topic: str) -> str | None:
 
 
 class Waker:
-    """The relay's side: wake a run topic when a row for it is read."""
+    """The relay's side: wake a run topic when a row for it is read, and again
+    when its record is published later than a wake can be counted on to hold."""
 
-    def __init__(self, producer: Producer, *, every_ms: int, produce: Callable[..., None]):
+    def __init__(
+        self,
+        producer: Producer,
+        *,
+        every_ms: int,
+        produce: Callable[..., None],
+        late_ms: int | None = None,
+    ):
         """`produce(producer, **record)`: how the relay produces (it waits out
-        a full local queue, and makes the wake topic when it is missing)."""
+        a full local queue, and makes the wake topic when it is missing).
+        `late_ms`: a record published this long after its topic's last wake
+        gets a wake of its own first (`published`); None: never. The relay
+        passes `every_ms` plus how far ahead it reads a row: the longest a
+        row read under a wake waits for its instant, so only a late relay
+        (its releaser behind a lease renewal, a class barrier's flush, a
+        full local queue) sends one."""
         self.producer = producer
         self.every_s = every_ms / 1000
+        self.late_s = None if late_ms is None else late_ms / 1000
         self._produce = produce
         self._woken: dict[str, float] = {}  # topic -> when its last wake was sent
+        # `read` runs on the relay's loop, `published` on whichever thread
+        # releases the row.
+        self._lock = threading.Lock()
         self.sent_total = 0
+        self.late_total = 0  # wakes sent at publishing: a row released late
 
     def read(self, topic: str) -> None:
         """A row for `topic` was read (to be published now or at its instant)."""
+        self._wake_if_older(topic, self.every_s)
+
+    def published(self, topic: str) -> bool:
+        """A record for `topic` is about to be produced: if its topic's last
+        wake is older than `late_ms`, the dispatcher may have let the
+        partition doze again, so it is woken first (the wake lands before the
+        record, which the dispatcher reads from where the partition dozed).
+        Whether it was."""
+        if self.late_s is None or not self._wake_if_older(topic, self.late_s):
+            return False
+        self.late_total += 1
+        return True
+
+    def _wake_if_older(self, topic: str, than_s: float) -> bool:
         if wake_topic_of(topic) is None:
-            return
+            return False
         now = time.monotonic()
-        last = self._woken.get(topic)
-        if last is not None and now - last < self.every_s:
-            return
-        self._woken[topic] = now
+        with self._lock:
+            last = self._woken.get(topic)
+            if last is not None and now - last < than_s:
+                return False
+            self._woken[topic] = now
+            if len(self._woken) > 100_000:  # forget topics quiet for a while
+                cutoff = now - max(self.every_s, self.late_s or 0.0)
+                self._woken = {t: at for t, at in self._woken.items() if at >= cutoff}
         self._send(topic)
-        if len(self._woken) > 100_000:  # forget topics quiet for a while
-            cutoff = now - self.every_s
-            self._woken = {t: at for t, at in self._woken.items() if at >= cutoff}
+        return True
 
     def _send(self, topic: str) -> None:
         # Best effort: a wake that fails is the sweep's to make up for.
@@ -220,14 +259,15 @@ class Dozing:
         self,
         caught_up: Callable[[Where], bool],
         busy: Callable[[Where], bool],
-        admin: AdminClient | None = None,
+        ends: Ends | None = None,
         position: Callable[[Where], int | None] = lambda _key: None,
     ) -> list[Where]:
         """At most once per `check_ms`: the partitions to doze now (no record
         for `after_ms`, no wake for `wake_holds_ms`, caught up, and not
         paused or held for another reason).
         One woken and not read since is caught up only if the broker's end
-        offset (asked through `admin`) is not past `position`."""
+        offset (`ends`) is not past `position`; with no `ends`, it stays
+        awake."""
         now = time.monotonic()
         if now < self._next_check:
             return []
@@ -250,10 +290,7 @@ class Dozing:
                 out.append(key)
         unsure = [key for key in out if key in self.unread]
         if unsure:
-            # `is not None`: an AdminClient is falsy (its len() is the requests
-            # it has outstanding, 0 when idle), and taking it for no admin kept
-            # every such partition awake until its next record.
-            past = self._ends_past(admin, unsure, position) if admin is not None else None
+            past = self._ends_past(ends, unsure, position) if ends is not None else None
             behind = set(unsure if past is None else past)  # unknown: stays awake
             for key in unsure:
                 if key in behind:
@@ -264,14 +301,14 @@ class Dozing:
         self.dozing.update(out)
         return out
 
-    def sweep(self, admin: AdminClient, position: Callable[[Where], int | None]) -> list[Where]:
+    def sweep(self, ends: Ends, position: Callable[[Where], int | None]) -> list[Where]:
         """Every `sweep_ms`: the dozing partitions whose end offset is past
         what was read (a wake lost, or never sent); they wake."""
         now = time.monotonic()
         if now < self._next_sweep or not self.dozing:
             return []
         self._next_sweep = now + self.sweep_s
-        moved = self._ends_past(admin, list(self.dozing), position) or []
+        moved = self._ends_past(ends, list(self.dozing), position) or []
         for key in moved:
             self.dozing.discard(key)
             # Held as if woken, its records not read yet: assigned again, it is
@@ -283,15 +320,15 @@ class Dozing:
 
     @staticmethod
     def _ends_past(
-        admin: AdminClient, keys: list[Where], position: Callable[[Where], int | None]
+        ends: Ends, keys: list[Where], position: Callable[[Where], int | None]
     ) -> list[Where] | None:
-        """Those of `keys` whose end offset on the broker is past `position`
-        (one ListOffsets request per broker); None if it cannot be asked."""
-        ends = end_offsets(admin, keys)
-        if ends is None:
+        """Those of `keys` whose end offset on the broker is past `position`;
+        None if it cannot be asked."""
+        got = ends(keys)
+        if got is None:
             return None
         past = []
-        for key, end in ends.items():
+        for key, end in got.items():
             at = position(key)  # None or < 0: not known, so from the start
             if end is None or end > max(at or 0, 0):  # unknown: fetch it again rather than guess
                 past.append(key)

@@ -114,6 +114,10 @@ MISSED_WAKES = Counter(
     "cronwheel_dispatcher_missed_wakes_total",
     "Dozing partitions found with records by the sweep rather than woken by the relay",
 )
+LATE_WAKES = Counter(
+    "cronwheel_relay_late_wakes_total",
+    "Wakes the relay sent as it published a record later than its topic's last wake holds",
+)
 CLASS_PAUSES = Counter(
     "cronwheel_dispatcher_class_pauses_total",
     "Times the dispatcher paused lower-class partitions for a higher class's backlog",

@@ -718,10 +718,12 @@ class Dispatcher(ConsumerService):
             low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             return low
 
-        quiet = self.dozing.to_doze(caught_up, busy, self._admin, position)
+        # Through the renewing admin client (the fetch watch's): one left
+        # stuck after a broker restart is replaced, not asked again and again.
+        quiet = self.dozing.to_doze(caught_up, busy, self.admin.end_offsets, position)
         if quiet:
             self._fall_asleep(consumer, quiet)
-        moved = self.dozing.sweep(self._admin, self._dozed_at.get)
+        moved = self.dozing.sweep(self.admin.end_offsets, self._dozed_at.get)
         if moved:
             log.info("%d dozing partitions had records no wake announced", len(moved))
             metrics.MISSED_WAKES.inc(len(moved))

@@ -136,7 +136,14 @@ class Relay:
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
         # Wakes the dispatcher's dozing partitions of a run topic before its records.
         self._wake_topics: set[str] = set()  # made and known to the producer
-        self.waker = Waker(self.producer, every_ms=wake_every_ms, produce=self._produce_wake)
+        # A row read under a wake is published within wake_every_ms + hold_ms
+        # of it; one later than that gets a wake of its own (Waker.published).
+        self.waker = Waker(
+            self.producer,
+            every_ms=wake_every_ms,
+            produce=self._produce_wake,
+            late_ms=wake_every_ms + hold_ms,
+        )
         # A producer librdkafka left holding records it neither delivers nor
         # fails ends the run for a new relay (cronwheel.fetch_watch, main.py's
         # run_restarting); `_delivered` counts the reports.
@@ -382,6 +389,8 @@ class Relay:
     def _produce(self, row_id: int, record: dict) -> None:
         """Under _lock (the caller's)."""
         self._inflight.add(row_id)
+        if self.waker.published(record["topic"]):
+            metrics.LATE_WAKES.inc()
         # A full local queue is waited out (consumer.produce), never dropped.
         # A topic the broker does not have was made by the placement first.
         produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))

@@ -15,9 +15,12 @@ from confluent_kafka import OFFSET_END, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.consumer import produce as produce_waiting
+from cronwheel.core.clock import to_ms
 from cronwheel.dozing import Dozing, Waker, wake_topic_of
 from cronwheel.kafka import Topics
+from cronwheel.store import outbox
 from services.dispatcher.service import Dispatcher
+from services.relay.service import Relay
 from tests.integration.test_dispatcher import produce, ready
 from tests.support.kafka import drain, read_all
 from tests.support.running import running
@@ -126,18 +129,18 @@ def test_dozing_partition__woken_and_nothing_comes__the_broker_asked_and_it_doze
 ):
     """A wake with nothing after it (as for a run due at once whose record was
     read before its wake): once the wake's hold is over the dispatcher asks the
-    broker for the partition's end offset through its AdminClient, finds
-    nothing to read, and the partition dozes again. (An AdminClient is falsy;
-    taken for "no admin", such a partition stayed in every fetch until its
-    next record.)"""
+    broker for the partition's end offset through its admin client, finds
+    nothing to read, and the partition dozes again. (Until 1ad7fb3 it never
+    asked, and such a partition stayed in every fetch until its next
+    record.)"""
     tenant = _tenant(database_url)
     run_topic = topics.runs(tenant)
     with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=600_000)) as d:
         d.dozing.unread_holds_s = 3.0  # not 10 s: the broker's answer is what is tested
         asked: list[list] = []
         ask = d.dozing._ends_past
-        d.dozing._ends_past = lambda admin, keys, position: (
-            asked.append(keys) or ask(admin, keys, position)
+        d.dozing._ends_past = lambda ends, keys, position: (
+            asked.append(keys) or ask(ends, keys, position)
         )
         _forward_then_doze(d, kafka_bootstrap, topics, tenant)
         producer = kafka.producer(kafka_bootstrap, principal="relay")
@@ -147,6 +150,39 @@ def test_dozing_partition__woken_and_nothing_comes__the_broker_asked_and_it_doze
         wait_for(lambda: (run_topic, 0) in d.dozing.dozing, timeout=30, what="it dozes again")
         assert [(run_topic, 0)] in asked, _state(d, run_topic)
         assert d.forwarded_total == 1 and d.dozing.missed_total == 0
+
+
+def test_relay_publishes_a_row_late__it_wakes_the_topic_again__forwarded_without_the_sweep(
+    database_url, kafka_bootstrap, topics
+):
+    """The relay reads a row ahead of its instant (its wake sent then) but
+    publishes it only after the dispatcher has let the partition doze again:
+    here its releasing is held back (the lock its releaser and loop share,
+    held by the test, as a lease renewal or a class barrier's flush would
+    hold it). Publishing it that late, the relay wakes the topic again
+    first, so the record is forwarded without waiting for the sweep (600 s
+    here; before, it waited for it)."""
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=600_000)) as d:
+        d.dozing.unread_holds_s = 3.0  # the broker asked after 3 s, not 10
+        _forward_then_doze(d, kafka_bootstrap, topics, tenant)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            now = to_ms(conn.execute("SELECT clock_timestamp()").fetchone()[0])
+            row = outbox.OutboxRow(
+                0, run_topic, b"r-1", ready(tenant, "r-1"), not_before_ms=now + 3_000
+            )
+            outbox.append(conn, [row])
+        relay = Relay(database_url, kafka_bootstrap)
+        with running(relay):
+            wait_for(lambda: relay._held_ids, 30, what="the row read and held")
+            with relay._lock:  # the releaser is held back from here
+                wait_for(lambda: (run_topic, 0) in _in_consumer(d), 30, what="woken by the read")
+                wait_for(lambda: (run_topic, 0) in d.dozing.dozing, 30, what="dozing again")
+                assert relay._held_ids, "the row was published before the partition dozed"
+            wait_for(lambda: d.forwarded_total == 2, 30, what="the late record forwarded")
+        assert relay.waker.late_total == 1 and relay.waker.sent_total == 2
+        assert d.dozing.missed_total == 0
 
 
 def test_leases_move_while_partitions_doze__handed_over__every_run_forwarded_once(

@@ -1,14 +1,17 @@
 """When a run-topic partition dozes (cronwheel.dozing.Dozing.to_doze): a record
 read holds it `after_ms`, a wake `wake_holds_ms` once a record was read after
-it, and `unread_holds_ms` while none was. The clock is cronwheel.dozing's
-time.monotonic, set by the test."""
+it, and `unread_holds_ms` while none was. When the relay wakes a run topic
+(cronwheel.dozing.Waker): on reading a row, at most once per `every_ms`; on
+publishing one, only if the topic's last wake is older than `late_ms`. The
+clock is cronwheel.dozing's time.monotonic, set by the test; the wakes are
+what the Waker's `produce` was given."""
 
 from __future__ import annotations
 
 import pytest
 
 from cronwheel import dozing
-from cronwheel.dozing import Dozing
+from cronwheel.dozing import Dozing, Waker
 
 TOPIC = "p.runs.t1"
 KEY = (TOPIC, 0)
@@ -35,12 +38,10 @@ def _dozing(clock: Clock) -> Dozing:
     return d
 
 
-class Admin:
-    """Stands for an AdminClient, falsy like one (its len() is the requests it
-    has outstanding)."""
-
-    def __len__(self) -> int:
-        return 0
+def _ends(past: list | None):
+    """The broker's end offsets (a ListOffsets request stands here): past the
+    position (0) for the partitions in `past`, at it for the others."""
+    return lambda keys: {key: (5 if key in (past or []) else 0) for key in keys}
 
 
 def _doze_at(
@@ -49,9 +50,7 @@ def _doze_at(
     """What dozes at `at` seconds after the start, caught up; the broker's
     answer for partitions woken and not read since is `ends_past`."""
     clock.now = 1000.0 + at
-    # The broker's end offsets (a ListOffsets request) stand here.
-    d._ends_past = lambda _admin, _keys, _position: ends_past if ends_past is not None else []
-    return d.to_doze(lambda _k: True, lambda _k: busy, admin=Admin())
+    return d.to_doze(lambda _k: True, lambda _k: busy, ends=_ends(ends_past))
 
 
 def test_just_assigned__held_as_if_woken(clock):
@@ -147,8 +146,75 @@ def test_swept_awake__held_and_the_broker_asked_before_it_dozes_again(clock):
     d.read(KEY)
     assert _doze_at(d, clock, 3.1) == [KEY]
     clock.now = 1000.0 + 20
-    d._ends_past = lambda _admin, keys, _position: list(keys)  # the broker: records there
-    assert d.sweep(Admin(), lambda _k: 0) == [KEY]
+    assert d.sweep(_ends([KEY]), lambda _k: 0) == [KEY]  # the broker: records there
     assert KEY in d.unread and KEY not in d.dozing
     assert _doze_at(d, clock, 25.0) == []
     assert _doze_at(d, clock, 30.1, ends_past=[]) == [KEY]
+
+
+# -- the relay's side ---------------------------------------------------------
+
+
+def _waker(late_ms: int | None = 1_500) -> tuple[Waker, list[dict]]:
+    sent: list[dict] = []
+    w = Waker(None, every_ms=500, produce=lambda _p, **record: sent.append(record), late_ms=late_ms)
+    return w, sent
+
+
+def test_rows_read__one_wake_per_every_ms(clock):
+    w, sent = _waker()
+    w.read(TOPIC)
+    clock.now += 0.4
+    w.read(TOPIC)
+    assert [r["key"] for r in sent] == [TOPIC.encode()]
+    assert sent[0]["topic"] == "p.wake"
+    clock.now += 0.2
+    w.read(TOPIC)
+    assert len(sent) == 2
+
+
+def test_published_within_late_ms_of_the_wake__no_second_wake(clock):
+    """The usual case: read up to the fire-ahead lead before its instant,
+    published then, under the wake its read sent."""
+    w, sent = _waker()
+    w.read(TOPIC)
+    clock.now += 1.4
+    assert w.published(TOPIC) is False
+    assert len(sent) == 1 and w.late_total == 0
+
+
+def test_published_later_than_late_ms__woken_again_first(clock):
+    """A late relay (its releaser behind a lease renewal, a barrier's flush):
+    the dispatcher may have let the partition doze, so a wake goes first."""
+    w, sent = _waker()
+    w.read(TOPIC)
+    clock.now += 1.6
+    assert w.published(TOPIC) is True
+    assert len(sent) == 2 and w.late_total == 1
+    # That wake counts as the topic's last: a row read now needs none.
+    clock.now += 0.1
+    w.read(TOPIC)
+    assert w.published(TOPIC) is False
+    assert len(sent) == 2
+
+
+def test_published_with_no_wake_yet__woken(clock):
+    """A row the relay holds from before its own start (or read by another
+    relay that lost the lease) has no wake from this relay."""
+    w, sent = _waker()
+    assert w.published(TOPIC) is True
+    assert len(sent) == 1
+
+
+def test_without_late_ms__publishing_never_wakes(clock):
+    w, sent = _waker(late_ms=None)
+    clock.now += 60
+    assert w.published(TOPIC) is False
+    assert sent == []
+
+
+def test_not_a_run_topic__never_woken(clock):
+    w, sent = _waker()
+    w.read("p.queue.t1.default")
+    assert w.published("p.queue.t1.default") is False
+    assert sent == []
