@@ -1,11 +1,14 @@
 """In-order offset commits (the SDK's and the webhook service's): a crash never
-skips an unstarted record."""
+skips an unstarted record. Paced commits (cronwheel.consuming.Offsets) name
+only the partitions that finished a record since the last."""
 
 from __future__ import annotations
 
+from confluent_kafka import Message, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cronwheel.consuming import Offsets
 from cronwheel.core.offsets import OffsetTracker
 
 
@@ -54,3 +57,47 @@ def test_committable__never_passes_an_unfinished_offset(offsets, rnd):
         for _tp, nxt in t.committable().items():
             assert all(o in finished for o in begun if o < nxt)
     assert t.committable() in ({}, {("q", 0): begun[-1] + 1})
+
+
+class _Committing:
+    """Stands for a consumer's assignment and commit() (what a paced commit
+    names is the rule tested; the broker's side is tests/integration's)."""
+
+    def __init__(self, assigned: list[tuple[str, int]]):
+        self.assigned = assigned
+        self.commits: list[tuple[dict, bool]] = []
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in self.assigned]
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        self.commits.append(({(tp.topic, tp.partition): tp.offset for tp in offsets}, asynchronous))
+
+
+def test_paced_commit__names_only_the_partitions_that_finished_since():
+    """At 3,000 assigned partitions, naming every one in each commit cost the
+    client a topic lookup and the broker an offset record per partition named,
+    five times a second."""
+    consumer = _Committing([("r", 0), ("r", 1), ("r", 2)])
+    offsets = Offsets("test", commit_every_s=0)
+    for p, at in ((0, 10), (1, 20), (2, 30)):
+        offsets.finished(Message(topic="r", partition=p, offset=at))
+    offsets.commit(consumer, asynchronous=True)
+    offsets.finished(Message(topic="r", partition=1, offset=21))
+    offsets.commit(consumer, asynchronous=True)
+    offsets.commit(consumer, asynchronous=True)  # nothing finished since: no commit
+    offsets.commit(consumer, asynchronous=False)  # a stop: every partition
+    assert consumer.commits == [
+        ({("r", 0): 11, ("r", 1): 21, ("r", 2): 31}, True),
+        ({("r", 1): 22}, True),
+        ({("r", 0): 11, ("r", 1): 22, ("r", 2): 31}, False),
+    ]
+
+
+def test_paced_commit__a_partition_no_longer_assigned__not_named():
+    consumer = _Committing([("r", 0)])
+    offsets = Offsets("test", commit_every_s=0)
+    offsets.finished(Message(topic="r", partition=0, offset=1))
+    offsets.finished(Message(topic="r", partition=5, offset=1))
+    offsets.commit(consumer, asynchronous=True)
+    assert consumer.commits == [({("r", 0): 2}, True)]
