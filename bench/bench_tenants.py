@@ -21,7 +21,9 @@ consumer more than the next, and that is setup, not idling) and 5 s more,
 of the minute) are measured: the broker's partitions (this prefix's and the whole cluster's),
 its resident memory, and every process's CPU, with what fired meanwhile
 (~N runs a minute), and the dispatchers' CPU per thread name (librdkafka's
-rdk:main, rdk:broker<N>; Python's threads are all `python`). The cost per
+rdk:main, rdk:broker<N>; Python's threads are all `python`), and the offset
+commits every consumer made, as records written to __consumer_offsets a
+minute (one per partition a commit names). The cost per
 tenant is (figure at N - figure at the smallest N) / (N - smallest N).
 `--dispatchers K` runs K dispatcher instances, which share the tenants
 through their leases.
@@ -206,10 +208,12 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
             if name.startswith("dispatcher") and "-pg" not in name
         ]
         threads0 = thread_cpu(dispatchers)
+        commits0 = _offset_records()
         time.sleep(window_s)  # the measured window
         after = svc.cpu()
         b1 = cpu_seconds(broker) if broker else 0.0
         threads1 = thread_cpu(dispatchers)
+        commits = _offset_records() - commits0
         used = {k: 100 * (after[k] - before.get(k, 0.0)) / window_s for k in after}
         used.pop("kafka-broker(shared)", None)
         used.pop("bench-reader", None)
@@ -230,9 +234,20 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
         }
         say(
             f"partitions {partitions} (cluster {cluster}), broker RSS {rss:.0f} MB,"
-            f" broker CPU {row['broker_cpu']:.1f}%, services CPU {row['services_cpu']:.1f}%"
+            f" broker CPU {row['broker_cpu']:.1f}%, services CPU {row['services_cpu']:.1f}%,"
+            f" offset commits {60 * commits / window_s:.0f} a minute"
         )
     return row
+
+
+def _offset_records() -> int:
+    """Records written to __consumer_offsets so far (the sum of its partitions'
+    end offsets): every consumer's offset commits on the broker, one record per
+    partition named, whichever consumer made them."""
+    admin = kafka.admin(principal="admin")  # the internal topic is the operator's to see
+    meta = admin.list_topics("__consumer_offsets", timeout=30).topics["__consumer_offsets"]
+    ends = kafka.end_offsets(admin, [("__consumer_offsets", p) for p in meta.partitions], 30)
+    return sum(end for end in (ends or {}).values() if end)
 
 
 def restart(n: int) -> None:
