@@ -7,7 +7,8 @@ prefix; a dispatcher runs in this process, first with dozing on
 partition is assigned and, with dozing on, after every partition dozes.
 Printed per case: partitions assigned and dozing, this process's CPU (the
 dispatcher's Python and librdkafka's threads) and the broker's, as a share of
-one core, with the machine's load.
+one core, with the machine's load; with dozing on, how long the doze checks
+and the sweeps held the dispatcher's loop (p99 and max of the calls).
 
 `--latency K`: what dozing costs a run due at once (a trigger, a retry, a
 workflow node: the path with no second of warning). One tenant; K times a
@@ -62,6 +63,7 @@ def _tenants(url: str, topics: Topics, n: int) -> list[str]:
 
 def _measure(url: str, topics: Topics, n: int, doze_after_ms: int, window: float) -> None:
     d = Dispatcher(url, config.kafka_bootstrap(), topics, doze_after_ms=doze_after_ms)
+    turns = _time_doze_checks(d)
     stop = threading.Event()
     thread = threading.Thread(target=d.run, args=(stop,), daemon=True)
     thread.start()
@@ -77,8 +79,10 @@ def _measure(url: str, topics: Topics, n: int, doze_after_ms: int, window: float
         broker = kafka_broker_pid()
         me, them = cpu_seconds(os.getpid()), cpu_seconds(broker) if broker else 0.0
         started = time.monotonic()
+        turns.clear()
         time.sleep(window)  # the measured window itself
         spent = time.monotonic() - started
+        held = sorted(turns)
         mine = (cpu_seconds(os.getpid()) - me) / spent * 100
         broker_cpu = ((cpu_seconds(broker) - them) / spent * 100) if broker else float("nan")
         dozing = len(d.dozing.dozing) if d.dozing is not None else 0
@@ -87,9 +91,33 @@ def _measure(url: str, topics: Topics, n: int, doze_after_ms: int, window: float
             f" assigned, {dozing} dozing; dispatcher process CPU {mine:.1f}%,"
             f" broker CPU {broker_cpu:.1f}% over {spent:.0f} s"
         )
+        if held:
+            say(
+                f"  the loop held by the doze checks and sweeps: {len(held)} calls,"
+                f" p99 {1000 * held[int(0.99 * (len(held) - 1))]:.1f} ms,"
+                f" max {1000 * held[-1]:.1f} ms"
+            )
     finally:
         stop.set()
         thread.join(60)
+
+
+def _time_doze_checks(d: Dispatcher) -> list[float]:
+    """How long each of the loop's doze checks (the sweep's included) holds
+    the dispatcher's loop, in seconds: a run whose record comes meanwhile
+    waits that long."""
+    took: list[float] = []
+    check = d._doze
+
+    def timed(consumer):
+        t0 = time.perf_counter()
+        try:
+            return check(consumer)
+        finally:
+            took.append(time.perf_counter() - t0)
+
+    d._doze = timed
+    return took
 
 
 def _latency(url: str, topics: Topics, k: int) -> None:

@@ -48,7 +48,9 @@ What holds:
   and replaced).
 - Nothing depends on a wake arriving. Every `sweep_ms` the dispatcher asks for
   the end offsets of its dozing partitions (one ListOffsets request per
-  broker) and wakes those that moved, counted in
+  broker, on a thread of its own: with thousands dozing the answer takes
+  tens of milliseconds, and a broker that does not answer, the request's
+  whole timeout; the loop reads on meanwhile) and wakes those that moved, counted in
   `cronwheel_dispatcher_missed_wakes_total`: a lost wake costs at most
   `sweep_ms` of lateness, never a run.
 - The wake topic says which tenants are busy, so no tenant may read it
@@ -62,6 +64,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
@@ -170,6 +174,7 @@ class Dozing:
         wake_holds_ms: int | None = None,
         unread_holds_ms: int = 10_000,
         check_ms: int = 250,
+        asker: Executor | None = None,
     ):
         """`wake_holds_ms`: how long a wake keeps its partition awake once a
         record was read after it; by default `after_ms` (a wake then counts as
@@ -192,6 +197,11 @@ class Dozing:
         self.unread: set[Where] = set()
         self._next_check = 0.0
         self._next_sweep = time.monotonic() + self.sweep_s
+        # Broker asks run on a thread of their own (`_ask`), one of each kind
+        # out at a time; `asker`: an executor to run them on instead.
+        self._asker: Executor | None = asker
+        self._unsure_ask: _Ask | None = None
+        self._sweep_ask: _Ask | None = None
         self.missed_total = 0  # wakes the sweep made up for
 
     def start(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
@@ -265,8 +275,9 @@ class Dozing:
         """At most once per `check_ms`: the partitions to doze now (no record
         for `after_ms`, no wake for `wake_holds_ms`, caught up, and not
         paused or held for another reason).
-        One woken and not read since is caught up only if the broker's end
-        offset (`ends`) is not past `position`; with no `ends`, it stays
+        One woken and not read since is caught up only once the broker's end
+        offset (`ends`, asked off the caller's thread) was found not past
+        `position`; until the answer comes, or with no `ends`, it stays
         awake."""
         now = time.monotonic()
         if now < self._next_check:
@@ -290,25 +301,57 @@ class Dozing:
                 out.append(key)
         unsure = [key for key in out if key in self.unread]
         if unsure:
-            past = self._ends_past(ends, unsure, position) if ends is not None else None
-            behind = set(unsure if past is None else past)  # unknown: stays awake
-            for key in unsure:
-                if key in behind:
-                    self._last[key] = now  # awake: its record is on the way
-                else:
-                    self.unread.discard(key)
-            out = [key for key in out if key not in behind]
+            self.unread.difference_update(self._nothing_left(unsure, ends, position, now))
+            out = [key for key in out if key not in self.unread]
         self.dozing.update(out)
         return out
 
+    def _nothing_left(
+        self,
+        unsure: list[Where],
+        ends: Ends | None,
+        position: Callable[[Where], int | None],
+        now: float,
+    ) -> set[Where]:
+        """Of `unsure`, those the broker has answered have nothing left to
+        read. One ask at a time: asked now if none is out; those it says
+        have records are held `after_ms` more, and those it did not name
+        (or could not answer) stay awake and are asked again."""
+        if self._unsure_ask is None and ends is not None:
+            self._unsure_ask = self._ask(unsure, ends, position)
+        ask = self._unsure_ask
+        if ask is None or not ask.future.done():
+            return set()
+        self._unsure_ask = None
+        past = self._answer(ask)
+        if past is None:
+            return set()
+        still = ask.at.keys() & set(unsure)
+        for key in still & past:
+            self._last[key] = now  # awake: its record is on the way
+        return still - past
+
     def sweep(self, ends: Ends, position: Callable[[Where], int | None]) -> list[Where]:
         """Every `sweep_ms`: the dozing partitions whose end offset is past
-        what was read (a wake lost, or never sent); they wake."""
+        what was read (a wake lost, or never sent); they wake. Asked off the
+        caller's thread: returned by the first call after the answer came."""
         now = time.monotonic()
-        if now < self._next_sweep or not self.dozing:
+        ask = self._sweep_ask
+        if ask is None:
+            if now < self._next_sweep or not self.dozing:
+                return []
+            self._next_sweep = now + self.sweep_s
+            ask = self._sweep_ask = self._ask(list(self.dozing), ends, position)
+        if not ask.future.done():
             return []
-        self._next_sweep = now + self.sweep_s
-        moved = self._ends_past(ends, list(self.dozing), position) or []
+        self._sweep_ask = None
+        # Still dozing where it dozed when asked: one woken since (and perhaps
+        # dozing again, further on) is not the answer's.
+        moved = [
+            key
+            for key in self._answer(ask) or ()
+            if key in self.dozing and position(key) == ask.at[key]
+        ]
         for key in moved:
             self.dozing.discard(key)
             # Held as if woken, its records not read yet: assigned again, it is
@@ -317,6 +360,34 @@ class Dozing:
             self.unread.add(key)
         self.missed_total += len(moved)
         return moved
+
+    def close(self) -> None:
+        """Drops what is being asked (a service run again asks anew)."""
+        if self._asker is not None:
+            self._asker.shutdown(wait=False, cancel_futures=True)
+            self._asker = None
+        self._unsure_ask = self._sweep_ask = None
+
+    # -- asking the broker --------------------------------------------------------
+
+    def _ask(self, keys: list[Where], ends: Ends, position: Callable[[Where], int | None]) -> _Ask:
+        """Which of `keys` have records past where they were read (`position`,
+        read now, on the caller's thread), asked on the asker's thread: a
+        ListOffsets can take its whole timeout, and the dispatcher's loop
+        must not wait for it."""
+        at = {key: position(key) for key in keys}
+        if self._asker is None:
+            self._asker = ThreadPoolExecutor(1, thread_name_prefix="dozing-ask")
+        return _Ask(self._asker.submit(self._ends_past, ends, keys, at.get), at)
+
+    @staticmethod
+    def _answer(ask: _Ask) -> set[Where] | None:
+        try:
+            past = ask.future.result()
+        except Exception as exc:  # an error of the client: asked again, awake meanwhile
+            log.warning("end offsets of %d partitions not asked: %s", len(ask.at), exc)
+            return None
+        return None if past is None else set(past)
 
     @staticmethod
     def _ends_past(
@@ -333,3 +404,12 @@ class Dozing:
             if end is None or end > max(at or 0, 0):  # unknown: fetch it again rather than guess
                 past.append(key)
         return past
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A question to the broker on the asker's thread, and where each
+    partition asked about was read to when it was asked."""
+
+    future: Future
+    at: dict[Where, int | None]

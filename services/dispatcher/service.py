@@ -196,6 +196,11 @@ class Dispatcher(ConsumerService):
             else None
         )
         self._dozed_at: dict[tuple[str, int], int] = {}  # where each dozing one resumes
+        # The broker asked about dozing partitions, on the dozing's own thread
+        # (cronwheel.dozing), through a client of its own: made anew when it
+        # gets no answer (one left stuck after a broker restart), and never
+        # one whose calls the loop's fetch watch would wait behind.
+        self._doze_admin = kafka.RenewingAdmin(self.bootstrap, principal=self.name)
         # Dispatch quotas: records held per partition (paused) until `_held_until`.
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
@@ -278,6 +283,11 @@ class Dispatcher(ConsumerService):
     def stopping(self, stop: threading.Event) -> None:
         if self._batches and stop.is_set():
             self._settle(stop, until=0)  # within the shutdown grace
+
+    def close(self) -> None:
+        if self.dozing is not None:
+            self.dozing.close()
+        super().close()
 
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block until one record arrives, then take what else comes within
@@ -718,12 +728,10 @@ class Dispatcher(ConsumerService):
             low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             return low
 
-        # Through the renewing admin client (the fetch watch's): one left
-        # stuck after a broker restart is replaced, not asked again and again.
-        quiet = self.dozing.to_doze(caught_up, busy, self.admin.end_offsets, position)
+        quiet = self.dozing.to_doze(caught_up, busy, self._doze_admin.end_offsets, position)
         if quiet:
             self._fall_asleep(consumer, quiet)
-        moved = self.dozing.sweep(self.admin.end_offsets, self._dozed_at.get)
+        moved = self.dozing.sweep(self._doze_admin.end_offsets, self._dozed_at.get)
         if moved:
             log.info("%d dozing partitions had records no wake announced", len(moved))
             metrics.MISSED_WAKES.inc(len(moved))

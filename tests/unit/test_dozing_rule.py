@@ -8,6 +8,9 @@ what the Waker's `produce` was given."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+
 import pytest
 
 from cronwheel import dozing
@@ -32,8 +35,30 @@ def clock(monkeypatch) -> Clock:
     return c
 
 
-def _dozing(clock: Clock) -> Dozing:
-    d = Dozing("p.wake", after_ms=1_000, sweep_ms=600_000, wake_holds_ms=3_000, check_ms=0)
+class Asker(Executor):
+    """Runs the broker asks when the test says (`answer`), not on a thread:
+    `inline` ones at once, as if the broker answered before the next check."""
+
+    def __init__(self, inline: bool = True) -> None:
+        self.inline = inline
+        self.waiting: list[tuple[Future, Callable, tuple]] = []
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        f: Future = Future()
+        self.waiting.append((f, fn, args))
+        if self.inline:
+            self.answer()
+        return f
+
+    def answer(self) -> None:
+        for f, fn, args in self.waiting:
+            f.set_result(fn(*args))
+        self.waiting = []
+
+
+def _dozing(clock: Clock, asker: Asker | None = None, **kwargs) -> Dozing:
+    settings = {"after_ms": 1_000, "sweep_ms": 600_000, "wake_holds_ms": 3_000} | kwargs
+    d = Dozing("p.wake", check_ms=0, asker=asker or Asker(), **settings)
     d.assigned([KEY])
     return d
 
@@ -141,8 +166,7 @@ def test_paused_meanwhile__the_broker_asked_before_it_dozes(clock):
 def test_swept_awake__held_and_the_broker_asked_before_it_dozes_again(clock):
     """A partition the sweep found records in is assigned again and not
     fetched at once: its stale watermark must not let it doze unread."""
-    d = Dozing("p.wake", after_ms=1_000, sweep_ms=1_000, wake_holds_ms=3_000, check_ms=0)
-    d.assigned([KEY])
+    d = _dozing(clock, sweep_ms=1_000)
     d.read(KEY)
     assert _doze_at(d, clock, 3.1) == [KEY]
     clock.now = 1000.0 + 20
@@ -150,6 +174,39 @@ def test_swept_awake__held_and_the_broker_asked_before_it_dozes_again(clock):
     assert KEY in d.unread and KEY not in d.dozing
     assert _doze_at(d, clock, 25.0) == []
     assert _doze_at(d, clock, 30.1, ends_past=[]) == [KEY]
+
+
+def test_the_broker_slow_to_answer__awake_until_it_does(clock):
+    """The ask runs off the dispatcher's loop: until its answer comes, a
+    partition woken and not read since stays awake, and one ask is out at
+    a time."""
+    asker = Asker(inline=False)
+    d = _dozing(clock, asker)
+    d.woken(TOPIC)
+    assert _doze_at(d, clock, 10.1) == []  # asked
+    assert _doze_at(d, clock, 12.0) == []  # not answered yet: awake, not asked again
+    assert len(asker.waiting) == 1
+    asker.answer()  # nothing left
+    assert _doze_at(d, clock, 12.3) == [KEY]
+
+
+def test_swept_while_it_was_woken_and_dozed_again__the_answer_is_not_its(clock):
+    """A sweep's answer names where each partition was read to when asked: one
+    woken (and read further) since then is not woken again by it."""
+    asker = Asker(inline=False)
+    d = _dozing(clock, asker, sweep_ms=1_000)
+    d.read(KEY)
+    assert _doze_at(d, clock, 3.1) == [KEY]
+    clock.now = 1000.0 + 5
+    where = {KEY: 0}
+    assert d.sweep(_ends([KEY]), where.get) == []  # asked: the broker's end is past 0
+    assert d.woken(TOPIC) == [KEY]  # meanwhile a wake; read to 5, and it dozes again
+    d.read(KEY)
+    assert _doze_at(d, clock, 8.1) == [KEY]
+    where[KEY] = 5
+    asker.answer()
+    assert d.sweep(_ends([KEY]), where.get) == []
+    assert KEY in d.dozing and d.missed_total == 0
 
 
 # -- the relay's side ---------------------------------------------------------
