@@ -264,10 +264,10 @@ class Offsets:
     the broker a record each in __consumer_offsets, five times a second, so
     a dispatcher firing 3,000 tenants at one instant committed ~60,000
     offsets for 3,000 runs. An asynchronous commit that fails is not tried
-    again for partitions that finish nothing more: their offsets go with the
-    next synchronous commit (a stop, a hand-over, a partition dozing), and
-    after a crash their records come again and are skipped, as any record
-    consumed again is."""
+    again for partitions that finish nothing more: their offsets go with
+    that partition's next synchronous commit (a stop; for the dispatcher also
+    a hand-over or the partition dozing), and after a crash their records
+    come again and are skipped, as any record consumed again is."""
 
     def __init__(
         self,
@@ -299,11 +299,16 @@ class Offsets:
         synchronously always, every partition (a stop, a hand-over)."""
         if asynchronous and not (self._changed and self._pacer.due()):
             return
-        done = self.committable()
-        if asynchronous:
-            done = {key: done[key] for key in self._changed if key in done}
-        self._changed = set()
+        # Taken before the offsets are read: a record finished meanwhile (the
+        # webhook finishes on another thread) is named by the next commit.
+        changed, self._changed = self._changed, set()
+        done = self._moved(changed) if asynchronous else self.committable()
         commit_assigned(consumer, done, asynchronous=asynchronous)
+
+    def _moved(self, changed: set[Where]) -> MutableMapping[Where, int]:
+        """The offsets of the partitions in `changed`."""
+        done = self.committable()
+        return {key: done[key] for key in changed if key in done}
 
     def give_up(self, consumer: Consumer, partitions: Iterable[TopicPartition]) -> set[Where]:
         """These partitions go (revoked, or their lease moved): commit what was
@@ -336,6 +341,12 @@ class TrackedOffsets(Offsets):
 
     def committable(self) -> MutableMapping[Where, int]:
         return self.tracker.committable()
+
+    def _moved(self, changed: set[Where]) -> MutableMapping[Where, int]:
+        # The tracker hands out only what moved since it last did, once: a
+        # filter here would drop, for good, a partition finished between
+        # the swap of `_changed` and this call.
+        return self.committable()
 
     def give_up(self, consumer: Consumer, partitions: Iterable[TopicPartition]) -> set[Where]:
         gone = super().give_up(consumer, partitions)

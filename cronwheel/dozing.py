@@ -31,7 +31,8 @@ What holds:
   only `after_ms`. A relay that publishes a row later than that after its
   topic's last wake (`late_ms`: its releaser behind a lease renewal, a class
   barrier's flush, a full local queue) wakes the topic again just before the
-  record, so a late record never waits for the sweep. A partition woken
+  record (best effort, as every wake), so a late record is woken again
+  rather than left to the sweep. A partition woken
   whose record has not been read since is held longer (`unread_holds_ms`).
   A tenant firing once a minute is thus out of the fetches a few seconds
   after its wake, not ten seconds after its run (docs/dispatcher.md, "A
@@ -195,6 +196,7 @@ class Dozing:
         # fetched at once; a paused one not at all), so "caught up" is asked
         # of the broker before such a partition dozes again.
         self.unread: set[Where] = set()
+        self._unsure_since: dict[Where, float] = {}  # when each last became unread
         self._next_check = 0.0
         self._next_sweep = time.monotonic() + self.sweep_s
         # Broker asks run on a thread of their own (`_ask`), one of each kind
@@ -239,6 +241,7 @@ class Dozing:
         self._woke.pop(key, None)
         self.dozing.discard(key)
         self.unread.discard(key)
+        self._unsure_since.pop(key, None)
         same = self._by_topic.get(key[0])
         if same is not None:
             same.discard(key)
@@ -259,7 +262,7 @@ class Dozing:
         back = []
         for key in self._by_topic.get(topic, ()):
             self._woke[key] = now
-            self.unread.add(key)
+            self._unsure(key, now)
             if key in self.dozing:
                 self.dozing.discard(key)
                 back.append(key)
@@ -296,7 +299,7 @@ class Dozing:
             if busy(key):
                 # Paused, so not fetched: when it resumes, what the last fetch
                 # said of it is stale, and the broker is asked before it dozes.
-                self.unread.add(key)
+                self._unsure(key, now)
             elif caught_up(key):
                 out.append(key)
         unsure = [key for key in out if key in self.unread]
@@ -326,7 +329,13 @@ class Dozing:
         past = self._answer(ask)
         if past is None:
             return set()
-        still = ask.at.keys() & set(unsure)
+        # An answer asked before the partition was last woken, paused or swept
+        # is not about what may have come since: those are asked again.
+        still = {
+            key
+            for key in ask.at.keys() & set(unsure)
+            if self._unsure_since.get(key, NEVER) <= ask.asked_at
+        }
         for key in still & past:
             self._last[key] = now  # awake: its record is on the way
         return still - past
@@ -357,7 +366,7 @@ class Dozing:
             # Held as if woken, its records not read yet: assigned again, it is
             # not fetched at once, and its watermark is stale until it is.
             self._last[key] = self._woke[key] = now
-            self.unread.add(key)
+            self._unsure(key, now)
         self.missed_total += len(moved)
         return moved
 
@@ -370,6 +379,10 @@ class Dozing:
 
     # -- asking the broker --------------------------------------------------------
 
+    def _unsure(self, key: Where, now: float) -> None:
+        self.unread.add(key)
+        self._unsure_since[key] = now
+
     def _ask(self, keys: list[Where], ends: Ends, position: Callable[[Where], int | None]) -> _Ask:
         """Which of `keys` have records past where they were read (`position`,
         read now, on the caller's thread), asked on the asker's thread: a
@@ -378,7 +391,8 @@ class Dozing:
         at = {key: position(key) for key in keys}
         if self._asker is None:
             self._asker = ThreadPoolExecutor(1, thread_name_prefix="dozing-ask")
-        return _Ask(self._asker.submit(self._ends_past, ends, keys, at.get), at)
+        future = self._asker.submit(self._ends_past, ends, keys, at.get)
+        return _Ask(future, at, time.monotonic())
 
     @staticmethod
     def _answer(ask: _Ask) -> set[Where] | None:
@@ -413,3 +427,4 @@ class _Ask:
 
     future: Future
     at: dict[Where, int | None]
+    asked_at: float  # time.monotonic() when asked

@@ -11,6 +11,7 @@ so one broker can hold several independent systems.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import re
 import time
@@ -264,8 +265,10 @@ def end_offsets(
     ends: dict[tuple[str, int], int | None] = {}
     for tp, fut in futures.items():
         try:
-            ends[asked[tp]] = fut.result().offset
-        except KafkaException:
+            # Bounded: a client left stuck never resolves its futures, and the
+            # caller (a renewing client) then makes a new one.
+            ends[asked[tp]] = fut.result(timeout=timeout_s + 5).offset
+        except (KafkaException, concurrent.futures.TimeoutError):
             ends[asked[tp]] = None
     return ends
 

@@ -190,6 +190,25 @@ def test_the_broker_slow_to_answer__awake_until_it_does(clock):
     assert _doze_at(d, clock, 12.3) == [KEY]
 
 
+def test_an_answer_asked_before_the_partition_was_paused__not_applied(clock):
+    """An answer that sat unused while the partition was paused (a class, a
+    quota) and woken again says nothing of what came meanwhile: it is asked
+    again rather than put to sleep on the old answer."""
+    asker = Asker(inline=False)
+    d = _dozing(clock, asker)
+    d.woken(TOPIC)
+    assert _doze_at(d, clock, 10.1) == []  # asked
+    asker.answer()  # nothing left, then
+    assert _doze_at(d, clock, 10.2, busy=True) == []  # paused before the answer is used
+    clock.now = 1000.0 + 11
+    d.woken(TOPIC)  # records came while it was paused
+    assert _doze_at(d, clock, 21.5) == []  # the old answer is not its: dropped
+    assert _doze_at(d, clock, 21.6) == []  # asked again
+    assert len(asker.waiting) == 1
+    asker.answer()
+    assert _doze_at(d, clock, 21.7) == [KEY]
+
+
 def test_swept_while_it_was_woken_and_dozed_again__the_answer_is_not_its(clock):
     """A sweep's answer names where each partition was read to when asked: one
     woken (and read further) since then is not woken again by it."""

@@ -8,7 +8,7 @@ from confluent_kafka import Message, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronwheel.consuming import Offsets
+from cronwheel.consuming import Offsets, TrackedOffsets
 from cronwheel.core.offsets import OffsetTracker
 
 
@@ -101,3 +101,30 @@ def test_paced_commit__a_partition_no_longer_assigned__not_named():
     offsets.finished(Message(topic="r", partition=5, offset=1))
     offsets.commit(consumer, asynchronous=True)
     assert consumer.commits == [({("r", 0): 2}, True)]
+
+
+def test_tracked_paced_commit__a_record_finished_while_committing__named_by_the_next():
+    """The webhook finishes deliveries on another thread than the one that
+    commits: one finished after the tracker was read is committed next time,
+    never dropped (the tracker hands each move out once)."""
+
+    class Racing(TrackedOffsets):
+        race = None
+
+        def committable(self):
+            got = super().committable()
+            if self.race is not None:
+                self.race, race = None, self.race
+                race()  # the other thread, between the read and the reset
+            return got
+
+    consumer = _Committing([("w", 0), ("w", 1)])
+    offsets = Racing("test", commit_every_s=0)
+    offsets.begin("w", 0, 5)
+    offsets.begin("w", 1, 7)
+    offsets.finish("w", 0, 5)
+    offsets.race = lambda: offsets.finish("w", 1, 7)
+    offsets.commit(consumer, asynchronous=True)
+    offsets.commit(consumer, asynchronous=True)
+    # w1's first commit is where it starts (7, begun, not finished).
+    assert consumer.commits == [({("w", 0): 6, ("w", 1): 7}, True), ({("w", 1): 8}, True)]
