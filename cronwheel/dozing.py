@@ -195,8 +195,8 @@ class Dozing:
         # the last fetch brought is older (a partition assigned again is not
         # fetched at once; a paused one not at all), so "caught up" is asked
         # of the broker before such a partition dozes again.
-        self.unread: set[Where] = set()
-        self._unsure_since: dict[Where, float] = {}  # when each last became unread
+        # Each such partition, and when it last became one.
+        self.unread: dict[Where, float] = {}
         self._next_check = 0.0
         self._next_sweep = time.monotonic() + self.sweep_s
         # Broker asks run on a thread of their own (`_ask`), one of each kind
@@ -240,8 +240,7 @@ class Dozing:
         self._last.pop(key, None)
         self._woke.pop(key, None)
         self.dozing.discard(key)
-        self.unread.discard(key)
-        self._unsure_since.pop(key, None)
+        self.unread.pop(key, None)
         same = self._by_topic.get(key[0])
         if same is not None:
             same.discard(key)
@@ -252,7 +251,7 @@ class Dozing:
 
     def read(self, key: Where) -> None:
         self._last[key] = time.monotonic()
-        self.unread.discard(key)
+        self.unread.pop(key, None)
 
     def woken(self, topic: str) -> list[Where]:
         """A wake for `topic`: its partitions are held awake (`wake_holds_ms`,
@@ -304,7 +303,8 @@ class Dozing:
                 out.append(key)
         unsure = [key for key in out if key in self.unread]
         if unsure:
-            self.unread.difference_update(self._nothing_left(unsure, ends, position, now))
+            for key in self._nothing_left(unsure, ends, position, now):
+                del self.unread[key]
             out = [key for key in out if key not in self.unread]
         self.dozing.update(out)
         return out
@@ -331,11 +331,7 @@ class Dozing:
             return set()
         # An answer asked before the partition was last woken, paused or swept
         # is not about what may have come since: those are asked again.
-        still = {
-            key
-            for key in ask.at.keys() & set(unsure)
-            if self._unsure_since.get(key, NEVER) <= ask.asked_at
-        }
+        still = {key for key in ask.at.keys() & set(unsure) if self.unread[key] <= ask.asked_at}
         for key in still & past:
             self._last[key] = now  # awake: its record is on the way
         return still - past
@@ -380,8 +376,7 @@ class Dozing:
     # -- asking the broker --------------------------------------------------------
 
     def _unsure(self, key: Where, now: float) -> None:
-        self.unread.add(key)
-        self._unsure_since[key] = now
+        self.unread[key] = now
 
     def _ask(self, keys: list[Where], ends: Ends, position: Callable[[Where], int | None]) -> _Ask:
         """Which of `keys` have records past where they were read (`position`,
