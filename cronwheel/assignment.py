@@ -203,6 +203,11 @@ class LeasedAssignment:
             else:
                 new = start
                 consumer.incremental_assign(new)
+                # librdkafka keeps a partition's application pause across
+                # unassign and assign: one given up while paused (a class
+                # below another, a quota, a slot cap, a doze) would come
+                # back to this instance never fetched.
+                consumer.resume([TopicPartition(tp.topic, tp.partition) for tp in new])
                 self.assigned.update((tp.topic, tp.partition) for tp in new)
         if gone or new:
             self.version += 1

@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -412,7 +412,7 @@ class ConsumerService:
                 if not self.turn(consumer, stop):
                     break  # stopping mid-batch: uncommitted, so consumed again later
                 self.offsets.commit(consumer, asynchronous=True)
-                self.offsets.report_lag(consumer)
+                self.offsets.report_lag(consumer, skip=self.asleep())
                 if self.fetch_watch is not None and self.fetch_watch.due():
                     self._watch_clients(consumer)
                 if self.delivery_watch is not None and self.delivery_watch.due():
@@ -505,6 +505,12 @@ class ConsumerService:
         (paused, or out of the assignment while they doze): not judged by
         the fetch watch. A subclass that pauses says which."""
         return set()
+
+    def asleep(self) -> Container[consuming.Where]:
+        """Assigned partitions left unfetched because nothing is due in them
+        (the dispatcher's dozing ones): caught up when they went to sleep, and
+        their watermarks are stale since, so no lag is reported of them."""
+        return ()
 
     def position(self, consumer: Consumer, keys: list[consuming.Where]) -> dict:
         """Where each of `keys` was read to (the next offset), where known."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Container, Iterable, MutableMapping
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -142,11 +142,14 @@ def starting_points(
     ]
 
 
-def report_lag(consumer: Consumer, label: str) -> int:
-    """Records behind the end of the assigned partitions, from the watermarks
-    the last fetches brought (no extra requests); published as consumer lag."""
+def report_lag(consumer: Consumer, label: str, skip: Container[Where] = ()) -> int:
+    """Records behind the end of the assigned partitions but `skip`, from the
+    watermarks the last fetches brought (no extra requests); published as
+    consumer lag. `skip`: partitions left unfetched on purpose, whose
+    watermarks say nothing (dozing ones); each partition asked costs two
+    lookups by name in librdkafka, each a walk over every topic it knows."""
     total = 0
-    assigned = consumer.assignment()
+    assigned = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in skip]
     for tp in consumer.position(assigned) if assigned else []:
         _low, high = consumer.get_watermark_offsets(tp, cached=True)
         if tp.offset >= 0 and high >= 0:
@@ -315,11 +318,12 @@ class Offsets:
         finished of them and forget them; returns them."""
         return commit_revoked(consumer, self.committable(), partitions)
 
-    def report_lag(self, consumer: Consumer) -> None:
-        """The lag, when `lag_every_s` passed since it was last reported."""
+    def report_lag(self, consumer: Consumer, skip: Container[Where] = ()) -> None:
+        """The lag (of the partitions but `skip`), when `lag_every_s` passed
+        since it was last reported."""
         now = time.monotonic()
         if now >= self._next_lag:
-            report_lag(consumer, self.label)
+            report_lag(consumer, self.label, skip)
             self._next_lag = now + self.lag_every_s
 
 

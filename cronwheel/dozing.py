@@ -6,18 +6,22 @@ request names every partition its consumer has assigned, twice a second at
 `fetch.wait.max.ms` 500, and the broker answers for each of them. At 3,000
 tenants the dispatcher's fetches named 6,000 partitions, and most of its CPU
 and much of the broker's went there while nothing was due
-(docs/dispatcher.md, "Idle tenants"). A dozing partition is taken out of
-the consumer's assignment (not paused: librdkafka still walks a paused
-partition on every pass of its threads) while its lease stays with the
-instance, and is assigned again, at the offset it was consumed to, when it
-wakes.
+(docs/dispatcher.md, "Idle tenants"). A dozing partition is paused (so
+named in no fetch) and resumed when it wakes, from where it was consumed to.
+It is not unassigned: librdkafka walks every partition of every topic its
+client knows on each wake-up of its fetcher, assigned or not, so leaving the
+assignment saves no walk, and assigning a partition again wakes the fetcher
+once for it, a walk over all of them per partition woken (at the top of a
+minute at 3,000 tenants, 3,000 walks of 3,000; docs/dispatcher.md, "Paused,
+not unassigned"). A resumed partition does not wake the fetcher: the nudge
+below does, once per batch of wakes.
 
 What holds:
 
 - A partition dozes only when it is caught up (its high watermark, as the
   last fetch brought it, is the next offset to read), has had no record for
   `after_ms` and no wake for `wake_holds_ms`; what was finished of it is
-  committed before it leaves the assignment.
+  committed before it is paused.
 - The relay wakes a run topic when it reads an outbox row for it after
   `every_ms` without one: a record keyed by the topic's name on `<p>.wake`
   (one partition), which every dispatcher instance reads whole, from its end,
@@ -39,10 +43,10 @@ What holds:
   minute's firing at 3,000 tenants"): every fetch names every awake
   partition, so at the top of a minute, when thousands of such tenants fire,
   the fetches shrink as their runs go through.
-- A partition assigned while a fetch is outstanding is first fetched when
+- A partition resumed while a fetch is outstanding is first fetched when
   that fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
-  comes. So the dispatcher, having assigned again what a wake names, writes a nudge
-  (an empty key) to the wake topic: it arrives after the assignment was made,
+  comes. So the dispatcher, having resumed what a wake names, writes a nudge
+  (an empty key) to the wake topic: it arrives after the resume was made,
   ends the outstanding fetch, and the next one names the partition. A run due
   at once then waits milliseconds, not half a second (bench_dozing.py
   --latency: p50 514 ms when the relay sent a second wake instead, measured
@@ -192,7 +196,7 @@ class Dozing:
         self._by_topic: dict[str, set[Where]] = {}
         # Woken and not read since (or swept awake, or paused meanwhile): the
         # record the wake announced may be on the broker while the watermark
-        # the last fetch brought is older (a partition assigned again is not
+        # the last fetch brought is older (a partition resumed is not
         # fetched at once; a paused one not at all), so "caught up" is asked
         # of the broker before such a partition dozes again.
         # Each such partition, and when it last became one.
@@ -256,7 +260,7 @@ class Dozing:
     def woken(self, topic: str) -> list[Where]:
         """A wake for `topic`: its partitions are held awake (`wake_holds_ms`,
         `unread_holds_ms` until a record is read); returns those that dozed
-        (to be assigned again)."""
+        (to be resumed)."""
         now = time.monotonic()
         back = []
         for key in self._by_topic.get(topic, ()):
@@ -359,7 +363,7 @@ class Dozing:
         ]
         for key in moved:
             self.dozing.discard(key)
-            # Held as if woken, its records not read yet: assigned again, it is
+            # Held as if woken, its records not read yet: resumed, it is
             # not fetched at once, and its watermark is stale until it is.
             self._last[key] = self._woke[key] = now
             self._unsure(key, now)

@@ -195,7 +195,9 @@ class Dispatcher(ConsumerService):
             if doze_after_ms
             else None
         )
-        self._dozed_at: dict[tuple[str, int], int] = {}  # where each dozing one resumes
+        # Where each dozing one was consumed to: the sweep wakes it once the
+        # broker's end is past that.
+        self._dozed_at: dict[tuple[str, int], int] = {}
         # The broker asked about dozing partitions, on the dozing's own thread
         # (cronwheel.dozing), through a client of its own: made anew when it
         # gets no answer (one left stuck after a broker restart), and never
@@ -253,8 +255,10 @@ class Dispatcher(ConsumerService):
 
     def held_back(self) -> set[tuple[str, int]]:
         """Paused for a class or a quota, or dozing: not read on purpose."""
-        dozing = self.dozing.dozing if self.dozing is not None else set()
-        return self._class_paused | set(self._held) | dozing
+        return self._class_paused | set(self._held) | self.asleep()
+
+    def asleep(self) -> set[tuple[str, int]]:
+        return self.dozing.dozing if self.dozing is not None else set()
 
     def position(self, consumer: Consumer, keys: list[tuple[str, int]]) -> dict:
         """Where each was consumed to, or assigned at (`_next`) before its
@@ -547,13 +551,8 @@ class Dispatcher(ConsumerService):
         so that what this instance forwarded is committed."""
         if self._batches:
             self._settle(self._stop, until=0)
-        # A dozing partition is not in the consumer's assignment, and the
-        # caller unassigns every one it gives up: back in first.
-        asleep = [
-            (tp.topic, tp.partition) for tp in partitions if self._dozes((tp.topic, tp.partition))
-        ]
-        if asleep and self._consumer is not None:
-            self._wake_up(self._consumer, asleep)
+        # A dozing one is paused; it leaves paused, and is resumed if it is
+        # assigned here again (cronwheel.assignment).
         super().give_up(partitions)
 
     def forget(self, where: tuple[str, int]) -> None:
@@ -631,7 +630,7 @@ class Dispatcher(ConsumerService):
         pause = want - self._class_paused
         resume = self._class_paused - want
         if pause:
-            # One dozing is not assigned: it is paused when it wakes (_wake_up).
+            # One dozing is paused already, and stays so when it wakes (_wake_up).
             awake = [TopicPartition(t, p) for t, p in pause if not self._dozes((t, p))]
             if awake:
                 consumer.pause(awake)
@@ -740,34 +739,30 @@ class Dispatcher(ConsumerService):
             metrics.DOZING.set(len(self.dozing.dozing))
 
     def _fall_asleep(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
-        """Out of the consumer's assignment (cronwheel.dozing: an unassigned
-        partition costs librdkafka's threads nothing, a paused one a place in
-        every pass), its finished offsets committed first, and the offset it
-        is assigned at again when it wakes kept: where it was consumed to.
-        Neither read nor given an offset since it was assigned (`_next` holds
-        the committed offset it was assigned at) means it was assigned at the
-        beginning, none committed (consuming.starting_points): it wakes there.
-        Never at OFFSET_INVALID, which would leave the committed offset to
-        librdkafka's own fetch, which does not retry (same place)."""
+        """Paused (cronwheel.dozing: not unassigned, whose undoing wakes
+        librdkafka's fetcher once per partition), its finished offsets
+        committed first, and where it was consumed to kept for the sweep,
+        which wakes it once the broker's end is past that. librdkafka resumes
+        it from its consumed position. Neither read nor given an offset since
+        it was assigned (`_next` holds the committed offset it was assigned
+        at) means it was assigned at the beginning, none committed
+        (consuming.starting_points): that is its start."""
         tps = [TopicPartition(t, p) for t, p in keys]
         self.offsets.give_up(consumer, tps)
         for tp in consumer.position(tps):
             key = (tp.topic, tp.partition)
             at = self._next.get(key, tp.offset)
             self._dozed_at[key] = at if at is not None and at >= 0 else OFFSET_BEGINNING
-        consumer.incremental_unassign(tps)
+        consumer.pause(tps)
 
     def _wake_up(self, consumer: Consumer, keys) -> None:
-        """Back into the consumer's assignment where each was consumed to
-        (_fall_asleep); paused again at once where a class above it or its
-        quota still holds it."""
-        tps = [TopicPartition(t, p, self._dozed_at.pop((t, p), OFFSET_BEGINNING)) for t, p in keys]
-        if not tps:
-            return
-        consumer.incremental_assign(tps)
-        still = [tp for tp in tps if self._paused_else(tp.topic, tp.partition, Pause.DOZE)]
-        if still:
-            consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in still])
+        """Resumed, but for those a class above them or their quota still
+        holds paused."""
+        for key in keys:
+            self._dozed_at.pop(key, None)
+        back = [TopicPartition(t, p) for t, p in keys if not self._paused_else(t, p, Pause.DOZE)]
+        if back:
+            consumer.resume(back)
 
     def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
         self._wake_up(consumer, keys)
