@@ -630,7 +630,7 @@ class Dispatcher(ConsumerService):
         pause = want - self._class_paused
         resume = self._class_paused - want
         if pause:
-            # One dozing is paused already, and stays so when it wakes (_wake_up).
+            # One dozing is paused already, and stays so when it wakes (_resume_dozed).
             awake = [TopicPartition(t, p) for t, p in pause if not self._dozes((t, p))]
             if awake:
                 consumer.pause(awake)
@@ -755,19 +755,14 @@ class Dispatcher(ConsumerService):
             self._dozed_at[key] = at if at is not None and at >= 0 else OFFSET_BEGINNING
         consumer.pause(tps)
 
-    def _wake_up(self, consumer: Consumer, keys) -> None:
+    def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
         """Resumed, but for those a class above them or their quota still
-        holds paused."""
+        holds paused; then a nudge, for the fetch to name them at once."""
         for key in keys:
             self._dozed_at.pop(key, None)
         back = [TopicPartition(t, p) for t, p in keys if not self._paused_else(t, p, Pause.DOZE)]
         if back:
             consumer.resume(back)
-
-    def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:
-        self._wake_up(consumer, keys)
-        back = [key for key in keys if not self._paused_else(*key, Pause.DOZE)]
-        if back:
             # Ends the fetch outstanding now, which does not name them
             # (cronwheel.dozing): the next one does.
             try:
