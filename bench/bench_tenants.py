@@ -25,6 +25,9 @@ rdk:main, rdk:broker<N>; Python's threads are all `python`), and the offset
 commits every consumer made, as records written to __consumer_offsets a
 minute (one per partition a commit names). The cost per
 tenant is (figure at N - figure at the smallest N) / (N - smallest N).
+Each step first waits until the broker has removed the topics deleted
+before it (a deleted topic's logs go `file.delete.delay.ms`, 60 s, later:
+common.wait_deletions_done), so no step counts the last one's clean-up.
 `--dispatchers K` runs K dispatcher instances, which share the tenants
 through their leases.
 
@@ -60,6 +63,7 @@ from common import (
     prefix_topics,
     say,
     thread_cpu,
+    wait_deletions_done,
 )
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -150,6 +154,7 @@ def _idle_once(n: int, window_s: int, dispatchers: int) -> dict:
     """One measurement; its topics are deleted however it ends (thousands of
     tenants' topics left behind exhausted the broker's open files)."""
     prefix = f"bi{uuid.uuid4().hex[:8]}"
+    wait_deletions_done()  # the last step's topics, removed while idle
     grant(prefix)
     try:
         return _measure_idle(prefix, n, window_s, dispatchers)

@@ -752,6 +752,45 @@ def prefix_topics(prefix: str) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix + "."))
 
 
+def broker_log_dirs(pid: int) -> list[Path]:
+    """The log directories of the broker process `pid`, from the properties
+    file its command line names."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    for arg in args:
+        if arg.endswith(".properties") and not arg.startswith("-"):
+            for line in Path(arg).read_text().splitlines():
+                if line.startswith("log.dirs="):
+                    return [Path(d) for d in line.split("=", 1)[1].split(",")]
+    return []
+
+
+def wait_deletions_done(timeout_s: float = 180.0) -> None:
+    """Wait until the broker has removed the logs of the topics deleted so
+    far. A deleted topic's partitions are renamed `*-delete` and removed
+    `file.delete.delay.ms` (60 s) later: a step measured right after the last
+    step's thousands of topics were deleted counted the broker removing
+    them (163% of a core at the 3,000-tenant step's start, once). Reported,
+    not raised, when the broker's directories cannot be read or the wait
+    runs out."""
+    pid = kafka_broker_pid()
+    dirs = broker_log_dirs(pid) if pid else []
+    if not dirs:
+        say("warning: the broker's log directories are unknown: not waiting for its deletions")
+        return
+    t0 = time.monotonic()
+    pending = 0
+    while time.monotonic() - t0 < timeout_s:
+        pending = sum(
+            1 for d in dirs if d.is_dir() for e in os.scandir(d) if e.name.endswith("-delete")
+        )
+        if not pending:
+            if time.monotonic() - t0 > 1:
+                say(f"waited {time.monotonic() - t0:.0f} s for the broker to remove deleted topics")
+            return
+        time.sleep(1)  # polled: the broker removes them on its own schedule
+    say(f"warning: {pending} deleted partitions still on the broker's disk after {timeout_s:.0f} s")
+
+
 def delete_topics(topics: list[str]) -> None:
     """The benchmark's own topics (unique prefix), so runs do not pile up on the
     shared broker. A failure is reported, not raised: the figures stand."""

@@ -470,7 +470,7 @@ class ConsumerService:
             self.group_id,
             self.bootstrap,
             principal=self.name,
-            on_commit=consuming.on_commit,
+            on_commit=self.offsets.on_commit,
             **overrides,
         )
 

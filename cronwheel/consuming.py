@@ -87,12 +87,21 @@ def commit_assigned(
 
 
 def commit_revoked(
-    consumer: Consumer, done: MutableMapping[Where, int], partitions: Iterable[TopicPartition]
+    consumer: Consumer,
+    done: MutableMapping[Where, int],
+    partitions: Iterable[TopicPartition],
+    confirmed: MutableMapping[Where, int] | None = None,
 ) -> set[Where]:
-    """On revoke: commit what was finished of these partitions, forget them,
-    and return them (the caller drops its own state of them)."""
+    """On revoke: commit what was finished of these partitions, but where the
+    broker already confirmed that very offset (`confirmed`), forget them, and
+    return them (the caller drops its own state of them)."""
     revoked = {(tp.topic, tp.partition) for tp in partitions}
-    offsets = [TopicPartition(t, p, o) for (t, p), o in done.items() if (t, p) in revoked]
+    known = confirmed if confirmed is not None else {}
+    offsets = [
+        TopicPartition(t, p, o)
+        for (t, p), o in done.items()
+        if (t, p) in revoked and known.get((t, p)) != o
+    ]
     if offsets:
         try:
             consumer.commit(offsets=offsets, asynchronous=False)
@@ -100,6 +109,7 @@ def commit_revoked(
             log.warning("commit on revoke failed: %s", exc)
     for key in revoked:
         done.pop(key, None)
+        known.pop(key, None)
     return revoked
 
 
@@ -284,7 +294,23 @@ class Offsets:
         self.lag_every_s = lag_every_s
         self._pacer = Pacer(commit_every_s)
         self._changed: set[Where] = set()  # finished since the last commit
+        self.confirmed: dict[Where, int] = {}  # stored by the broker (on_commit)
         self._next_lag = 0.0
+
+    def on_commit(self, err, partitions: list[TopicPartition]) -> None:
+        """The consumer's `on_commit` callback (on the thread that consumes):
+        a failure is logged; offsets the broker stored are kept as confirmed,
+        so a partition handed over or dozing is not committed again at the
+        offset its last paced commit already stored (at 3,000 tenants, half
+        the dispatcher's commits: one paced, one as each partition dozed).
+        A coordinator answers a client's commits in the order they were
+        sent, so the last confirmed offset is the one the broker holds."""
+        on_commit(err, partitions)
+        if err is not None:
+            return
+        for tp in partitions:
+            if tp.error is None and tp.offset >= 0:
+                self.confirmed[(tp.topic, tp.partition)] = tp.offset
 
     def finished(self, m: Message) -> None:
         """`m` and every record before it in its partition are done."""
@@ -316,7 +342,7 @@ class Offsets:
     def give_up(self, consumer: Consumer, partitions: Iterable[TopicPartition]) -> set[Where]:
         """These partitions go (revoked, or their lease moved): commit what was
         finished of them and forget them; returns them."""
-        return commit_revoked(consumer, self.committable(), partitions)
+        return commit_revoked(consumer, self.committable(), partitions, self.confirmed)
 
     def report_lag(self, consumer: Consumer, skip: Container[Where] = ()) -> None:
         """The lag (of the partitions but `skip`), when `lag_every_s` passed

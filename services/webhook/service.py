@@ -274,7 +274,7 @@ class WebhookService:
 
     def _subscribe(self) -> Consumer:
         self._consumer = kafka.consumer(
-            self.group_id, self.bootstrap, principal=CONSUMER, on_commit=consuming.on_commit
+            self.group_id, self.bootstrap, principal=CONSUMER, on_commit=self._offsets.on_commit
         )
         return self._consumer
 

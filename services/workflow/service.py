@@ -35,7 +35,7 @@ import psycopg
 from confluent_kafka import Consumer, Message
 from prometheus_client import Counter
 
-from cronwheel import consuming, kafka
+from cronwheel import kafka
 from cronwheel.config import Processed as ProcessedSettings
 from cronwheel.consumer import ConsumerService, Poison, expect
 from cronwheel.core.clock import now_ms
@@ -98,7 +98,7 @@ class WorkflowService(ConsumerService):
             bootstrap=self.bootstrap,
             principal=self.name,
         )
-        conf = {"session.timeout.ms": self.session_timeout_ms, "on_commit": consuming.on_commit}
+        conf = {"session.timeout.ms": self.session_timeout_ms, "on_commit": self.offsets.on_commit}
         if self.group_instance_id:
             conf["group.instance.id"] = self.group_instance_id
         consumer = kafka.consumer(self.group_id, self.bootstrap, principal=self.name, **conf)
