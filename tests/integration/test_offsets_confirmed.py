@@ -53,5 +53,23 @@ def test_paced_commit__the_broker_stores_it__confirmed_then_forgotten_on_give_up
         assert offsets.confirmed == {}
         [stored] = consumer.committed([TopicPartition(topic, 0)], timeout=10)
         assert stored.offset == 3
+
+        # Finished past it, the give_up commits synchronously; that commit's
+        # answer does not come back later as a confirmation of a partition
+        # already forgotten.
+        producer.produce(topic, key=b"k", value=b"3")
+        assert producer.flush(30) == 0
+        more = []
+        deadline = time.monotonic() + 30
+        while not more and time.monotonic() < deadline:
+            more = [m for m in consumer.consume(1, timeout=0.5) if m.error() is None]
+        assert [m.offset() for m in more] == [3]
+        offsets.finished(more[0])
+        assert offsets.give_up(consumer, [TopicPartition(topic, 0)]) == {(topic, 0)}
+        [stored] = consumer.committed([TopicPartition(topic, 0)], timeout=10)
+        assert stored.offset == 4
+        for _ in range(5):
+            consumer.consume(1, timeout=0.2)
+        assert offsets.confirmed == {}
     finally:
         consumer.close()
