@@ -90,17 +90,16 @@ def commit_revoked(
     consumer: Consumer,
     done: MutableMapping[Where, int],
     partitions: Iterable[TopicPartition],
-    confirmed: MutableMapping[Where, int] | None = None,
+    confirmed: MutableMapping[Where, int],
 ) -> set[Where]:
     """On revoke: commit what was finished of these partitions, but where the
     broker already confirmed that very offset (`confirmed`), forget them, and
     return them (the caller drops its own state of them)."""
     revoked = {(tp.topic, tp.partition) for tp in partitions}
-    known = confirmed if confirmed is not None else {}
     offsets = [
         TopicPartition(t, p, o)
         for (t, p), o in done.items()
-        if (t, p) in revoked and known.get((t, p)) != o
+        if (t, p) in revoked and confirmed.get((t, p)) != o
     ]
     if offsets:
         try:
@@ -109,7 +108,7 @@ def commit_revoked(
             log.warning("commit on revoke failed: %s", exc)
     for key in revoked:
         done.pop(key, None)
-        known.pop(key, None)
+        confirmed.pop(key, None)
     return revoked
 
 
