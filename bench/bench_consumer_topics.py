@@ -25,10 +25,9 @@ import argparse
 import multiprocessing
 import threading
 import time
-import uuid
 import zlib
 
-from common import delete_topics, grant, header, machine_load, say
+from common import delete_topics, header, machine_load, make_run_topics, say
 from confluent_kafka import OFFSET_END, TopicPartition
 
 from cronwheel import kafka
@@ -132,12 +131,8 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=1.0, help="seconds a round's records span")
     args = ap.parse_args()
     header("bench_consumer_topics: a reading process's CPU against its clients' topics")
-    prefix = f"bench{uuid.uuid4().hex[:8]}"
-    grant(prefix)
-    topics = [f"{prefix}.runs.t{i}" for i in range(args.topics)]
+    topics = make_run_topics(args.topics)
     try:
-        for i in range(0, len(topics), 500):
-            kafka.ensure_topics(topics[i : i + 500], partitions=1, principal="dispatcher")
         # A record each, and the broker's one-time stall of fresh partitions
         # (8-15 s after their first records) waited out before any window.
         _produce_rounds(topics, 0, time.time(), 1)

@@ -791,6 +791,22 @@ def wait_deletions_done(timeout_s: float = 180.0) -> None:
     say(f"warning: {pending} deleted partitions still on the broker's disk after {timeout_s:.0f} s")
 
 
+def make_run_topics(count: int) -> list[str]:
+    """`count` one-partition topics laid out as tenants' run topics, under a
+    fresh prefix the platform's roles are granted, made 500 to a request (as
+    the dispatcher would); deleted again if making them fails."""
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    grant(prefix)
+    topics = [f"{prefix}.runs.t{i}" for i in range(count)]
+    try:
+        for i in range(0, count, 500):
+            kafka.ensure_topics(topics[i : i + 500], partitions=1, principal="dispatcher")
+    except BaseException:
+        delete_topics(topics)
+        raise
+    return topics
+
+
 def delete_topics(topics: list[str]) -> None:
     """The benchmark's own topics (unique prefix), so runs do not pile up on the
     shared broker. A failure is reported, not raised: the figures stand."""
