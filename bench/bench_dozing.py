@@ -30,6 +30,7 @@ import uuid
 import psycopg
 from common import (
     cpu_seconds,
+    create_topics,
     delete_topics,
     describe,
     fresh_database,
@@ -56,8 +57,7 @@ def _tenants(url: str, topics: Topics, n: int) -> list[str]:
             "INSERT INTO tenants (tenant_id, name) VALUES (%s, %s)", [(t, t) for t in ids]
         )
     names = [topics.runs(t) for t in ids]
-    for i in range(0, n, 500):
-        kafka.ensure_topics(names[i : i + 500], partitions=1, principal="dispatcher")
+    create_topics(names)
     return names
 
 

@@ -40,6 +40,7 @@ from common import (
     bulk_jobs,
     check_like_create,
     create_tenants,
+    create_topics,
     delete_topics,
     describe,
     fresh_database,
@@ -79,10 +80,7 @@ def idle_tenants(conn: psycopg.Connection, topics: Topics, n: int) -> list[str]:
     )
     bulk_jobs(conn, idle, batch)
     names = [topics.runs(t["tenant_id"]) for t in idle]
-    for i in range(0, len(names), 500):
-        kafka.ensure_topics(
-            names[i : i + 500], partitions=kafka.RUN_PARTITIONS, principal="dispatcher"
-        )
+    create_topics(names)
     prime(names)
     return names
 

@@ -32,7 +32,7 @@ import time
 import uuid
 import zlib
 
-from common import delete_topics, grant, header, machine_load, say
+from common import create_topics, delete_topics, grant, header, machine_load, say
 
 from cronwheel import kafka
 from cronwheel.topics_met import RenewingProducer, TopicsMet
@@ -99,8 +99,7 @@ def main() -> None:
     busy = [f"{prefix}.runs.busy{i}" for i in range(args.busy)]
     idle = [f"{prefix}.runs.idle{i}" for i in range(args.idle)]
     try:
-        for i in range(0, len(busy + idle), 500):
-            kafka.ensure_topics((busy + idle)[i : i + 500], partitions=1, principal="dispatcher")
+        create_topics(busy + idle)
         one = Shards(1)
         meet(one, busy)
         say(

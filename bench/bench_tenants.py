@@ -51,6 +51,7 @@ import psycopg
 from common import (
     Services,
     cpu_seconds,
+    create_topics,
     delete_topics,
     describe,
     fresh_database,
@@ -268,13 +269,8 @@ def restart(n: int) -> None:
             names = [topics.runs(t) for t in tenants]
             queues = [topics.queue(t, "q") for t in tenants]
             # Created by the dispatcher's principal; the runs written by the relay's.
-            for i in range(0, n, 500):
-                kafka.ensure_topics(
-                    names[i : i + 500], partitions=kafka.RUN_PARTITIONS, principal="dispatcher"
-                )
-                kafka.ensure_topics(
-                    queues[i : i + 500], partitions=kafka.QUEUE_PARTITIONS, principal="dispatcher"
-                )
+            create_topics(names)
+            create_topics(queues, partitions=kafka.QUEUE_PARTITIONS)
             producer = kafka.producer(principal="relay")
             for t in tenants:
                 value = events.run_ready(

@@ -791,16 +791,21 @@ def wait_deletions_done(timeout_s: float = 180.0) -> None:
     say(f"warning: {pending} deleted partitions still on the broker's disk after {timeout_s:.0f} s")
 
 
+def create_topics(names: list[str], partitions: int = kafka.RUN_PARTITIONS) -> None:
+    """Tenants' topics as the dispatcher makes them (its principal), 500 to a
+    CreateTopics request."""
+    for i in range(0, len(names), 500):
+        kafka.ensure_topics(names[i : i + 500], partitions=partitions, principal="dispatcher")
+
+
 def make_run_topics(count: int) -> list[str]:
-    """`count` one-partition topics laid out as tenants' run topics, under a
-    fresh prefix the platform's roles are granted, made 500 to a request (as
-    the dispatcher would); deleted again if making them fails."""
+    """`count` topics laid out as tenants' run topics, under a fresh prefix the
+    platform's roles are granted; deleted again if making them fails."""
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     grant(prefix)
     topics = [f"{prefix}.runs.t{i}" for i in range(count)]
     try:
-        for i in range(0, count, 500):
-            kafka.ensure_topics(topics[i : i + 500], partitions=1, principal="dispatcher")
+        create_topics(topics)
     except BaseException:
         delete_topics(topics)
         raise
