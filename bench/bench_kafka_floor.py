@@ -15,6 +15,16 @@ Each stage is its own process, as the services are:
   producer, like the dispatcher, without its database) sends each record on
   to 10 queue topics as many; a last consumer reads those, as the tenants'
   SDK workers do between them. Latency: first produce() -> last poll.
+- a herd (`--case herd`, the aligned case at `--tenants` tenants, 3,000 by
+  default): `--tenants` run topics and as many queue topics of one partition
+  each; every HERD_EVERY_S the producer sends one record to each run topic at
+  the top of a second (a minute's firing of that many tenants, each with a
+  job every minute); the forwarder sends each on to a queue topic, the last
+  consumer reads them all. Latency from the herd's instant (so the
+  producer's own loop over the herd counts, as the relay's does in
+  bench_tenants.py): to the forwarder's produce() (the forwarded record's
+  timestamp: what bench_tenants.py reports for cronwheel's dispatcher) and
+  to the last poll.
 
 Producers are cronwheel.kafka.producer() (idempotent, acks=all, lz4) with the
 relay's linger of 1 ms; consumers are cronwheel.kafka.consumer() polled the
@@ -44,6 +54,7 @@ import uuid
 
 from common import (
     cpu_seconds,
+    create_topics,
     delete_topics,
     describe,
     grant,
@@ -66,25 +77,32 @@ TOPICS = 10
 # (kafka.RUN_PARTITIONS, QUEUE_PARTITIONS; docs/dispatcher.md).
 PARTITIONS = 8
 WARMUP_S = 20  # past the fresh partitions' one-time stall (docstring)
+HERD_EVERY_S = 10  # the herd case: one firing of every tenant this often
+HERD_TENANTS = 3000
 WINDOW_S = 30
 PAD = b"x" * 190  # the record: "<produce ms>|" + padding, about 200 bytes
 
 
 def _produce_loop(
-    topics: list[str], rate: int, aligned: bool, until: float, partitions: int
-) -> None:
+    topics: list[str], rate: int, aligned: bool, until: float, partitions: int,
+    every_s: int = 1,
+) -> None:  # fmt: skip
+    """Aligned: `rate` records at the top of a second, every `every_s`; a
+    herd (every_s > 1) stamps its records with that instant, not with the
+    time each was produced."""
     producer = kafka.producer(principal="relay", **{"linger.ms": 1})
     topics_ready(producer, topics)
     targets = [(t, p) for t in topics for p in range(partitions)]
     i = 0
-    start = time.time()
+    start = int(time.time())
     while time.time() < until:
         if aligned:
-            second = start + i // rate + 1
-            time.sleep(max(0.0, second - time.time()))  # the pace itself: the next second
+            second = start + (i // rate + 1) * every_s
+            time.sleep(max(0.0, second - time.time()))  # the pace itself: the next instant
             for _ in range(rate):
                 topic, partition = targets[i % len(targets)]
-                producer.produce(topic, b"%d|" % now_ms() + PAD, partition=partition)
+                stamp = second * 1000 if every_s > 1 else now_ms()
+                producer.produce(topic, b"%d|" % stamp + PAD, partition=partition)
                 i += 1
         else:
             topic, partition = targets[i % len(targets)]
@@ -113,7 +131,7 @@ def _consume_loop(
     if forward_to:
         producer = kafka.producer(principal="dispatcher")
         topics_ready(producer, forward_to)
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, int]] = []  # (sent, read, the record's timestamp) in ms
     n = 0
     while time.time() < until:
         first = consumer.poll(0.05)
@@ -130,7 +148,7 @@ def _consume_loop(
                 )
                 n += 1
             else:
-                seen.append((int(m.value().split(b"|", 1)[0]), at))
+                seen.append((int(m.value().split(b"|", 1)[0]), at, m.timestamp()[1]))
         if producer is not None:
             producer.poll(0)
     if producer is not None:
@@ -141,13 +159,13 @@ def _consume_loop(
 
 def case(
     label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1,
-    partitions: int = PARTITIONS,
+    partitions: int = PARTITIONS, topics: int = TOPICS, every_s: int = 1,
 ) -> float:  # fmt: skip
     prefix = f"floor{uuid.uuid4().hex[:8]}"
-    first = [f"{prefix}.runs.t{i}" for i in range(TOPICS)]
-    second = [f"{prefix}.q.t{i}" for i in range(TOPICS)] if hops == 2 else []
+    first = [f"{prefix}.runs.t{i}" for i in range(topics)]
+    second = [f"{prefix}.q.t{i}" for i in range(topics)] if hops == 2 else []
     grant(prefix)
-    kafka.ensure_topics(first + second, partitions=partitions, principal="dispatcher")
+    create_topics(first + second, partitions=partitions)
     topics_ready(kafka.admin(principal="observer"), first + second)
     ctx = mp.get_context("spawn")  # no librdkafka handle crosses a fork
     out = ctx.Queue()
@@ -159,7 +177,7 @@ def case(
     if hops == 2:
         forwarder = (first, end, out, second, prefix, partitions)
         procs.append(ctx.Process(target=_consume_loop, args=forwarder))
-    producing = (first, rate, aligned, window[1], partitions)
+    producing = (first, rate, aligned, window[1], partitions, every_s)
     procs.append(ctx.Process(target=_produce_loop, args=producing))
     broker = kafka_broker_pid()
 
@@ -186,8 +204,8 @@ def case(
         delete_topics(first + second)
     seen = next(pairs for forwarded, pairs in results if not forwarded)
     lo, hi = int(window[0] * 1000), int(window[1] * 1000)
-    late = [read - sent for sent, read in seen if lo <= sent < hi]
-    expected = rate * window_s
+    late = [read - sent for sent, read, _ts in seen if lo <= sent < hi]
+    expected = rate * window_s // every_s
     names = ["consumer", "forwarder", "producer"] if hops == 2 else ["consumer", "producer"]
     shares = [
         f"{name} {100 * (cpu1[p.pid] - cpu0[p.pid]) / window_s:.0f}%"
@@ -197,13 +215,19 @@ def case(
         f"{label}: {len(late):,} of ~{expected:,} records in the {window_s} s window;"
         f" produce() -> readable {describe(late)}"
     )
+    if hops == 2:
+        forwarded = [ts - sent for sent, _read, ts in seen if lo <= sent < hi]
+        say(f"{label}:   -> the forwarder's produce() {describe(forwarded)}")
     say(f"{label}:   CPU share of one core: {', '.join(shares)}")
     return percentile(late, 99)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", choices=["spread", "aligned", "two-hops"], action="append")
+    parser.add_argument(
+        "--case", choices=["spread", "aligned", "two-hops", "herd"], action="append"
+    )
+    parser.add_argument("--tenants", type=int, default=HERD_TENANTS, help="the herd case's tenants")
     parser.add_argument("--window", type=int, default=WINDOW_S, help="seconds measured per case")
     parser.add_argument(
         "--partitions", type=int, default=PARTITIONS, help=f"per topic ({PARTITIONS})"
@@ -212,7 +236,8 @@ def main() -> None:
     w, n = args.window, args.partitions
     cases = args.case or ["spread", "aligned", "two-hops"]
     header("bench_kafka_floor: Kafka alone, the stages as processes")
-    say(f"setup: {TOPICS} topics of {n} partitions per hop")
+    if set(cases) - {"herd"}:
+        say(f"setup: {TOPICS} topics of {n} partitions per hop")
     figures = []
     if "spread" in cases:
         figures.append(("one hop, 1,000/s spread", case("spread", 1000, w, partitions=n), 25))
@@ -224,12 +249,17 @@ def main() -> None:
         figures.append(
             ("two hops, 200/s spread", case("two hops", 200, w, hops=2, partitions=n), 50)
         )
+    if "herd" in cases:
+        t = args.tenants
+        say(
+            f"herd: {t:,} run and {t:,} queue topics of 1 partition, a firing every {HERD_EVERY_S} s"
+        )
+        p99 = case("herd", t, w, aligned=True, hops=2, partitions=1, topics=t, every_s=HERD_EVERY_S)
+        figures.append((f"two hops, a herd of {t:,} tenants", p99, 0))
     say(f"machine after: {machine_load()}")
     for label, p99, target in figures:
-        say(
-            f"RESULT floor {label}: p99 {p99:.0f} ms"
-            f" (cronwheel's target on this path: <= {target} ms)"
-        )
+        aim = f" (cronwheel's target on this path: <= {target} ms)" if target else ""
+        say(f"RESULT floor {label}: p99 {p99:.0f} ms{aim}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,11 @@ its resident memory, and every process's CPU, with what fired meanwhile
 (~N runs a minute), and the dispatchers' CPU per thread name (librdkafka's
 rdk:main, rdk:broker<N>; Python's threads are all `python`), and the offset
 commits every consumer made, as records written to __consumer_offsets a
-minute (one per partition a commit names). The cost per
+minute (one per partition a commit names), and the minute's herd: each
+tenant's run of the window's top of the minute, due -> the relay's
+produce() (its run-topic record's timestamp) and -> the dispatcher's (its
+queue record's), p50 / p99 / max (the floor under it: `bench_kafka_floor.py
+--case herd`). The cost per
 tenant is (figure at N - figure at the smallest N) / (N - smallest N).
 Each step first waits until the broker has removed the topics deleted
 before it (a deleted topic's logs go `file.delete.delay.ms`, 60 s, later:
@@ -220,6 +224,8 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
         b1 = cpu_seconds(broker) if broker else 0.0
         threads1 = thread_cpu(dispatchers)
         commits = _offset_records() - commits0
+        fired = (int(time.time()) // 60) * 60 * 1000  # the window's top of the minute
+        queue_late, relay_late = _herd(topics, [t["tenant_id"] for t in tenants], fired)
         used = {k: 100 * (after[k] - before.get(k, 0.0)) / window_s for k in after}
         used.pop("kafka-broker(shared)", None)
         used.pop("bench-reader", None)
@@ -243,7 +249,42 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
             f" broker CPU {row['broker_cpu']:.1f}%, services CPU {row['services_cpu']:.1f}%,"
             f" offset commits {60 * commits / window_s:.0f} a minute"
         )
+        say(
+            f"the minute's herd ({len(queue_late)}/{n} forwarded): due -> relay produce() (ms):"
+            f" {describe(relay_late) if relay_late else 'none'}; due -> dispatcher produce() (ms):"
+            f" {describe(queue_late) if queue_late else 'none'}"
+        )
     return row
+
+
+def _herd(topics: Topics, tenant_ids: list[str], fired_ms: int, timeout_s: float = 60.0):
+    """The run fired at `fired_ms` of each tenant, on its run topic and on
+    its queue topic: each record's timestamp (the relay's, the dispatcher's
+    produce()) minus that instant. Read from a few seconds before it, found by
+    the records' timestamps."""
+    c = kafka.consumer(observer_group(), principal="observer")
+    decode = default_registry().decode
+    wanted = {topics.queue(t, "q") for t in tenant_ids} | {topics.runs(t) for t in tenant_ids}
+    got: dict[str, float] = {}
+    try:
+        asked = [TopicPartition(name, 0, fired_ms - 5000) for name in sorted(wanted)]
+        starts = []
+        for i in range(0, len(asked), 500):
+            starts += c.offsets_for_times(asked[i : i + 500], timeout=30)
+        c.assign([tp for tp in starts if tp.offset >= 0])
+        deadline = time.monotonic() + timeout_s
+        while len(got) < len(wanted) and time.monotonic() < deadline:
+            for m in c.consume(1000, timeout=0.5):
+                if m.error() is not None or m.topic() in got:
+                    continue
+                _n, d = decode(m.value())
+                if d.get("scheduled_at") == fired_ms:
+                    got[m.topic()] = m.timestamp()[1] - fired_ms
+    finally:
+        c.close()
+    queue = [v for k, v in got.items() if ".q." in k]
+    runs = [v for k, v in got.items() if ".runs." in k]
+    return queue, runs
 
 
 def _offset_records() -> int:
