@@ -411,7 +411,11 @@ class ConsumerService:
                     break  # stopping while the database is away
                 if not self.turn(consumer, stop):
                     break  # stopping mid-batch: uncommitted, so consumed again later
-                self.offsets.commit(consumer, asynchronous=True)
+                self.offsets.commit(
+                    consumer,
+                    asynchronous=True,
+                    assigned=self.assignment.assigned if self.assignment is not None else None,
+                )
                 self.offsets.report_lag(consumer, skip=self.asleep())
                 if self.fetch_watch is not None and self.fetch_watch.due():
                     self._watch_clients(consumer)

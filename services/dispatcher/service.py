@@ -749,10 +749,15 @@ class Dispatcher(ConsumerService):
         (consuming.starting_points): that is its start."""
         tps = [TopicPartition(t, p) for t, p in keys]
         self.offsets.give_up(consumer, tps)
-        for tp in consumer.position(tps):
-            key = (tp.topic, tp.partition)
-            at = self._next.get(key, tp.offset)
-            self._dozed_at[key] = at if at is not None and at >= 0 else OFFSET_BEGINNING
+        # librdkafka is asked only where this instance does not know (each
+        # partition asked is a lookup by name, a walk over every topic).
+        at = {key: self._next[key] for key in keys if key in self._next}
+        unknown = [tp for tp in tps if (tp.topic, tp.partition) not in at]
+        for tp in consumer.position(unknown) if unknown else ():
+            at[(tp.topic, tp.partition)] = tp.offset
+        for key, offset in at.items():
+            ok = offset is not None and offset >= 0
+            self._dozed_at[key] = offset if ok else OFFSET_BEGINNING
         consumer.pause(tps)
 
     def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:

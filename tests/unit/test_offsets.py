@@ -103,6 +103,21 @@ def test_paced_commit__a_partition_no_longer_assigned__not_named():
     assert consumer.commits == [({("r", 0): 2}, True)]
 
 
+def test_paced_commit__the_caller_keeps_the_assignment__librdkafka_not_asked_for_it():
+    """The dispatcher, webhook and executor keep their assignment
+    (cronwheel.assignment): asking librdkafka's built a list of every
+    assigned partition at each commit, five times a second in a herd."""
+    consumer = _Committing([("r", 0), ("r", 5)])
+    asked = []
+    consumer.assignment = lambda: asked.append(1) or []
+    offsets = Offsets("test", commit_every_s=0)
+    offsets.finished(Message(topic="r", partition=0, offset=1))
+    offsets.finished(Message(topic="r", partition=5, offset=1))
+    offsets.commit(consumer, asynchronous=True, assigned={("r", 0)})
+    assert consumer.commits == [({("r", 0): 2}, True)]
+    assert asked == []
+
+
 def test_tracked_paced_commit__a_record_finished_while_committing__named_by_the_next():
     """The webhook finishes deliveries on another thread than the one that
     commits: one finished after the tracker was read is committed next time,
