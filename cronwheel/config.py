@@ -357,8 +357,13 @@ class Processed:
 
 @dataclass(frozen=True)
 class ProducerRenewal:
-    """The relay's and the dispatcher's producers, made anew when most topics
-    they met went quiet (cronwheel.topics_met)."""
+    """The relay's and the dispatcher's producers: how many each sends
+    through (cronwheel.producer_shards), and made anew when most topics they
+    met went quiet (cronwheel.topics_met)."""
+
+    # Producers, each a connection the broker serves beside the others; a
+    # topic always goes through the same one.
+    shards: int = setting("CRONWHEEL_PRODUCER_SHARDS", 4, minimum=1, maximum=32)
 
     # How often a producer is looked at; 0: never renewed.
     every_s: float = setting("CRONWHEEL_PRODUCER_RENEW_S", 600.0, minimum=0)

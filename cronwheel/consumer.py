@@ -43,6 +43,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics
+from cronwheel.producer_shards import ShardedProducer
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import TopicWatch
@@ -345,7 +346,10 @@ class ConsumerService:
         lag_every_ms: int = 5_000,
         shutdown_grace_ms: int = 10_000,
         commit_every_s: float = consuming.COMMIT_EVERY_S,
+        producer_shards: int = 1,
     ):
+        """`producer_shards`: producers its records go out through
+        (cronwheel.producer_shards), a topic always through the same one."""
         self.dsn = dsn
         self.bootstrap = bootstrap
         self.topics = topics
@@ -358,7 +362,11 @@ class ConsumerService:
         self.log = logging.getLogger(f"cronwheel.{self.name}")
         # Made anew in place when a subclass gives it a TopicsMet and most
         # topics it met went quiet (cronwheel.topics_met).
-        self.producer = RenewingProducer(lambda: kafka.producer(bootstrap, principal=self.name))
+        self.producer = RenewingProducer(
+            lambda: ShardedProducer(
+                lambda: kafka.producer(bootstrap, principal=self.name), producer_shards
+            )
+        )
         self.dead_letters = DeadLetters(
             self.producer, topics.dead_letter, self.name, self.log, self.make_topic
         )

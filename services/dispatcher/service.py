@@ -161,7 +161,13 @@ class Dispatcher(ConsumerService):
         renewal: ProducerRenewal | None = None,  # the settings' defaults
         **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
     ):
-        super().__init__(*args, batch=batch, max_wait_ms=max_wait_ms, **skeleton)
+        # Through several producers (cronwheel.producer_shards): librdkafka
+        # puts one partition in each request, so a minute's herd of tenants
+        # went out through one connection one request at a time.
+        shards = (renewal or ProducerRenewal()).shards
+        super().__init__(
+            *args, batch=batch, max_wait_ms=max_wait_ms, producer_shards=shards, **skeleton
+        )
         self.in_flight = max(1, in_flight)
         self.processed = Processed(CONSUMER)
         self.pruner = Pruner(self.processed, processed_retention_ms)

@@ -55,6 +55,7 @@ from cronwheel.config import Firing, ProducerRenewal
 from cronwheel.consumer import ClientsWedged, make_known, produce, watch_delivering
 from cronwheel.dozing import Waker
 from cronwheel.fetch_watch import DeliveryWatch
+from cronwheel.producer_shards import ShardedProducer
 from cronwheel.store import outbox
 from cronwheel.store.db import LOST, connect, keep_connected
 from cronwheel.store.leases import Leases
@@ -93,8 +94,14 @@ class Relay:
         # linger 1 ms: the relay already batches by reading the outbox in bulk.
         # Made anew when most topics it met went quiet (cronwheel.topics_met:
         # librdkafka walks every topic a producer has met).
+        # Through several producers (cronwheel.producer_shards): librdkafka
+        # puts one partition in each request, so a minute's herd of tenants
+        # went through one connection one request at a time.
+        shards = (renewal or ProducerRenewal()).shards
         self.producer = RenewingProducer(
-            lambda: kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1}),
+            lambda: ShardedProducer(
+                lambda: kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1}), shards
+            ),
             topics_met(renewal),
         )
         self.leases = Leases("relay", ttl_ms=lease_ttl_ms)

@@ -37,7 +37,11 @@ METRICS = {
 }
 FIRING = {"CRONWHEEL_LEASE_TTL_MS": 10_000, "CRONWHEEL_FIRE_AHEAD_MS": 1_000}
 PROCESSED = {"CRONWHEEL_PROCESSED_RETENTION_MS": 7 * 24 * 3600 * 1000}
-RENEWAL = {"CRONWHEEL_PRODUCER_RENEW_S": 600.0, "CRONWHEEL_PRODUCER_RENEW_TOPICS": 500}
+RENEWAL = {
+    "CRONWHEEL_PRODUCER_SHARDS": 4,
+    "CRONWHEEL_PRODUCER_RENEW_S": 600.0,
+    "CRONWHEEL_PRODUCER_RENEW_TOPICS": 500,
+}
 
 # Each service's variables and defaults as they were before settings objects
 # (README, deploy/ and tests set them): names and defaults are public.

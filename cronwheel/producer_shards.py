@@ -1,0 +1,86 @@
+"""A producer made of several, each topic always sent through the same one.
+
+Why: librdkafka puts one partition in each ProduceRequest
+(confluentinc/librdkafka#1700, open), and the broker answers the requests of
+one connection one at a time, in order. A minute's herd of N tenants, one
+record to each tenant's topic, is thus N requests in a row through one
+producer. K producers are K connections, which the broker serves side by
+side: a herd of 3,000 tenants passed a plain forwarder, Kafka alone, with a
+p99 of ~1.0 s through four producers per stage against ~2.0 s through one
+(`bench/bench_kafka_floor.py --case herd --shards`; docs/dispatcher.md, "A
+minute's herd, end to end").
+
+What holds:
+
+- A topic's records all go through one shard (its name's CRC-32 modulo the
+  shards), so the order within a partition, and the idempotent producer's
+  sequence for it, are what a single producer gives.
+- Delivery reports come from `poll` and `flush`, as from one producer: each
+  serves every shard's.
+- `len` is what every shard holds; `flush` waits for all of them within one
+  deadline; `purge` purges all.
+- One shard is the single producer it was before, behind one more call.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+
+
+class ShardedProducer:
+    """`shards` producers made by `make`, behind one producer's interface
+    (produce, poll, flush, purge, len; anything else asks the first)."""
+
+    def __init__(self, make: Callable[[], Producer], shards: int):
+        self.shards = [make() for _ in range(max(1, shards))]
+
+    def of(self, topic: str) -> Producer:
+        """The shard that carries `topic`."""
+        if len(self.shards) == 1:
+            return self.shards[0]
+        return self.shards[zlib.crc32(topic.encode()) % len(self.shards)]
+
+    def produce(self, *args, **kwargs) -> None:
+        topic = kwargs["topic"] if "topic" in kwargs else args[0]
+        self.of(topic).produce(*args, **kwargs)
+
+    def poll(self, timeout: float = -1) -> int:
+        """Every shard's delivery reports so far; if there were none, waits
+        up to `timeout` for one (negative: until one comes), a share of it
+        on each shard in turn."""
+        if len(self.shards) == 1:
+            return self.shards[0].poll(timeout)
+        served = sum(shard.poll(0) for shard in self.shards)
+        if served or not timeout:
+            return served
+        share = 0.05 if timeout < 0 else timeout / len(self.shards)
+        while True:
+            for shard in self.shards:
+                served += shard.poll(share)
+                if served:
+                    return served
+            if timeout >= 0:
+                return served
+
+    def flush(self, timeout: float = -1) -> int:
+        """Every shard flushed within `timeout` in all; what is left undelivered."""
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        for shard in self.shards:
+            shard.flush(-1 if deadline is None else max(0.0, deadline - time.monotonic()))
+        return len(self)
+
+    def purge(self, *args, **kwargs) -> None:
+        for shard in self.shards:
+            shard.purge(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return sum(len(shard) for shard in self.shards)
+
+    def __getattr__(self, name: str):
+        if name == "shards":  # not made yet (make() raised): no recursion
+            raise AttributeError(name)
+        return getattr(self.shards[0], name)

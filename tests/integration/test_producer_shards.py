@@ -1,0 +1,94 @@
+"""cronwheel.producer_shards: records sent through several producers, a topic
+always through the same one, so each partition keeps the order it was given;
+delivery reports come from every shard through one poll or flush. Against the
+real broker with the relay's principal, which writes run topics through it."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from cronwheel import kafka
+from cronwheel.producer_shards import ShardedProducer
+
+pytestmark = pytest.mark.integration
+
+PER_TOPIC = 40
+
+
+def _names(producer: ShardedProducer, stem: str, at_least: int) -> list[str]:
+    """At least `at_least` topic names, and enough that every shard carries one."""
+    names: list[str] = []
+    while len(names) < at_least or len({id(producer.of(n)) for n in names}) < len(producer.shards):
+        names.append(f"{stem}{len(names)}")
+    return names
+
+
+def test_sharded__topics_spread_over_shards__each_partition_in_order_all_reported(
+    kafka_bootstrap, topic_prefix
+):
+    producer = ShardedProducer(lambda: kafka.producer(kafka_bootstrap, principal="relay"), 3)
+    names = _names(producer, f"{topic_prefix}.runs.shard", 8)
+    kafka.ensure_topics(names, partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    assert all(producer.of(name) is producer.of(name) for name in names)
+    used = {id(producer.of(name)) for name in names}
+    assert len(used) == 3
+
+    reports: list[tuple[str, int, bytes]] = []
+
+    def on_delivery(err, msg):
+        assert err is None, err
+        reports.append((msg.topic(), msg.offset(), msg.value()))
+
+    for i in range(PER_TOPIC):  # interleaved: every topic's i-th record, then the next
+        for name in names:
+            producer.produce(name, key=b"k", value=b"%d" % i, on_delivery=on_delivery)
+    assert len(producer) == PER_TOPIC * len(names)  # every shard's, counted
+    held = [len(shard) for shard in producer.shards]
+    assert sum(1 for n in held if n) == len(used)
+    assert producer.flush(30) == 0
+    assert len(reports) == PER_TOPIC * len(names)
+
+    # Each partition holds its topic's records in the order produced.
+    for name in names:
+        mine = [(offset, value) for topic, offset, value in reports if topic == name]
+        assert sorted(mine) == [(i, b"%d" % i) for i in range(PER_TOPIC)]
+    reader = kafka.consumer(f"{topic_prefix}.dispatcher", kafka_bootstrap, principal="dispatcher")
+    try:
+        reader.assign([TopicPartition(names[0], 0, OFFSET_BEGINNING)])
+        read: list[bytes] = []
+        for _ in range(100):  # up to 100 polls of 0.2 s: the records are there already
+            read += [m.value() for m in reader.consume(PER_TOPIC, timeout=0.2) if not m.error()]
+            if len(read) >= PER_TOPIC:
+                break
+        assert read == [b"%d" % i for i in range(PER_TOPIC)]
+    finally:
+        reader.close()
+
+
+def test_sharded__poll_serves_every_shards_reports(kafka_bootstrap, topic_prefix):
+    producer = ShardedProducer(lambda: kafka.producer(kafka_bootstrap, principal="relay"), 3)
+    names = _names(producer, f"{topic_prefix}.runs.poll", 6)
+    kafka.ensure_topics(names, partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    reported: list[str] = []
+    for name in names:
+        producer.produce(name, value=b"v", on_delivery=lambda _e, m: reported.append(m.topic()))
+    assert all(len(shard) for shard in producer.shards)  # every shard holds one
+    served = 0
+    for _ in range(300):  # polled with a timeout, not slept: at most 300 x 0.1 s
+        served += producer.poll(0.1)
+        if served == len(names):
+            break
+    assert served == len(names) and sorted(reported) == sorted(names)
+    assert len(producer) == 0
+
+
+def test_one_shard__the_producer_itself():
+    made = []
+
+    def make():
+        made.append(object())
+        return made[-1]
+
+    producer = ShardedProducer(make, 1)
+    assert producer.shards == made and producer.of("any.topic") is made[0]
