@@ -70,6 +70,7 @@ from confluent_kafka import OFFSET_END, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.core.clock import now_ms
+from cronwheel.producer_shards import ShardedProducer
 
 TOPICS = 10
 # Per topic: the layout the floor's figures in docs/ were measured on (run
@@ -83,15 +84,26 @@ WINDOW_S = 30
 PAD = b"x" * 190  # the record: "<produce ms>|" + padding, about 200 bytes
 
 
+def _producers(count: int, principal: str, topics: list[str], **overrides) -> ShardedProducer:
+    """`count` producers, each topic always through the same one, as the relay
+    and the dispatcher send (cronwheel.producer_shards: librdkafka puts one
+    partition in each ProduceRequest, confluentinc/librdkafka#1700, and the
+    broker answers a connection's requests in order); `--shards` compares
+    counts (docs/dispatcher.md, "A minute's herd, end to end")."""
+    producer = ShardedProducer(lambda: kafka.producer(principal=principal, **overrides), count)
+    for shard in producer.shards:
+        topics_ready(shard, topics)
+    return producer
+
+
 def _produce_loop(
     topics: list[str], rate: int, aligned: bool, until: float, partitions: int,
-    every_s: int = 1,
+    every_s: int = 1, shards: int = 1,
 ) -> None:  # fmt: skip
     """Aligned: `rate` records at the top of a second, every `every_s`; a
     herd (every_s > 1) stamps its records with that instant, not with the
     time each was produced."""
-    producer = kafka.producer(principal="relay", **{"linger.ms": 1})
-    topics_ready(producer, topics)
+    producer = _producers(shards, "relay", topics, **{"linger.ms": 1})
     targets = [(t, p) for t in topics for p in range(partitions)]
     i = 0
     start = int(time.time())
@@ -115,7 +127,7 @@ def _produce_loop(
 
 def _consume_loop(
     topics: list[str], until: float, out, forward_to: list[str] | None, prefix: str,
-    partitions: int,
+    partitions: int, shards: int = 1,
 ) -> None:  # fmt: skip
     """Read every partition of `topics`; with forward_to, produce each record on
     (same value, partition by its index) and report nothing, as the dispatcher
@@ -129,8 +141,7 @@ def _consume_loop(
     consumer.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in meta[t].partitions])
     producer = None
     if forward_to:
-        producer = kafka.producer(principal="dispatcher")
-        topics_ready(producer, forward_to)
+        producer = _producers(shards, "dispatcher", forward_to)
     seen: list[tuple[int, int, int]] = []  # (sent, read, the record's timestamp) in ms
     n = 0
     while time.time() < until:
@@ -159,7 +170,7 @@ def _consume_loop(
 
 def case(
     label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1,
-    partitions: int = PARTITIONS, topics: int = TOPICS, every_s: int = 1,
+    partitions: int = PARTITIONS, topics: int = TOPICS, every_s: int = 1, shards: int = 1,
 ) -> float:  # fmt: skip
     prefix = f"floor{uuid.uuid4().hex[:8]}"
     first = [f"{prefix}.runs.t{i}" for i in range(topics)]
@@ -175,9 +186,9 @@ def case(
     last = (second or first, end, out, None, prefix, partitions)
     procs = [ctx.Process(target=_consume_loop, args=last)]
     if hops == 2:
-        forwarder = (first, end, out, second, prefix, partitions)
+        forwarder = (first, end, out, second, prefix, partitions, shards)
         procs.append(ctx.Process(target=_consume_loop, args=forwarder))
-    producing = (first, rate, aligned, window[1], partitions, every_s)
+    producing = (first, rate, aligned, window[1], partitions, every_s, shards)
     procs.append(ctx.Process(target=_produce_loop, args=producing))
     broker = kafka_broker_pid()
 
@@ -228,6 +239,7 @@ def main() -> None:
         "--case", choices=["spread", "aligned", "two-hops", "herd"], action="append"
     )
     parser.add_argument("--tenants", type=int, default=HERD_TENANTS, help="the herd case's tenants")
+    parser.add_argument("--shards", type=int, default=1, help="the herd case: producers per stage")
     parser.add_argument("--window", type=int, default=WINDOW_S, help="seconds measured per case")
     parser.add_argument(
         "--partitions", type=int, default=PARTITIONS, help=f"per topic ({PARTITIONS})"
@@ -254,7 +266,12 @@ def main() -> None:
         say(
             f"herd: {t:,} run and {t:,} queue topics of 1 partition, a firing every {HERD_EVERY_S} s"
         )
-        p99 = case("herd", t, w, aligned=True, hops=2, partitions=1, topics=t, every_s=HERD_EVERY_S)
+        k = max(1, args.shards)
+        say(f"herd: {k} producer(s) in each producing stage")
+        p99 = case(
+            "herd", t, w, aligned=True, hops=2, partitions=1, topics=t, every_s=HERD_EVERY_S,
+            shards=k,
+        )  # fmt: skip
         figures.append((f"two hops, a herd of {t:,} tenants", p99, 0))
     say(f"machine after: {machine_load()}")
     for label, p99, target in figures:
