@@ -272,7 +272,10 @@ def watch_delivering(
     """A delivery watch's look (cronwheel.fetch_watch) at `producer`, which
     has given `reports` delivery reports so far: stuck raises ClientsWedged."""
     producer.poll(0)
-    if watch.look(len(producer), reports, broker_answers):
+    # A sharded producer is watched shard by shard (cronwheel.producer_shards).
+    watched = getattr(producer, "watched", None)
+    each = watched() if watched is not None else {0: (len(producer), reports)}
+    if watch.look_each(each, broker_answers):
         raise ClientsWedged(
             f"{len(producer)} records held by the producer with no delivery report for "
             f"{watch.every_s:.0f} s, though the broker answers a new client"

@@ -100,8 +100,9 @@ class DeliveryWatch:
         self._clock = clock
         self._next = clock() + every_s
         self._last = 0.0
-        # (records held, reports, whether the broker answered) at the last look
-        self._seen: tuple[int, int, bool] | None = None
+        # At the last look: (records held, reports) per producer watched, and
+        # whether the broker answered.
+        self._seen: tuple[dict[int, tuple[int, int]], bool] | None = None
         self.stuck_total = 0
 
     def due(self) -> bool:
@@ -112,15 +113,40 @@ class DeliveryWatch:
         (len(producer)); `reports`: delivery reports it has given so far (a
         count that only grows); `broker_answers()` asks the broker through a
         new client (asked only while records wait with no report)."""
+        return self.look_each({0: (held, reports)}, broker_answers)
+
+    def look_each(
+        self, producers: dict[int, tuple[int, int]], broker_answers: Callable[[], bool]
+    ) -> bool:
+        """`look` for several producers at once (cronwheel.producer_shards),
+        each (records held, its reports so far) under a key that names that
+        very producer: one stuck while the others deliver is stuck (a sum
+        would hide it behind their reports). A key not seen at the last look
+        (a producer made since) starts afresh."""
         now = self._clock()
         self._next = now + self.every_s
         fresh = now - self._last <= 2 * self.every_s
         self._last = now
-        before = self._seen if fresh else None
-        waiting = held > 0 and (before is None or before[1] == reports)
+        before, answered_before = self._seen if fresh and self._seen else ({}, False)
+
+        def still(key: int, reports: int) -> bool:
+            return key in before and before[key][1] == reports
+
+        waiting = any(
+            held > 0 and (key not in before or still(key, reports))
+            for key, (held, reports) in producers.items()
+        )
         answered = waiting and broker_answers()
-        self._seen = (held, reports, answered)
-        if not (before and before[0] and before[2] and answered and before[1] == reports):
+        self._seen = (dict(producers), answered)
+        stuck = (
+            answered_before
+            and answered
+            and any(
+                held > 0 and still(key, reports) and before[key][0] > 0
+                for key, (held, reports) in producers.items()
+            )
+        )
+        if not stuck:
             return False
         self._seen = None  # judged: the next verdict needs two new looks
         self.stuck_total += 1

@@ -16,7 +16,9 @@ What holds:
   shards), so the order within a partition, and the idempotent producer's
   sequence for it, are what a single producer gives.
 - Delivery reports come from `poll` and `flush`, as from one producer: each
-  serves every shard's.
+  serves every shard's. Every record gets one, counted per shard (`watched`),
+  so a delivery watch sees a shard that stopped delivering while the others
+  go on (cronwheel.fetch_watch.DeliveryWatch.look_each).
 - `len` is what every shard holds; `flush` waits for all of them within one
   deadline; `purge` purges all.
 - One shard is the single producer it was before, behind one more call.
@@ -24,11 +26,14 @@ What holds:
 
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
 from collections.abc import Callable
 
 from confluent_kafka import Producer
+
+_KEYS = itertools.count()  # names each shard ever made, for a delivery watch
 
 
 class ShardedProducer:
@@ -37,16 +42,45 @@ class ShardedProducer:
 
     def __init__(self, make: Callable[[], Producer], shards: int):
         self.shards = [make() for _ in range(max(1, shards))]
+        self.reports = [0] * len(self.shards)  # delivery reports, per shard
+        self._keys = [next(_KEYS) for _ in self.shards]
+
+    def _index(self, topic: str) -> int:
+        if len(self.shards) == 1:
+            return 0
+        return zlib.crc32(topic.encode()) % len(self.shards)
 
     def of(self, topic: str) -> Producer:
         """The shard that carries `topic`."""
-        if len(self.shards) == 1:
-            return self.shards[0]
-        return self.shards[zlib.crc32(topic.encode()) % len(self.shards)]
+        return self.shards[self._index(topic)]
 
     def produce(self, *args, **kwargs) -> None:
+        """As Producer.produce; a delivery callback is given by keyword
+        (`on_delivery` or `callback`), and every record gets a report,
+        counted for its shard."""
         topic = kwargs["topic"] if "topic" in kwargs else args[0]
-        self.of(topic).produce(*args, **kwargs)
+        i = self._index(topic)
+        given = kwargs.pop("on_delivery", None), kwargs.pop("callback", None)
+        then = given[0] or given[1]
+        kwargs["on_delivery"] = self._counted(i, then)
+        self.shards[i].produce(*args, **kwargs)
+
+    def _counted(self, i: int, then: Callable | None) -> Callable:
+        def counted(err, msg) -> None:
+            self.reports[i] += 1
+            if then is not None:
+                then(err, msg)
+
+        return counted
+
+    def watched(self) -> dict[int, tuple[int, int]]:
+        """Per shard, under a key no other shard is given (one made by a
+        renewal is another): (records held, delivery reports so far), for a
+        delivery watch."""
+        return {
+            key: (len(shard), self.reports[i])
+            for i, (key, shard) in enumerate(zip(self._keys, self.shards, strict=True))
+        }
 
     def poll(self, timeout: float = -1) -> int:
         """Every shard's delivery reports so far; if there were none, waits

@@ -83,6 +83,30 @@ def test_sharded__poll_serves_every_shards_reports(kafka_bootstrap, topic_prefix
     assert len(producer) == 0
 
 
+def test_sharded__every_record_reported_per_shard__with_a_callback_or_without(
+    kafka_bootstrap, topic_prefix
+):
+    """What a delivery watch reads (DeliveryWatch.look_each): a record given
+    no callback (the relay's wakes) is counted too, for its own shard."""
+    producer = ShardedProducer(lambda: kafka.producer(kafka_bootstrap, principal="relay"), 3)
+    names = _names(producer, f"{topic_prefix}.runs.count", 3)
+    kafka.ensure_topics(names, partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    called = []
+    for i, name in enumerate(names):
+        if i % 2:
+            producer.produce(name, value=b"v", on_delivery=lambda _e, m: called.append(m.topic()))
+        else:
+            producer.produce(name, value=b"v")
+    assert producer.flush(30) == 0
+    watched = producer.watched()
+    assert len(watched) == 3 and all(held == 0 for held, _reports in watched.values())
+    per_shard = {id(shard): 0 for shard in producer.shards}
+    for name in names:
+        per_shard[id(producer.of(name))] += 1
+    assert sorted(r for _held, r in watched.values()) == sorted(per_shard.values())
+    assert sorted(called) == sorted(n for i, n in enumerate(names) if i % 2)
+
+
 def test_one_shard__the_producer_itself():
     made = []
 

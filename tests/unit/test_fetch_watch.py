@@ -117,3 +117,30 @@ def test_delivery__a_look_long_after_the_last__starts_over():
 
 def test_delivery__judged_stuck__the_next_verdict_needs_two_new_looks():
     assert deliveries([(3, 1, True)] * 5) == [False, True, False, True, False]
+
+
+def shard_looks(looks: list[tuple[dict, bool]]) -> list[bool]:
+    """As `deliveries`, for several producers at once: each look ({key:
+    (held, reports)}, whether a new client gets an answer)."""
+    clock = Clock()
+    w = DeliveryWatch(every_s=15, clock=clock)
+    out = []
+    for producers, answers in looks:
+        clock.now += 15
+        out.append(w.look_each(producers, lambda a=answers: a))
+    return out
+
+
+def test_delivery__one_shard_stuck_while_another_delivers__stuck():
+    """A sum over the shards would hide it: the others' reports grow."""
+    looks = [({1: (3, 10), 2: (5, 100)}, True), ({1: (3, 10), 2: (5, 200)}, True)]
+    assert shard_looks(looks) == [False, True]
+
+
+def test_delivery__every_shard_reports__or_a_shard_made_since__not_stuck():
+    looks = [
+        ({1: (3, 10), 2: (5, 100)}, True),
+        ({1: (3, 11), 2: (5, 101)}, True),  # both delivered
+        ({3: (3, 11), 4: (5, 101)}, True),  # new shards (a renewal), same counts
+    ]
+    assert shard_looks(looks) == [False, False, False]
