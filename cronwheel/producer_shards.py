@@ -21,6 +21,9 @@ What holds:
   go on (cronwheel.fetch_watch.DeliveryWatch.look_each).
 - `len` is what every shard holds; `flush` waits for all of them within one
   deadline; `purge` purges all.
+- A topic's metadata is asked through its own shard (`list_topics`): a
+  producer learns a topic just made, or the partitions it grew to, only by
+  asking, and refuses a partition it does not know.
 - One shard is the single producer it was before, behind one more call.
 """
 
@@ -38,7 +41,8 @@ _KEYS = itertools.count()  # names each shard ever made, for a delivery watch
 
 class ShardedProducer:
     """`shards` producers made by `make`, behind one producer's interface
-    (produce, poll, flush, purge, len; anything else asks the first)."""
+    (produce, poll, flush, purge, len, list_topics; anything else asks the
+    first)."""
 
     def __init__(self, make: Callable[[], Producer], shards: int):
         self.shards = [make() for _ in range(max(1, shards))]
@@ -106,6 +110,19 @@ class ShardedProducer:
         for shard in self.shards:
             shard.flush(-1 if deadline is None else max(0.0, deadline - time.monotonic()))
         return len(self)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1):
+        """The metadata of `topic`, asked through the shard that carries it:
+        a caller asks so that the producer learns a topic just made, or the
+        partitions it grew to (cronwheel.consumer.make_known, kafka.Placement),
+        and another shard learning it would leave that one refusing the new
+        partition. Every topic's (the topic watch's scan, the placement's
+        first counts): asked through the first shard alone, as one request
+        of a cluster's metadata costs what it costs; a shard meeting a topic
+        asks the broker for it itself."""
+        if topic is None:
+            return self.shards[0].list_topics(timeout=timeout)
+        return self.of(topic).list_topics(topic, timeout=timeout)
 
     def purge(self, *args, **kwargs) -> None:
         for shard in self.shards:

@@ -116,3 +116,30 @@ def test_one_shard__the_producer_itself():
 
     producer = ShardedProducer(make, 1)
     assert producer.shards == made and producer.of("any.topic") is made[0]
+
+
+def test_sharded__a_topic_grown__its_own_shard_learns_it_and_takes_the_new_partition(
+    kafka_bootstrap, topic_prefix
+):
+    """A run topic grows to a partition per class (kafka.Placement asks the
+    producer for its count): the shard that carries it must be the one that
+    learns it, or it refuses the new partition (UNKNOWN_PARTITION)."""
+    producer = ShardedProducer(lambda: kafka.producer(kafka_bootstrap, principal="relay"), 3)
+    names = _names(producer, f"{topic_prefix}.runs.grow", 3)
+    kafka.ensure_topics(names, partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    for name in names:  # each shard meets its topic at one partition
+        assert len(producer.list_topics(name, timeout=10).topics[name].partitions) == 1
+        producer.produce(name, value=b"before", partition=0)
+    assert producer.flush(30) == 0
+    admin = kafka.admin(kafka_bootstrap, principal="relay")  # the relay grows run topics
+    for name in names:
+        kafka.grow_topic(name, 4, client=admin)
+    for name in names:
+        partitions = {}
+        for _ in range(50):  # the broker's metadata catches up: asked again, 50 x up to 2 s
+            partitions = producer.list_topics(name, timeout=2).topics[name].partitions
+            if len(partitions) == 4:
+                break
+        assert len(partitions) == 4
+        producer.produce(name, value=b"after", partition=3)
+    assert producer.flush(30) == 0
