@@ -5,6 +5,8 @@ real broker with the relay's principal, which writes run topics through it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -81,6 +83,19 @@ def test_sharded__poll_serves_every_shards_reports(kafka_bootstrap, topic_prefix
             break
     assert served == len(names) and sorted(reported) == sorted(names)
     assert len(producer) == 0
+
+
+def test_sharded__a_short_poll_waits_for_its_timeout__not_a_spin(kafka_bootstrap):
+    """The relay polls 2 ms a turn while rows are in flight. Shared out over
+    four shards that was 0 ms each (librdkafka waits in whole milliseconds),
+    so the poll returned at once and the relay's loop spun. With nothing to
+    report, 50 such polls now wait at least half their 100 ms (a lower
+    bound: a loaded machine only makes them longer)."""
+    producer = ShardedProducer(lambda: kafka.producer(kafka_bootstrap, principal="relay"), 4)
+    began = time.monotonic()
+    for _ in range(50):
+        assert producer.poll(0.002) == 0
+    assert time.monotonic() - began >= 50 * 0.002 / 2
 
 
 def test_sharded__every_record_reported_per_shard__with_a_callback_or_without(
