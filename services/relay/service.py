@@ -138,7 +138,7 @@ class Relay:
         self._release_error: BaseException | None = None
         self._release_until = 0.0  # monotonic: the leases renewed at the last tick hold till then
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
-        self.ack_wait_ms = 2  # with rows in flight, how long to wait for acks per turn
+        self.ack_wait_ms = 10  # with rows in flight, a turn's longest wait
         # Class partitions of run topics; grows a topic a first non-normal record comes to.
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
         # Wakes the dispatcher's dozing partitions of a run topic before its records.
@@ -250,10 +250,15 @@ class Relay:
                     # Held rows come due on the releaser: this loop waits only
                     # for acknowledgements, notifications and the leases.
                     if self._inflight:
-                        # Wait briefly for acknowledgements; read again only when a
-                        # commit announced new rows (no query per turn otherwise).
-                        self.producer.poll(self.ack_wait_ms / 1000)
-                        wait = 0.0001
+                        # Take the acknowledgements come so far and wait for a
+                        # notification, up to ack_wait_ms: read again only when
+                        # a commit announced new rows (no query per turn
+                        # otherwise). Not woken by each acknowledgement: one
+                        # comes every millisecond at 1,000 runs/s, the releaser's
+                        # polls take them as it produces, and acknowledged rows
+                        # are deleted at most every 20 ms (`_settle`).
+                        self.producer.poll(0)
+                        wait = self.ack_wait_ms / 1000
                     else:
                         # Wait for a notification or the next renewal of the
                         # leases (a late one loses them).
