@@ -20,7 +20,8 @@ Each stage is its own process, as the services are:
   each; every HERD_EVERY_S the producer sends one record to each run topic at
   the top of a second (a minute's firing of that many tenants, each with a
   job every minute); the forwarder sends each on to a queue topic, the last
-  consumer reads them all. Latency from the herd's instant (so the
+  consumer reads them all (`--consumers K` splits the forwarder's topics
+  between K consumers, a thread each). Latency from the herd's instant (so the
   producer's own loop over the herd counts, as the relay's does in
   bench_tenants.py): to the forwarder's produce() (the forwarded record's
   timestamp: what bench_tenants.py reports for cronwheel's dispatcher) and
@@ -48,7 +49,9 @@ meet that target on this machine. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
+import threading
 import time
 import uuid
 
@@ -127,50 +130,63 @@ def _produce_loop(
 
 def _consume_loop(
     topics: list[str], until: float, out, forward_to: list[str] | None, prefix: str,
-    partitions: int, shards: int = 1,
+    partitions: int, shards: int = 1, consumers: int = 1,
 ) -> None:  # fmt: skip
     """Read every partition of `topics`; with forward_to, produce each record on
     (same value, partition by its index) and report nothing, as the dispatcher
     (its principal and consumer group); else report (sent ms, read ms) pairs,
-    as the observer."""
-    if forward_to:
-        consumer = kafka.consumer(f"{prefix}.dispatcher", principal="dispatcher")
-    else:
-        consumer = kafka.consumer(observer_group("floor"), principal="observer")
-    meta = topics_ready(consumer, topics)
-    consumer.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in meta[t].partitions])
-    producer = None
-    if forward_to:
-        producer = _producers(shards, "dispatcher", forward_to)
+    as the observer. A forwarder of `consumers` > 1 splits the topics between
+    that many consumers, each polled by a thread of its own, sending through
+    one (sharded) producer: what splitting the dispatcher's consumer would save."""
+    producer = _producers(shards, "dispatcher", forward_to) if forward_to else None
+    parts = [topics[i::consumers] for i in range(consumers)] if forward_to else [topics]
     seen: list[tuple[int, int, int]] = []  # (sent, read, the record's timestamp) in ms
-    n = 0
-    while time.time() < until:
-        first = consumer.poll(0.05)
-        if first is None:
-            continue
-        at = now_ms()
-        for m in [first, *consumer.consume(num_messages=2000, timeout=0)]:
-            if m.error():
+    forwarded = itertools.count()
+
+    def read(names: list[str]) -> None:
+        if forward_to:
+            consumer = kafka.consumer(f"{prefix}.dispatcher", principal="dispatcher")
+        else:
+            consumer = kafka.consumer(observer_group("floor"), principal="observer")
+        meta = topics_ready(consumer, names)
+        consumer.assign(
+            [TopicPartition(t, p, OFFSET_END) for t in names for p in meta[t].partitions]
+        )
+        while time.time() < until:
+            first = consumer.poll(0.05)
+            if first is None:
                 continue
+            at = now_ms()
+            for m in [first, *consumer.consume(num_messages=2000, timeout=0)]:
+                if m.error():
+                    continue
+                if producer is not None:
+                    n = next(forwarded)
+                    out_topic = forward_to[n % len(forward_to)]
+                    producer.produce(
+                        out_topic, m.value(), partition=(n // len(forward_to)) % partitions
+                    )
+                else:
+                    seen.append((int(m.value().split(b"|", 1)[0]), at, m.timestamp()[1]))
             if producer is not None:
-                out_topic = forward_to[n % len(forward_to)]
-                producer.produce(
-                    out_topic, m.value(), partition=(n // len(forward_to)) % partitions
-                )
-                n += 1
-            else:
-                seen.append((int(m.value().split(b"|", 1)[0]), at, m.timestamp()[1]))
-        if producer is not None:
-            producer.poll(0)
+                producer.poll(0)
+        consumer.close()
+
+    threads = [threading.Thread(target=read, args=(part,)) for part in parts[1:]]
+    for thread in threads:
+        thread.start()
+    read(parts[0])
+    for thread in threads:
+        thread.join()
     if producer is not None:
         producer.flush(10)
-    consumer.close()
     out.put((producer is not None, seen))
 
 
 def case(
     label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1,
     partitions: int = PARTITIONS, topics: int = TOPICS, every_s: int = 1, shards: int = 1,
+    consumers: int = 1,
 ) -> float:  # fmt: skip
     prefix = f"floor{uuid.uuid4().hex[:8]}"
     first = [f"{prefix}.runs.t{i}" for i in range(topics)]
@@ -186,7 +202,7 @@ def case(
     last = (second or first, end, out, None, prefix, partitions)
     procs = [ctx.Process(target=_consume_loop, args=last)]
     if hops == 2:
-        forwarder = (first, end, out, second, prefix, partitions, shards)
+        forwarder = (first, end, out, second, prefix, partitions, shards, consumers)
         procs.append(ctx.Process(target=_consume_loop, args=forwarder))
     producing = (first, rate, aligned, window[1], partitions, every_s, shards)
     procs.append(ctx.Process(target=_produce_loop, args=producing))
@@ -240,6 +256,9 @@ def main() -> None:
     )
     parser.add_argument("--tenants", type=int, default=HERD_TENANTS, help="the herd case's tenants")
     parser.add_argument("--shards", type=int, default=1, help="the herd case: producers per stage")
+    parser.add_argument(
+        "--consumers", type=int, default=1, help="the herd case: the forwarder's consumers"
+    )
     parser.add_argument("--window", type=int, default=WINDOW_S, help="seconds measured per case")
     parser.add_argument(
         "--partitions", type=int, default=PARTITIONS, help=f"per topic ({PARTITIONS})"
@@ -267,10 +286,11 @@ def main() -> None:
             f"herd: {t:,} run and {t:,} queue topics of 1 partition, a firing every {HERD_EVERY_S} s"
         )
         k = max(1, args.shards)
-        say(f"herd: {k} producer(s) in each producing stage")
+        c = max(1, args.consumers)
+        say(f"herd: {k} producer(s) in each producing stage, {c} consumer(s) in the forwarder")
         p99 = case(
             "herd", t, w, aligned=True, hops=2, partitions=1, topics=t, every_s=HERD_EVERY_S,
-            shards=k,
+            shards=k, consumers=c,
         )  # fmt: skip
         figures.append((f"two hops, a herd of {t:,} tenants", p99, 0))
     say(f"machine after: {machine_load()}")
