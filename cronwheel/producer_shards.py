@@ -92,9 +92,11 @@ class ShardedProducer:
         up to `timeout` for one on the shard holding the most records, then
         serves the others' (negative: until one comes, on each shard in
         turn). One shard waits, not each a share: librdkafka waits in whole
-        milliseconds, so the shares of the relay's 2 ms wait were 0 ms each,
-        a poll that never waited, and the relay's loop spun (83% of a core
-        against 30% through one producer, `bench_firing_steady.py`)."""
+        milliseconds, so four shares of a 2 ms wait (the relay's, per turn
+        with rows in flight, when it was written) were 0 ms each, a poll
+        that never waited, and the relay's loop spun (83% of a core against
+        30% through one producer, `bench_firing_steady.py`). A timeout under
+        a millisecond waits for nothing, as one producer's does."""
         if len(self.shards) == 1:
             return self.shards[0].poll(timeout)
         served = sum(shard.poll(0) for shard in self.shards)

@@ -86,11 +86,11 @@ def test_sharded__poll_serves_every_shards_reports(kafka_bootstrap, topic_prefix
 
 
 def test_sharded__a_short_poll_waits_for_its_timeout__not_a_spin(kafka_bootstrap):
-    """The relay polls 2 ms a turn while rows are in flight. Shared out over
-    four shards that was 0 ms each (librdkafka waits in whole milliseconds),
-    so the poll returned at once and the relay's loop spun. With nothing to
-    report, 50 such polls now wait at least half their 100 ms (a lower
-    bound: a loaded machine only makes them longer)."""
+    """The relay polled 2 ms a turn while rows were in flight. Shared out
+    over four shards that was 0 ms each (librdkafka waits in whole
+    milliseconds), so the poll returned at once and the relay's loop spun.
+    With nothing to report, 50 such polls now wait at least half their
+    100 ms (a lower bound: a loaded machine only makes them longer)."""
     producer = ShardedProducer(lambda: kafka.producer(kafka_bootstrap, principal="relay"), 4)
     began = time.monotonic()
     for _ in range(50):
