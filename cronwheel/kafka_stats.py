@@ -12,6 +12,13 @@ service polls its producer once a turn), and its
 histograms start again: each gauge is the last interval's, 0 when nothing
 was sent in it.
 
+A service may send through several producers (cronwheel.producer_shards),
+each with its statistics and its own `Recorder`: a role's gauges are then
+over all of them, the records queued summed and each latency the worst
+producer's (an upper bound of the union's quantile, not the quantile). A
+producer that stopped reporting (renewed, closed) drops out after
+`STALE_INTERVALS` of its intervals.
+
 Off by default: librdkafka builds the JSON with every partition the producer
 has met, which at thousands of tenants is megabytes a time to build and
 parse. Turn it on to find where a hop's time goes, at an interval of seconds.
@@ -19,8 +26,11 @@ parse. Turn it on to find where a hop's time goes, at an interval of seconds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import threading
+import time
 
 from cronwheel import config, metrics
 
@@ -29,14 +39,23 @@ log = logging.getLogger("cronwheel.kafka_stats")
 # librdkafka's histograms (microseconds) -> the `stage` label
 STAGES = {"int_latency": "queue", "outbuf_latency": "outbuf", "rtt": "rtt"}
 QUANTILES = {"p50": "0.5", "p99": "0.99", "max": "1"}
+STALE_INTERVALS = 3  # a producer silent this many of its intervals is left out
+
+_KEYS = itertools.count()
+_LOCK = threading.Lock()  # each producer's callback runs in whichever thread polls it
+# role -> recorder's key -> (monotonic time, records queued, [(labels, seconds)], stale_s)
+_LAST: dict[str, dict[int, tuple[float, int, list, float]]] = {}
 
 
 class Recorder:
     """A producer's `stats_cb`: the last interval's latencies, per broker."""
 
-    def __init__(self, role: str):
+    def __init__(self, role: str, every_ms: int = 0):
         self.role = role
         self.intervals = 0
+        self.key = next(_KEYS)
+        # 0: never left out (one producer's recorder is replaced, not silent)
+        self.stale_s = STALE_INTERVALS * every_ms / 1000
 
     def __call__(self, stats_json: str) -> None:
         try:
@@ -60,9 +79,22 @@ class Recorder:
                 for key, quantile in QUANTILES.items():
                     seconds = histogram[key] / 1e6 if histogram["cnt"] else 0.0
                     latencies.append(((self.role, node, stage, quantile), seconds))
-        metrics.KAFKA_PRODUCER_QUEUED.labels(self.role).set(queued)
-        for labels, seconds in latencies:
-            metrics.KAFKA_PRODUCER_LATENCY.labels(*labels).set(seconds)
+        now = time.monotonic()
+        with _LOCK:
+            last = _LAST.setdefault(self.role, {})
+            last[self.key] = (now, queued, latencies, self.stale_s)
+            for key, (at, _q, _l, stale_s) in list(last.items()):
+                if stale_s and now - at > stale_s:
+                    del last[key]
+            worst: dict[tuple, float] = {}
+            for _at, _q, each, _s in last.values():
+                for labels, seconds in each:
+                    worst[labels] = max(seconds, worst.get(labels, 0.0))
+            metrics.KAFKA_PRODUCER_QUEUED.labels(self.role).set(
+                sum(q for _a, q, _l, _s in last.values())
+            )
+            for labels, seconds in worst.items():
+                metrics.KAFKA_PRODUCER_LATENCY.labels(*labels).set(seconds)
 
 
 def options(role: str) -> dict:
@@ -71,4 +103,4 @@ def options(role: str) -> dict:
     every_ms = config.load(config.Metrics).kafka_stats_ms
     if not every_ms:
         return {}
-    return {"statistics.interval.ms": every_ms, "stats_cb": Recorder(role)}
+    return {"statistics.interval.ms": every_ms, "stats_cb": Recorder(role, every_ms)}

@@ -81,3 +81,31 @@ def test_options__off_unless_asked(monkeypatch):
     got = kafka_stats.options("relay")
     assert got["statistics.interval.ms"] == 5000
     assert isinstance(got["stats_cb"], Recorder) and got["stats_cb"].role == "relay"
+
+
+def test_recorders_of_one_role__queued_summed__latency_the_worst__a_silent_one_left_out(
+    monkeypatch,
+):
+    """A service sending through several producers (cronwheel.producer_shards):
+    one producer's report does not overwrite the others'."""
+    clock = [100.0]
+    monkeypatch.setattr(kafka_stats.time, "monotonic", lambda: clock[0])
+    a, b = Recorder("unit-shards", 1000), Recorder("unit-shards", 1000)
+    a(_stats(_histogram(100, 2_000, 5_000), queued=3))
+    b(_stats(_histogram(300, 1_000, 9_000), queued=4))
+
+    def queued() -> float | None:
+        return REGISTRY.get_sample_value(
+            "cronwheel_kafka_producer_queued_messages", {"role": "unit-shards"}
+        )
+
+    assert queued() == 7
+    assert _seen("unit-shards", "rtt", "0.5") == 0.0003  # b's
+    assert _seen("unit-shards", "rtt", "0.99") == 0.002  # a's
+    assert _seen("unit-shards", "rtt", "1") == 0.009  # b's
+    clock[0] += 2.5  # b reports again within its three intervals: both stay
+    b(_stats(_histogram(0, 0, 0, cnt=0), queued=0))
+    assert queued() == 3 and _seen("unit-shards", "rtt", "1") == 0.005
+    clock[0] += 1.0  # a silent for 3.5 s, three intervals and more: left out
+    b(_stats(_histogram(0, 0, 0, cnt=0), queued=1))
+    assert queued() == 1 and _seen("unit-shards", "rtt", "1") == 0.0
