@@ -18,13 +18,15 @@ topics exist, the first minute boundary has passed (so every tenant's run
 has gone through once: a topic's first record costs its producer and
 consumer more than the next, and that is setup, not idling) and 5 s more,
 `--window` seconds (60: one firing of every job, which all fire at the top
-of the minute) are measured: the broker's partitions (this prefix's and the whole cluster's),
+of the minute; with `--spread`, tenant i's at second i % 60 of every
+minute instead) are measured: the broker's partitions (this prefix's and the whole cluster's),
 its resident memory, and every process's CPU, with what fired meanwhile
 (~N runs a minute), and the dispatchers' CPU per thread name (librdkafka's
 rdk:main, rdk:broker<N>; Python's threads are all `python`), and the offset
 commits every consumer made, as records written to __consumer_offsets a
 minute (one per partition a commit names), and the minute's herd: each
-tenant's run of the window's top of the minute, due -> the relay's
+tenant's run of the window's top of the minute (with `--spread`, each
+tenant's last run before the window ended), due -> the relay's
 produce() (its run-topic record's timestamp) and -> the dispatcher's (its
 queue record's), p50 / p99 / max (the floor under it: `bench_kafka_floor.py
 --case herd`). The cost per
@@ -111,19 +113,22 @@ def first_run(tenants: int, pace_ms: int, due_ms: int) -> None:
     say(f"RESULT first-run lateness p99 {_p99(queue_late)} ms (target: the steady p99)")
 
 
-def idle(counts: list[int], window_s: int, dispatchers: int = 1) -> None:
+def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = False) -> None:
     rows = []
+    when = "at a second of its own" if spread else "at the top of"
     for n in counts:
-        header(f"idle cost: {n} tenants, each with a queue job every minute")
-        rows.append(_idle_once(n, window_s, dispatchers))
+        header(f"idle cost: {n} tenants, each with a queue job {when} every minute")
+        rows.append(_idle_once(n, window_s, dispatchers, spread))
     base = rows[0]
     say(
-        "tenants | prefix partitions | cluster partitions | broker RSS MB | broker CPU % | services CPU %"
+        "tenants | prefix partitions | cluster partitions | broker RSS MB | broker CPU %"
+        " | services CPU % | dispatcher CPU %"
     )
     for r in rows:
         say(
             f"{r['tenants']:>7} | {r['partitions']:>17} | {r['cluster_partitions']:>18} |"
-            f" {r['broker_rss_mb']:>13.0f} | {r['broker_cpu']:>12.1f} | {r['services_cpu']:>7.1f}"
+            f" {r['broker_rss_mb']:>13.0f} | {r['broker_cpu']:>12.1f} | {r['services_cpu']:>14.1f}"
+            f" | {r['dispatcher_cpu']:>16.1f}"
         )
     slopes = []
     for r in rows[1:]:
@@ -136,6 +141,7 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1) -> None:
             f" {1000 * slope['broker_rss_mb']:.0f} KB broker memory,"
             f" {1000 * slope['broker_cpu']:.2f} m% broker CPU,"
             f" {1000 * slope['services_cpu']:.2f} m% services CPU"
+            f" ({1000 * slope['dispatcher_cpu']:.2f} m% the dispatcher's)"
         )
     # Flat: the cost per tenant at the largest count against the first step's
     # (issue 21: within 20%). At small steps the CPU figures are mostly noise.
@@ -149,26 +155,37 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1) -> None:
         )
 
 
-FIGURES = ("partitions", "broker_rss_mb", "broker_cpu", "services_cpu")
+FIGURES = ("partitions", "broker_rss_mb", "broker_cpu", "services_cpu", "dispatcher_cpu")
 
 
 SERVICES = ("timer", "relay", "dispatcher", "workflow", "webhook", "executor")
 
 
-def _idle_once(n: int, window_s: int, dispatchers: int) -> dict:
+def _idle_once(n: int, window_s: int, dispatchers: int, spread: bool) -> dict:
     """One measurement; its topics are deleted however it ends (thousands of
     tenants' topics left behind exhausted the broker's open files)."""
     prefix = f"bi{uuid.uuid4().hex[:8]}"
     wait_deletions_done()  # the last step's topics, removed while idle
     grant(prefix)
     try:
-        return _measure_idle(prefix, n, window_s, dispatchers)
+        return _measure_idle(prefix, n, window_s, dispatchers, spread)
     finally:
         if mine := prefix_topics(prefix):
             delete_topics(mine)
 
 
-def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
+def _cron(i: int, spread: bool) -> str:
+    """Tenant i's schedule: every minute at its top, or at second i % 60 of it."""
+    return f"{i % 60} * * * * *" if spread else "* * * * *"
+
+
+def _last_firing(i: int, spread: bool, before_s: int) -> int:
+    """Tenant i's last instant (epoch ms) strictly before `before_s`."""
+    second = i % 60 if spread else 0
+    return ((before_s - 1 - second) // 60 * 60 + second) * 1000
+
+
+def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: bool) -> dict:
     topics = Topics(prefix)
     with (
         fresh_database() as url,
@@ -178,12 +195,12 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
         t0 = time.monotonic()
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = [create_tenant(conn, f"idle-{i}") for i in range(n)]
-            body = {
-                "name": "minutely",
-                "schedule": {"cron": "* * * * *", "timezone": "UTC"},
-                "target": {"type": "queue", "queue": "q"},
-            }
-            for t in tenants:
+            for i, t in enumerate(tenants):
+                body = {
+                    "name": "minutely",
+                    "schedule": {"cron": _cron(i, spread), "timezone": "UTC"},
+                    "target": {"type": "queue", "queue": "q"},
+                }
                 with conn.transaction():
                     jobs.create_many(conn, t, [body], now_ms())
         wanted = {topics.runs(t["tenant_id"]) for t in tenants}
@@ -224,8 +241,11 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
         b1 = cpu_seconds(broker) if broker else 0.0
         threads1 = thread_cpu(dispatchers)
         commits = _offset_records() - commits0
-        fired = (int(time.time()) // 60) * 60 * 1000  # the window's top of the minute
-        queue_late, relay_late = _herd(topics, [t["tenant_id"] for t in tenants], fired)
+        # Each tenant's last run before now (less a second: the last second's
+        # runs may not be forwarded yet), inside the window (window_s >= 60).
+        now_s = int(time.time()) - 1
+        fired = {t["tenant_id"]: _last_firing(i, spread, now_s) for i, t in enumerate(tenants)}
+        queue_late, relay_late = _herd(topics, fired)
         used = {k: 100 * (after[k] - before.get(k, 0.0)) / window_s for k in after}
         used.pop("kafka-broker(shared)", None)
         used.pop("bench-reader", None)
@@ -243,6 +263,9 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
             "broker_rss_mb": rss,
             "broker_cpu": 100 * (b1 - b0) / window_s,
             "services_cpu": sum(used.values()),
+            "dispatcher_cpu": sum(
+                v for k, v in used.items() if k.startswith("dispatcher") and "-pg" not in k
+            ),
         }
         say(
             f"partitions {partitions} (cluster {cluster}), broker RSS {rss:.0f} MB,"
@@ -250,24 +273,25 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int) -> dict:
             f" offset commits {60 * commits / window_s:.0f} a minute"
         )
         say(
-            f"the minute's herd ({len(queue_late)}/{n} forwarded): due -> relay produce() (ms):"
+            f"the minute's {'runs' if spread else 'herd'} ({len(queue_late)}/{n} forwarded): due -> relay produce() (ms):"
             f" {describe(relay_late) if relay_late else 'none'}; due -> dispatcher produce() (ms):"
             f" {describe(queue_late) if queue_late else 'none'}"
         )
     return row
 
 
-def _herd(topics: Topics, tenant_ids: list[str], fired_ms: int, timeout_s: float = 60.0):
-    """The run fired at `fired_ms` of each tenant, on its run topic and on
-    its queue topic: each record's timestamp (the relay's, the dispatcher's
-    produce()) minus that instant. Read from a few seconds before it, found by
-    the records' timestamps."""
+def _herd(topics: Topics, fired_ms: dict[str, int], timeout_s: float = 60.0):
+    """The run fired at `fired_ms[tenant_id]` of each tenant, on its run topic
+    and on its queue topic: each record's timestamp (the relay's, the
+    dispatcher's produce()) minus that instant. Read from a few seconds before
+    it, found by the records' timestamps."""
     c = kafka.consumer(observer_group(), principal="observer")
     decode = default_registry().decode
-    wanted = {topics.queue(t, "q") for t in tenant_ids} | {topics.runs(t) for t in tenant_ids}
+    wanted = {topics.queue(t, "q"): at for t, at in fired_ms.items()}
+    wanted |= {topics.runs(t): at for t, at in fired_ms.items()}
     got: dict[str, float] = {}
     try:
-        asked = [TopicPartition(name, 0, fired_ms - 5000) for name in sorted(wanted)]
+        asked = [TopicPartition(name, 0, wanted[name] - 5000) for name in sorted(wanted)]
         starts = []
         for i in range(0, len(asked), 500):
             starts += c.offsets_for_times(asked[i : i + 500], timeout=30)
@@ -278,8 +302,8 @@ def _herd(topics: Topics, tenant_ids: list[str], fired_ms: int, timeout_s: float
                 if m.error() is not None or m.topic() in got:
                     continue
                 _n, d = decode(m.value())
-                if d.get("scheduled_at") == fired_ms:
-                    got[m.topic()] = m.timestamp()[1] - fired_ms
+                if d.get("scheduled_at") == wanted[m.topic()]:
+                    got[m.topic()] = m.timestamp()[1] - wanted[m.topic()]
     finally:
         c.close()
     queue = [v for k, v in got.items() if ".q." in k]
@@ -407,13 +431,21 @@ def main() -> None:
     ap.add_argument("--idle", help="tenant counts, comma-separated: the idle-cost case")
     ap.add_argument("--window", type=int, default=60, help="seconds measured (--idle)")
     ap.add_argument("--dispatchers", type=int, default=1, help="dispatcher instances (--idle)")
+    ap.add_argument(
+        "--spread", action="store_true", help="--idle: jobs at a second each, not all at :00"
+    )
     ap.add_argument("--restart", type=int, help="tenants: the dispatcher-start case")
     args = ap.parse_args()
     if args.restart:
         restart(args.restart)
         return
     if args.idle:
-        idle([int(x) for x in args.idle.split(",")], args.window, max(1, args.dispatchers))
+        idle(
+            [int(x) for x in args.idle.split(",")],
+            args.window,
+            max(1, args.dispatchers),
+            args.spread,
+        )
         return
     if min(args.tenants, args.pace_ms, args.due_ms) < 1:
         ap.error("--tenants, --pace-ms and --due-ms must be at least 1")
