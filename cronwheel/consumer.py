@@ -300,6 +300,7 @@ def run_restarting(make: Callable[[], Restartable], stop: threading.Event) -> No
     restart, without the process's start-up)."""
     while True:
         service = make()
+        runtime.freeze_heap()
         try:
             service.run(stop)
             return

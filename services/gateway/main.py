@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from cronwheel import config
 from cronwheel.config import Common, Destinations, Serving, group, setting
-from cronwheel.runtime import setup_logging, stop_on_signals
+from cronwheel.runtime import freeze_heap, setup_logging, stop_on_signals
 from cronwheel.supervisor import Supervisor
 
 LISTEN_FD = "CRONWHEEL_GATEWAY_LISTEN_FD"  # set for a worker: the inherited socket
@@ -188,6 +188,7 @@ def serve(settings: GatewaySettings, log) -> None:
         )
         if fd is None:
             log.info("gateway listening on %s/v1", service.url)
+        freeze_heap()
         service.run(stop_on_signals())
     finally:
         pruner.stop()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from cronwheel import config, metrics
 from cronwheel.config import Cells, Common, Metrics, Serving, group, setting
 from cronwheel.moves import MoveSettings
-from cronwheel.runtime import setup_logging, stop_on_signals
+from cronwheel.runtime import freeze_heap, setup_logging, stop_on_signals
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,7 @@ def main() -> None:
             log_config=None,
         )
     )
+    freeze_heap()
     stop = stop_on_signals()
 
     def watch() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cronwheel import config, metrics
 from cronwheel.kafka import Topics
-from cronwheel.runtime import setup_logging, stop_on_signals
+from cronwheel.runtime import freeze_heap, setup_logging, stop_on_signals
 from services.timer.service import TimerService
 from services.timer.settings import TimerSettings
 
@@ -24,6 +24,7 @@ def main() -> None:
         pending_sweep_ms=settings.pending_sweep_ms,
     )
     log.info("timer %s starting", service.leases.owner)
+    freeze_heap()
     service.run(stop_on_signals())
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from cronwheel import config, metrics
 from cronwheel.config import Common, Metrics, Processed, group, setting
 from cronwheel.kafka import Topics
-from cronwheel.runtime import setup_logging, stop_on_signals
+from cronwheel.runtime import freeze_heap, setup_logging, stop_on_signals
 from services.workflow.service import WorkflowService
 
 
@@ -44,6 +44,7 @@ def main() -> None:
         service.group_id,
         service.group_instance_id or "dynamic",
     )
+    freeze_heap()
     service.run(stop_on_signals())
 
 
