@@ -61,9 +61,9 @@ def freeze_heap() -> None:
     process holds now (its modules, classes and functions, its settings, the
     service and its clients: about 50,000 in a dispatcher) is left out of the
     cyclic garbage collector's later passes (gc.freeze), which otherwise walk
-    them all each time. A dispatcher with 3,000 tenants spent 18-52 ms in each
-    full pass, one every few seconds, and a run due meanwhile waited for it
-    (docs/dispatcher.md, "Runs at a second each"). What is made later is
+    them all each time. A dispatcher with 3,000 tenants spent 18-52 ms (once
+    121 ms) in each full pass, one every 2-20 s, and a run due meanwhile
+    waited for it (docs/dispatcher.md, "Runs at a second each"). What is made later is
     collected as before. A frozen object is still freed when its last
     reference goes; only a cycle among frozen objects is never collected, so
     what is garbage now is collected first, and a service made again (run

@@ -61,12 +61,15 @@ def test_dispatcher__sigusr1_stacks__sigusr2_its_kafka_state__and_it_goes_on(
 
         before = len(dispatcher.log())
         dispatcher.proc.send_signal(signal.SIGUSR1)
+        # faulthandler writes one thread's stack after another, and the log may
+        # be read between two of them: waited for until the loop's is there.
         stacks = wait_for(
             lambda: (
-                "most recent call first" in dispatcher.log()[before:] and dispatcher.log()[before:]
+                'cronwheel/consumer.py", line' in dispatcher.log()[before:]
+                and dispatcher.log()[before:]
             ),
             timeout=15,
-            what="the stacks",
+            what="the loop's stack (cronwheel/consumer.py: where it waits)",
         )
-        assert 'cronwheel/consumer.py", line' in stacks  # the loop, where it waits
+        assert "most recent call first" in stacks
         assert dispatcher.alive(), dispatcher.log()[-2000:]
