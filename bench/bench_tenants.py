@@ -174,14 +174,19 @@ def _idle_once(n: int, window_s: int, dispatchers: int, spread: bool) -> dict:
             delete_topics(mine)
 
 
+def _second(i: int, spread: bool) -> int:
+    """The second of every minute tenant i's job fires at."""
+    return i % 60 if spread else 0
+
+
 def _cron(i: int, spread: bool) -> str:
-    """Tenant i's schedule: every minute at its top, or at second i % 60 of it."""
-    return f"{i % 60} * * * * *" if spread else "* * * * *"
+    """Tenant i's schedule: every minute at its top, or at its own second."""
+    return f"{_second(i, spread)} * * * * *" if spread else "* * * * *"
 
 
 def _last_firing(i: int, spread: bool, before_s: int) -> int:
     """Tenant i's last instant (epoch ms) strictly before `before_s`."""
-    second = i % 60 if spread else 0
+    second = _second(i, spread)
     return ((before_s - 1 - second) // 60 * 60 + second) * 1000
 
 
