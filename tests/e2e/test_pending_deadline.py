@@ -176,12 +176,21 @@ def test_dropped_by_a_worker_after_dispatch__announced_again__forwarded_again__r
     run_id = api.post(f"/v1/jobs/{job['job_id']}/trigger").json()["run_id"]
     group = f"cronwheel-worker.{job['topic']}"  # the SDK's default group
     _drop_from_queue(kafka_bootstrap, job["topic"], group, run_id, tenant["kafka"])
-    with psycopg.connect(database_url) as conn:
-        forwarded = conn.execute(
-            "SELECT 1 FROM processed WHERE consumer = 'dispatcher' AND message_key LIKE %s",
-            [f"{run_id}:1:%"],
-        ).fetchone()
-    assert forwarded or _state(api, run_id)["reannounced"] >= 1
+    # The dispatcher records a forward as processed after the broker's ack, so
+    # the record can be read (as above) a moment before its row is written.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT 1 FROM processed WHERE consumer = 'dispatcher' AND message_key LIKE %s",
+                    [f"{run_id}:1:%"],
+                ).fetchone()
+                or _state(api, run_id)["reannounced"] >= 1
+            ),
+            timeout=30,
+            interval=0.1,
+            what="the dropped run recorded as forwarded by the dispatcher",
+        )
 
     worker = WorkerProc(job["topic"], base, tenant, database_url, kafka_bootstrap)
     try:
