@@ -364,6 +364,11 @@ class ProducerRenewal:
     # Producers, each a connection the broker serves beside the others; a
     # topic always goes through the same one.
     shards: int = setting("CRONWHEEL_PRODUCER_SHARDS", 4, minimum=1, maximum=32)
+    # One more producer for at most this many of the busiest topics, those at
+    # CRONWHEEL_PRODUCER_HOT_RATE records a second or more (the others'
+    # producers walk every idle tenant's partitions per record); 0: none.
+    hot_topics: int = setting("CRONWHEEL_PRODUCER_HOT_TOPICS", 16, minimum=0, maximum=1024)
+    hot_rate: float = setting("CRONWHEEL_PRODUCER_HOT_RATE", 20.0, minimum=0.1)
 
     # How often a producer is looked at; 0: never renewed.
     every_s: float = setting("CRONWHEEL_PRODUCER_RENEW_S", 600.0, minimum=0)

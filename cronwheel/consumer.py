@@ -43,7 +43,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics
-from cronwheel.producer_shards import ShardedProducer
+from cronwheel.producer_shards import HOT_RATE, ShardedProducer
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import TopicWatch
@@ -351,9 +351,13 @@ class ConsumerService:
         shutdown_grace_ms: int = 10_000,
         commit_every_s: float = consuming.COMMIT_EVERY_S,
         producer_shards: int = 1,
+        producer_hot_topics: int = 0,
+        producer_hot_rate: float = HOT_RATE,
     ):
         """`producer_shards`: producers its records go out through
-        (cronwheel.producer_shards), a topic always through the same one."""
+        (cronwheel.producer_shards), a topic always through the same one;
+        `producer_hot_topics`: how many of the busiest topics (at
+        `producer_hot_rate` records a second or more) get one more."""
         self.dsn = dsn
         self.bootstrap = bootstrap
         self.topics = topics
@@ -368,7 +372,10 @@ class ConsumerService:
         # topics it met went quiet (cronwheel.topics_met).
         self.producer = RenewingProducer(
             lambda: ShardedProducer(
-                lambda: kafka.producer(bootstrap, principal=self.name), producer_shards
+                lambda: kafka.producer(bootstrap, principal=self.name),
+                producer_shards,
+                hot_topics=producer_hot_topics,
+                hot_rate=producer_hot_rate,
             )
         )
         self.dead_letters = DeadLetters(

@@ -25,11 +25,39 @@ What holds:
   producer learns a topic just made, or the partitions it grew to, only by
   asking, and refuses a partition it does not know.
 - One shard is the single producer it was before, behind one more call.
+
+The busiest topics get a producer of their own (`hot_topics`, `HotTopics`):
+librdkafka's broker thread walks every partition its producer has met each
+time it wakes, about once per record at a linger of 1 ms
+(confluentinc/librdkafka#2270), so ten busy tenants beside 3,000 idle ones
+cost their producer a walk over the idle tenants' partitions per record: the
+relay used 43% of a core against 27% beside 10 (`bench_firing_steady.py
+--idle-tenants 3000`, docs/architecture.md). On the hot shard a busy topic's
+records wake a thread that has met only the few busy topics. What holds
+there:
+
+- A topic moves between its shard and the hot one only while none of its
+  records is outstanding (given, and no delivery report yet): everything
+  sent before the move has been acknowledged or failed, so a partition's
+  records still reach the broker in the order given, each producer's
+  sequence numbers its own. A topic with a record always outstanding stays
+  where it is.
+- The shard a topic moves to asks for its metadata first (`LEARN_S` at
+  most, else the move waits): it may know the topic from before it grew a
+  partition per class, and a producer refuses a partition it does not know.
+- Which topics are hot is decided once a second (`HotTopics`): the busiest
+  topics at `hot_rate` records a second or more, at most `hot_topics` of
+  them; a hot topic goes back after three looks in a row below half that
+  rate.
+- The bookkeeping (records outstanding per topic, the moves) is under a
+  lock: records are given from more than one thread (the relay's loop and
+  its releaser), and reports come on whichever thread polls.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -37,6 +65,8 @@ from collections.abc import Callable
 from confluent_kafka import Producer
 
 FOREVER_SHARE_S = 0.05  # poll(-1): each shard's turn at waiting
+HOT_RATE = 20.0  # records a second from which a topic may get the hot shard
+LEARN_S = 1.0  # the longest a move waits for the shard to learn the topic
 _KEYS = itertools.count()  # names each shard ever made, for a delivery watch
 
 
@@ -45,15 +75,38 @@ class ShardedProducer:
     (produce, poll, flush, purge, len, list_topics; anything else asks the
     first)."""
 
-    def __init__(self, make: Callable[[], Producer], shards: int):
+    def __init__(
+        self,
+        make: Callable[[], Producer],
+        shards: int,
+        *,
+        hot_topics: int = 0,
+        hot_rate: float = HOT_RATE,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """`hot_topics`: at most this many of the busiest topics (at
+        `hot_rate` records a second or more) go through one more producer of
+        their own; 0: none does."""
         self.shards = [make() for _ in range(max(1, shards))]
+        self._hashed = len(self.shards)  # the shards a topic's name picks
+        self.hot: HotTopics | None = None
+        if hot_topics > 0:
+            self.hot = HotTopics(hot_topics, hot_rate, clock=clock)
+            self.shards.append(make())  # the hot shard, last
         self.reports = [0] * len(self.shards)  # delivery reports, per shard
         self._keys = [next(_KEYS) for _ in self.shards]
+        self._lock = threading.Lock()  # the hot bookkeeping below
+        self._outstanding: dict[str, int] = {}  # records given, no report yet
+        self._moved: dict[str, int] = {}  # topic -> the hot shard, while it is hot
+        self.moves_total = 0  # topics moved to the hot shard or back
 
     def _index(self, topic: str) -> int:
-        if len(self.shards) == 1:
+        moved = self._moved.get(topic)
+        if moved is not None:
+            return moved
+        if self._hashed == 1:
             return 0
-        return zlib.crc32(topic.encode()) % len(self.shards)
+        return zlib.crc32(topic.encode()) % self._hashed
 
     def of(self, topic: str) -> Producer:
         """The shard that carries `topic`."""
@@ -64,15 +117,76 @@ class ShardedProducer:
         (`on_delivery` or `callback`), and every record gets a report,
         counted for its shard."""
         topic = kwargs["topic"] if "topic" in kwargs else args[0]
-        i = self._index(topic)
         given = kwargs.pop("on_delivery", None), kwargs.pop("callback", None)
         then = given[0] or given[1]
-        kwargs["on_delivery"] = self._counted(i, then)
-        self.shards[i].produce(*args, **kwargs)
+        if self.hot is None:
+            i = self._index(topic)
+            kwargs["on_delivery"] = self._counted(i, then)
+            self.shards[i].produce(*args, **kwargs)
+            return
+        with self._lock:
+            self._place(topic)
+            i = self._index(topic)
+            kwargs["on_delivery"] = self._counted(i, then, topic)
+            # Counted before the record is given: its report may come on
+            # another thread before produce() returns.
+            self._outstanding[topic] = self._outstanding.get(topic, 0) + 1
+            try:
+                self.shards[i].produce(*args, **kwargs)
+            except BaseException:  # not taken (BufferError...): no report will come
+                self._settled(topic)
+                raise
 
-    def _counted(self, i: int, then: Callable | None) -> Callable:
+    def _place(self, topic: str) -> None:
+        """Under _lock: count the record, and move the topic to the hot shard
+        or back if `HotTopics` wants it there and none of its records is
+        outstanding."""
+        assert self.hot is not None
+        self.hot.count(topic)
+        want_hot = topic in self.hot.hot
+        if want_hot == (topic in self._moved) or self._outstanding.get(topic):
+            return
+        if want_hot:
+            self._moved[topic] = len(self.shards) - 1
+        else:
+            del self._moved[topic]
+        if not self._learn(self._index(topic), topic):
+            # Not known there (no broker?): it stays where it was, and
+            # HotTopics decides again at its next look, not at each record.
+            if want_hot:
+                del self._moved[topic]
+                self.hot.hot.discard(topic)
+            else:
+                self._moved[topic] = len(self.shards) - 1
+                self.hot.hot.add(topic)
+            return
+        self.moves_total += 1
+
+    def _learn(self, i: int, topic: str) -> bool:
+        """The shard `i` asks for the topic's metadata before its first
+        record there: the partitions it knows may be older than the topic
+        (grown for its classes while another shard carried it), and a
+        producer refuses a partition it does not know."""
+        try:
+            meta = self.shards[i].list_topics(topic, timeout=LEARN_S).topics.get(topic)
+        except Exception:  # KafkaException (no broker): not moved now
+            return False
+        return meta is not None and meta.error is None and bool(meta.partitions)
+
+    def _settled(self, topic: str) -> None:
+        """Under _lock: one of the topic's records has its report."""
+        left = self._outstanding.get(topic, 0) - 1
+        if left > 0:
+            self._outstanding[topic] = left
+        else:
+            self._outstanding.pop(topic, None)
+
+    def _counted(self, i: int, then: Callable | None, topic: str | None = None) -> Callable:
         def counted(err, msg) -> None:
             self.reports[i] += 1
+            if topic is not None:
+                with self._lock:
+                    self._settled(topic)
             if then is not None:
                 then(err, msg)
 
@@ -143,3 +257,56 @@ class ShardedProducer:
         if name == "shards":  # not made yet (make() raised): no recursion
             raise AttributeError(name)
         return getattr(self.shards[0], name)
+
+
+class HotTopics:
+    """Which topics go through the hot shard: looked at once every `every_s`,
+    from the records given since the last look. The busiest at `rate`
+    records a second or more become hot, up to `at_most`; a hot topic goes
+    back after `cool_looks` looks in a row below half that rate (not at the
+    first quiet second, so a topic near the rate does not move to and fro)."""
+
+    def __init__(
+        self,
+        at_most: int,
+        rate: float,
+        *,
+        every_s: float = 1.0,
+        cool_looks: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.at_most = at_most
+        self.rate = rate
+        self.every_s = every_s
+        self.cool_looks = cool_looks
+        self._clock = clock
+        self._since = clock()
+        self._counts: dict[str, int] = {}
+        self._cool: dict[str, int] = {}  # hot topic -> looks in a row below half the rate
+        self.hot: set[str] = set()
+
+    def count(self, topic: str) -> None:
+        """A record for `topic`; the look is taken when one is due."""
+        self._counts[topic] = self._counts.get(topic, 0) + 1
+        now = self._clock()
+        if now - self._since >= self.every_s:
+            self._look(now)
+
+    def _look(self, now: float) -> None:
+        elapsed = now - self._since
+        rates = {topic: n / elapsed for topic, n in self._counts.items()}
+        self._counts = {}
+        self._since = now
+        for topic in list(self.hot):
+            if rates.get(topic, 0.0) >= self.rate / 2:
+                self._cool.pop(topic, None)
+                continue
+            self._cool[topic] = self._cool.get(topic, 0) + 1
+            if self._cool[topic] >= self.cool_looks:
+                self.hot.discard(topic)
+                del self._cool[topic]
+        busy = sorted(
+            (t for t, r in rates.items() if r >= self.rate and t not in self.hot),
+            key=lambda t: -rates[t],
+        )
+        self.hot.update(busy[: max(0, self.at_most - len(self.hot))])

@@ -164,9 +164,16 @@ class Dispatcher(ConsumerService):
         # Through several producers (cronwheel.producer_shards): librdkafka
         # puts one partition in each request, so a minute's herd of tenants
         # went out through one connection one request at a time.
-        shards = (renewal or ProducerRenewal()).shards
+        # The busiest queue topics through one more producer of their own.
+        shards = renewal or ProducerRenewal()
         super().__init__(
-            *args, batch=batch, max_wait_ms=max_wait_ms, producer_shards=shards, **skeleton
+            *args,
+            batch=batch,
+            max_wait_ms=max_wait_ms,
+            producer_shards=shards.shards,
+            producer_hot_topics=shards.hot_topics,
+            producer_hot_rate=shards.hot_rate,
+            **skeleton,
         )
         self.in_flight = max(1, in_flight)
         self.processed = Processed(CONSUMER)

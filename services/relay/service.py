@@ -97,10 +97,14 @@ class Relay:
         # Through several producers (cronwheel.producer_shards): librdkafka
         # puts one partition in each request, so a minute's herd of tenants
         # went through one connection one request at a time.
-        shards = (renewal or ProducerRenewal()).shards
+        # The busiest topics through one more producer of their own.
+        shards = renewal or ProducerRenewal()
         self.producer = RenewingProducer(
             lambda: ShardedProducer(
-                lambda: kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1}), shards
+                lambda: kafka.producer(bootstrap, principal="relay", **{"linger.ms": 1}),
+                shards.shards,
+                hot_topics=shards.hot_topics,
+                hot_rate=shards.hot_rate,
             ),
             topics_met(renewal),
         )

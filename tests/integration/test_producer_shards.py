@@ -158,3 +158,110 @@ def test_sharded__a_topic_grown__its_own_shard_learns_it_and_takes_the_new_parti
         assert len(partitions) == 4
         producer.produce(name, value=b"after", partition=3)
     assert producer.flush(30) == 0
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _with_hot_shard(kafka_bootstrap: str, clock: _Clock) -> ShardedProducer:
+    """Two shards and a hot one for the busiest topic (20 records a second)."""
+    return ShardedProducer(
+        lambda: kafka.producer(kafka_bootstrap, principal="relay"),
+        2,
+        hot_topics=1,
+        hot_rate=20.0,
+        clock=clock,
+    )
+
+
+def test_hot_shard__a_busy_topic_moves_only_with_nothing_outstanding__order_kept__and_back(
+    kafka_bootstrap, topic_prefix
+):
+    """The busiest topic goes through the hot shard once none of its records
+    awaits a report (reports come only from poll and flush, so records not
+    yet flushed hold it where it is); every partition holds its records in
+    the order given, across both moves; quiet three looks, it goes back."""
+    clock = _Clock()
+    producer = _with_hot_shard(kafka_bootstrap, clock)
+    hot_shard = producer.shards[-1]
+    busy, quiet = f"{topic_prefix}.runs.busy", f"{topic_prefix}.runs.quiet"
+    kafka.ensure_topics(
+        [busy, quiet], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher"
+    )
+    home = producer.of(busy)
+    assert home is not hot_shard and len(producer.shards) == 3
+    sent: dict[str, list[bytes]] = {busy: [], quiet: []}
+
+    def give(topic: str, n: int) -> None:
+        for _ in range(n):
+            value = b"%d" % len(sent[topic])
+            producer.produce(topic, value=value, partition=0)
+            sent[topic].append(value)
+            clock.now += 0.01
+
+    give(busy, 100)  # a second at 100 a second, not flushed
+    clock.now += 0.05
+    give(quiet, 1)  # the look: busy is hot now
+    assert producer.hot is not None and producer.hot.hot == {busy}
+    give(busy, 10)
+    assert producer.of(busy) is home  # 110 records outstanding: it stays
+    assert producer.moves_total == 0
+    assert producer.flush(30) == 0
+    give(busy, 10)
+    assert producer.of(busy) is hot_shard and producer.moves_total == 1
+    assert len(hot_shard) == 10 and producer.of(quiet) is not hot_shard
+    assert producer.flush(30) == 0
+
+    for _ in range(4):  # quiet looks: 1 record a second
+        clock.now += 1.0
+        give(busy, 1)
+    assert producer.hot.hot == set()
+    assert producer.of(busy) is hot_shard  # its last record is outstanding there
+    assert producer.flush(30) == 0
+    give(busy, 1)
+    assert producer.of(busy) is home and producer.moves_total == 2
+    assert producer.flush(30) == 0
+
+    reader = kafka.consumer(f"{topic_prefix}.dispatcher", kafka_bootstrap, principal="dispatcher")
+    try:
+        for topic in (busy, quiet):
+            reader.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+            read: list[bytes] = []
+            for _ in range(100):  # up to 100 polls of 0.2 s: the records are there already
+                read += [m.value() for m in reader.consume(500, timeout=0.2) if not m.error()]
+                if len(read) >= len(sent[topic]):
+                    break
+            assert read == sent[topic]
+    finally:
+        reader.close()
+
+
+def test_hot_shard__a_topic_grown_while_elsewhere__the_shard_it_moves_to_learns_it_first(
+    kafka_bootstrap, topic_prefix
+):
+    """The hot shard met the topic at one partition; it grows (a partition per
+    class) while its own shard carries it; moved hot again, the hot shard
+    takes the new partition rather than refusing it."""
+    clock = _Clock()
+    producer = _with_hot_shard(kafka_bootstrap, clock)
+    name = f"{topic_prefix}.runs.growhot"
+    kafka.ensure_topics([name], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    producer.shards[-1].produce(name, value=b"met", partition=0)  # the hot shard meets it at 1
+    assert producer.flush(30) == 0
+    kafka.grow_topic(name, 4, client=kafka.admin(kafka_bootstrap, principal="relay"))
+    for _ in range(50):  # the broker's metadata catches up: asked again, 50 x up to 2 s
+        if len(producer.list_topics(name, timeout=2).topics[name].partitions) == 4:
+            break
+    for _ in range(100):
+        producer.produce(name, value=b"v", partition=3)
+        clock.now += 0.01
+    assert producer.flush(30) == 0
+    clock.now += 0.05
+    producer.produce(name, value=b"v", partition=3)  # the look: hot; nothing outstanding: moved
+    assert producer.of(name) is producer.shards[-1] and producer.moves_total == 1
+    assert producer.flush(30) == 0
