@@ -10,6 +10,7 @@ from cronwheel.kafka import Topics
 from services.gateway.app import create_app
 from tests.integration.test_gateway_api import OPERATOR, assert_problem
 from tests.support.gateway import served
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +27,19 @@ def _partitions(bootstrap: str, topic: str) -> int:
     return len(meta.partitions) if meta.error is None else 0
 
 
+def _partitions_become(bootstrap: str, topic: str, n: int) -> int:
+    """The topic's partition count once the broker's metadata shows `n`: the
+    controller has made them when the call returns, and the broker's
+    metadata cache learns them a moment later (CI read 2 for 5 once)."""
+    wait_for(
+        lambda: _partitions(bootstrap, topic) == n,
+        timeout=30,
+        interval=0.1,
+        what=f"{topic} at {n} partitions",
+    )
+    return _partitions(bootstrap, topic)
+
+
 def test_grow_queue__missing_topic_created__then_grown__fewer_changes_nothing(
     client, kafka_bootstrap
 ):
@@ -38,11 +52,11 @@ def test_grow_queue__missing_topic_created__then_grown__fewer_changes_nothing(
     topic = first.json()["topic"]
     assert first.json() == {"topic": topic, "partitions": 2}
     assert topic.endswith(f".q.{tenant}.reports")
-    assert _partitions(kafka_bootstrap, topic) == 2
+    assert _partitions_become(kafka_bootstrap, topic, 2) == 2
 
     grown = client.post(path, json={"partitions": 5}, headers=OPERATOR)
     assert grown.json() == {"topic": topic, "partitions": 5}
-    assert _partitions(kafka_bootstrap, topic) == 5
+    assert _partitions_become(kafka_bootstrap, topic, 5) == 5
 
     fewer = client.post(path, json={"partitions": 3}, headers=OPERATOR)
     assert fewer.status_code == 200 and fewer.json()["partitions"] == 5
