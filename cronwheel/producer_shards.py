@@ -155,10 +155,9 @@ class ShardedProducer:
             # HotTopics decides again at its next look, not at each record.
             if want_hot:
                 del self._moved[topic]
-                self.hot.hot.discard(topic)
             else:
                 self._moved[topic] = len(self.shards) - 1
-                self.hot.hot.add(topic)
+            self.hot.stay(topic, hot=not want_hot)
             return
         self.moves_total += 1
 
@@ -291,6 +290,15 @@ class HotTopics:
         now = self._clock()
         if now - self._since >= self.every_s:
             self._look(now)
+
+    def stay(self, topic: str, *, hot: bool) -> None:
+        """The topic could not move: it is (or is not) hot until a later look
+        decides again, rather than asked to move at every record."""
+        if hot:
+            self.hot.add(topic)
+        else:
+            self.hot.discard(topic)
+        self._cool.pop(topic, None)
 
     def _look(self, now: float) -> None:
         elapsed = now - self._since
