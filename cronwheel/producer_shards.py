@@ -97,13 +97,15 @@ class ShardedProducer:
         self._keys = [next(_KEYS) for _ in self.shards]
         self._lock = threading.Lock()  # the hot bookkeeping below
         self._outstanding: dict[str, int] = {}  # records given, no report yet
-        self._moved: dict[str, int] = {}  # topic -> the hot shard, while it is hot
+        self._on_hot: set[str] = set()  # topics the hot shard (the last) carries now
         self.moves_total = 0  # topics moved to the hot shard or back
 
     def _index(self, topic: str) -> int:
-        moved = self._moved.get(topic)
-        if moved is not None:
-            return moved
+        if topic in self._on_hot:
+            return len(self.shards) - 1
+        return self._hashed_index(topic)
+
+    def _hashed_index(self, topic: str) -> int:
         if self._hashed == 1:
             return 0
         return zlib.crc32(topic.encode()) % self._hashed
@@ -144,21 +146,18 @@ class ShardedProducer:
         assert self.hot is not None
         self.hot.count(topic)
         want_hot = topic in self.hot.hot
-        if want_hot == (topic in self._moved) or self._outstanding.get(topic):
+        if want_hot == (topic in self._on_hot) or self._outstanding.get(topic):
             return
-        if want_hot:
-            self._moved[topic] = len(self.shards) - 1
-        else:
-            del self._moved[topic]
-        if not self._learn(self._index(topic), topic):
+        to = len(self.shards) - 1 if want_hot else self._hashed_index(topic)
+        if not self._learn(to, topic):
             # Not known there (no broker?): it stays where it was, and
             # HotTopics decides again at its next look, not at each record.
-            if want_hot:
-                del self._moved[topic]
-            else:
-                self._moved[topic] = len(self.shards) - 1
             self.hot.stay(topic, hot=not want_hot)
             return
+        if want_hot:
+            self._on_hot.add(topic)
+        else:
+            self._on_hot.discard(topic)
         self.moves_total += 1
 
     def _learn(self, i: int, topic: str) -> bool:

@@ -31,13 +31,12 @@ def _partitions_become(bootstrap: str, topic: str, n: int) -> int:
     """The topic's partition count once the broker's metadata shows `n`: the
     controller has made them when the call returns, and the broker's
     metadata cache learns them a moment later (CI read 2 for 5 once)."""
-    wait_for(
-        lambda: _partitions(bootstrap, topic) == n,
+    return wait_for(
+        lambda: (got := _partitions(bootstrap, topic)) == n and got,
         timeout=30,
         interval=0.1,
         what=f"{topic} at {n} partitions",
     )
-    return _partitions(bootstrap, topic)
 
 
 def test_grow_queue__missing_topic_created__then_grown__fewer_changes_nothing(
