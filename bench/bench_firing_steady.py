@@ -22,7 +22,15 @@ and this process (the reader) in SCHED_FIFO for the case, ahead of every
 thread of the ordinary class, and all of them back in SCHED_OTHER after: the Kafka hop
 when the processes on it never wait for a CPU, which tells the path's own
 latency from the two shared cores' (docs/architecture.md, "The Kafka hop is
-the wait for a CPU"). `--fifo broker` does it to the broker alone."""
+the wait for a CPU"). `--fifo broker` does it to the broker alone.
+
+`--pin` gives the Kafka hop a core of its own: every thread of the broker,
+the relay and this process (the reader) on the last CPU, PostgreSQL (the
+postmaster, so its sessions to come too) and the timer on the others, for
+the case. Compare with `bench_kafka_floor.py --pin`, whose stages and broker
+get the same one CPU: the hop against its floor when neither shares its core
+with the database's work (docs/architecture.md, "The hop on a core of its
+own")."""
 
 from __future__ import annotations
 
@@ -43,12 +51,15 @@ from common import (
     create_topics,
     delete_topics,
     describe,
+    each_thread,
     fresh_database,
     grant,
     header,
     machine_load,
     now_ms,
     percentile,
+    pinned,
+    postgres_pids,
     say,
     vacuum_analyze,
 )
@@ -101,19 +112,10 @@ FIFO_PRIORITY = 5  # any real-time priority puts a thread ahead of every SCHED_O
 
 
 def set_policy(pids: list[int], policy: int, priority: int) -> int:
-    """Every live thread of `pids` to `policy`; returns how many threads. A
-    process or thread that has ended is passed over."""
-    n = 0
-    for pid in pids:
-        try:
-            tids = [int(task.name) for task in os.scandir(f"/proc/{pid}/task")]
-        except FileNotFoundError:
-            continue
-        for tid in tids:
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setscheduler(tid, policy, os.sched_param(priority))
-                n += 1
-    return n
+    """Every live thread of `pids` to `policy`; returns how many threads."""
+    return each_thread(
+        pids, lambda tid: os.sched_setscheduler(tid, policy, os.sched_param(priority))
+    )
 
 
 @contextlib.contextmanager
@@ -135,7 +137,25 @@ def fifo(services: Services, who: str):
         set_policy(pids, os.SCHED_OTHER, 0)
 
 
-def case(label: str, spread_ms: int, idle: int, realtime: str | None = None) -> float:
+def pin(services: Services):
+    """The hop (broker, relay, reader) on the last CPU; PostgreSQL and the timer
+    on the rest."""
+    cpus = set(range(os.cpu_count() or 1))
+    hop = {max(cpus)}
+    hop_pids = [services.pids["bench-reader"], services.pids["relay"]]
+    if broker := services.pids.get("kafka-broker(shared)"):
+        hop_pids.append(broker)
+    return pinned(
+        {
+            "the relay, the broker and the reader": (hop_pids, hop),
+            "PostgreSQL and the timer": (postgres_pids() + [services.pids["timer"]], cpus - hop),
+        }
+    )
+
+
+def case(
+    label: str, spread_ms: int, idle: int, realtime: str | None = None, pinning: bool = False
+) -> float:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
     grant(prefix)
@@ -155,6 +175,7 @@ def case(label: str, spread_ms: int, idle: int, realtime: str | None = None) -> 
                 Reader(names, decode=True) as reader,
                 Services(url, prefix) as services,
                 fifo(services, realtime) if realtime else contextlib.nullcontext(),
+                pin(services) if pinning else contextlib.nullcontext(),
             ):
                 with psycopg.connect(url, autocommit=True) as conn:
                     # Created over the last second (spread) or at one instant (aligned).
@@ -219,6 +240,11 @@ def main() -> None:
         choices=["hop", "broker"],
         help="the relay, broker and reader (hop), or the broker alone, in SCHED_FIFO (root)",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the relay, broker and reader on the last CPU; PostgreSQL and the timer on the rest",
+    )
     args = parser.parse_args()
     header("bench_firing_steady: 1k jobs every second, lateness to a consumer")
     say(
@@ -228,7 +254,7 @@ def main() -> None:
     )
     cases = {"spread": EVERY_MS, "aligned": 1}
     results = {
-        label: case(label, spread_ms, args.idle_tenants, args.fifo)
+        label: case(label, spread_ms, args.idle_tenants, args.fifo, args.pin)
         for label, spread_ms in cases.items()
         if args.only in (None, label)
     }

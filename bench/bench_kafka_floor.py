@@ -42,6 +42,11 @@ to their memory-mapped index files (page faults on this disk; none on tmpfs),
 and then not again in 90 s (docs/architecture.md, "Fresh partitions stall
 once").
 
+`--pin` puts the broker and every stage (every thread) on the last CPU from
+two seconds after the stages start (their clients made) to the end of the
+case: the floor to compare with `bench_firing_steady.py --pin`, whose Kafka
+hop gets that same CPU while PostgreSQL and the timer have the others.
+
 If the floor's p99 is above a target, no change to cronwheel's own code can
 meet that target on this machine. Prints figures; asserts nothing.
 """
@@ -49,8 +54,10 @@ meet that target on this machine. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 import uuid
@@ -66,6 +73,7 @@ from common import (
     machine_load,
     observer_group,
     percentile,
+    pinned,
     say,
     topics_ready,
 )
@@ -186,7 +194,7 @@ def _consume_loop(
 def case(
     label: str, rate: int, window_s: int, aligned: bool = False, hops: int = 1,
     partitions: int = PARTITIONS, topics: int = TOPICS, every_s: int = 1, shards: int = 1,
-    consumers: int = 1,
+    consumers: int = 1, pin: bool = False,
 ) -> float:  # fmt: skip
     prefix = f"floor{uuid.uuid4().hex[:8]}"
     first = [f"{prefix}.runs.t{i}" for i in range(topics)]
@@ -207,6 +215,7 @@ def case(
     producing = (first, rate, aligned, window[1], partitions, every_s, shards)
     procs.append(ctx.Process(target=_produce_loop, args=producing))
     broker = kafka_broker_pid()
+    stack = contextlib.ExitStack()
 
     def cpu() -> dict[int, float]:
         """CPU seconds per stage process, and the broker's under key 0."""
@@ -217,6 +226,12 @@ def case(
     try:
         for p in procs:
             p.start()
+        if pin:
+            time.sleep(2)  # the stages' clients and their threads made
+            cpus = {max(range(os.cpu_count() or 1))}
+            stack.enter_context(
+                pinned({"the broker and the stages": ([broker, *(p.pid for p in procs)], cpus)})
+            )
         time.sleep(max(0.0, window[0] - time.time()))  # until the window opens
         cpu0 = cpu()
         time.sleep(max(0.0, window[1] - time.time()))  # the window itself
@@ -225,6 +240,7 @@ def case(
         for p in procs:
             p.join(30)
     finally:
+        stack.close()
         for p in procs:
             if p.is_alive():
                 p.kill()
@@ -263,6 +279,9 @@ def main() -> None:
     parser.add_argument(
         "--partitions", type=int, default=PARTITIONS, help=f"per topic ({PARTITIONS})"
     )
+    parser.add_argument(
+        "--pin", action="store_true", help="the broker and every stage on the last CPU"
+    )
     args = parser.parse_args()
     w, n = args.window, args.partitions
     cases = args.case or ["spread", "aligned", "two-hops"]
@@ -271,10 +290,16 @@ def main() -> None:
         say(f"setup: {TOPICS} topics of {n} partitions per hop")
     figures = []
     if "spread" in cases:
-        figures.append(("one hop, 1,000/s spread", case("spread", 1000, w, partitions=n), 25))
+        figures.append(
+            ("one hop, 1,000/s spread", case("spread", 1000, w, partitions=n, pin=args.pin), 25)
+        )
     if "aligned" in cases:
         figures.append(
-            ("one hop, 1,000/s aligned", case("aligned", 1000, w, aligned=True, partitions=n), 25)
+            (
+                "one hop, 1,000/s aligned",
+                case("aligned", 1000, w, aligned=True, partitions=n, pin=args.pin),
+                25,
+            )
         )
     if "two-hops" in cases:
         figures.append(

@@ -77,6 +77,7 @@ from common import (
     create_tenants,
     delete_topics,
     describe,
+    ensure_tenant_topics,
     fresh_database,
     grant,
     header,
@@ -91,7 +92,7 @@ from common import (
     waited_seconds,
 )
 
-from cronwheel import config, kafka
+from cronwheel import config
 from cronwheel.core.clock import now_ms, to_dt, to_ms
 from cronwheel.kafka import Topics
 
@@ -1027,7 +1028,7 @@ def main() -> None:
             t["kafka"] = tenant_kafka(topics, t["tenant_id"])
         queues = [topics.queue(t["tenant_id"], QUEUE) for t in tenants]
         runs = [topics.runs(t["tenant_id"]) for t in tenants]
-        kafka.ensure_topics(runs + queues, principal="dispatcher")
+        ensure_tenant_topics(runs + queues)  # one partition each, as the platform makes them
         completions_topic(topics)  # no workflow service here to create it
         say(
             f"setup: fresh database, {TENANTS} tenants; `cronwheel serve gateway timer relay"

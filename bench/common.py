@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -173,6 +173,72 @@ def kafka_broker_pid() -> int | None:
             if port in local_ports(pid):
                 return pid
     return brokers[0] if len(brokers) == 1 else None
+
+
+def postgres_pids() -> list[int]:
+    """Every process of the PostgreSQL cluster on the configured port: the
+    postmaster and its children (backends forked later inherit its CPU
+    affinity, so pinning the postmaster pins the sessions still to come)."""
+    port = urlsplit(config.database_url()).port or 5432
+    procs = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(entry.path, "stat").read_text()
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+                procs[int(entry.name)] = (comm, ppid)
+    # The postmaster: the postgres process on the port whose parent is not one
+    # (its backends' connections have the port too).
+    master = next(
+        (
+            pid
+            for pid, (comm, ppid) in procs.items()
+            if comm == "postgres"
+            and procs.get(ppid, ("", 0))[0] != "postgres"
+            and port in local_ports(pid)
+        ),
+        None,
+    )
+    if master is None:
+        return []
+    return [master] + [pid for pid, (_comm, ppid) in procs.items() if ppid == master]
+
+
+def each_thread(pids: list[int], do: Callable[[int], None]) -> int:
+    """`do(tid)` for every live thread of `pids`; returns how many threads. A
+    process or thread that has ended is passed over."""
+    n = 0
+    for pid in pids:
+        try:
+            tids = [int(task.name) for task in os.scandir(f"/proc/{pid}/task")]
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(ProcessLookupError):
+                do(tid)
+                n += 1
+    return n
+
+
+def set_affinity(pids: list[int], cpus: set[int]) -> int:
+    """Every live thread of `pids` to run only on `cpus`; returns how many."""
+    return each_thread(pids, lambda tid: os.sched_setaffinity(tid, cpus))
+
+
+@contextlib.contextmanager
+def pinned(groups: dict[str, tuple[list[int], set[int]]]) -> Iterator[None]:
+    """Each group's processes (every thread) on its CPUs until the end, then
+    back on every CPU, whatever ended the block. Prints what went where."""
+    every = set(range(os.cpu_count() or 1))
+    try:
+        for name, (pids, cpus) in groups.items():
+            n = set_affinity(pids, cpus)
+            say(f"pin: {n} threads of {name} on CPU {','.join(map(str, sorted(cpus)))}")
+        yield
+    finally:
+        for pids, _cpus in groups.values():
+            set_affinity(pids, every)
 
 
 # -- databases --------------------------------------------------------------
@@ -666,8 +732,9 @@ class Reader:
     records fetched behind it."""
 
     def __init__(self, topics: list[str], decode: bool = False):
-        # Run and queue topics: the dispatcher creates them; the observer reads.
-        kafka.ensure_topics(topics, principal="dispatcher")
+        # Run and queue topics: the dispatcher creates them, laid out as the
+        # platform lays them out; the observer reads.
+        ensure_tenant_topics(topics)
         self.consumer = kafka.consumer(observer_group(), principal="observer")
         meta = topics_ready(self.consumer, topics)
         self.consumer.assign(
@@ -789,6 +856,25 @@ def wait_deletions_done(timeout_s: float = 180.0) -> None:
             return
         time.sleep(1)  # polled: the broker removes them on its own schedule
     say(f"warning: {pending} deleted partitions still on the broker's disk after {timeout_s:.0f} s")
+
+
+def starting_partitions(name: str) -> int:
+    """The partitions the platform makes topic `name` with (Topics.partitions:
+    one for a tenant's run or queue topic), for a benchmark's topic named under
+    a prefix of its own (no dot in it)."""
+    return Topics(name.split(".", 1)[0]).partitions(name)
+
+
+def ensure_tenant_topics(names: list[str]) -> None:
+    """Tenants' topics that do not exist yet, made as the platform makes them
+    (`starting_partitions`) by the dispatcher's principal. A benchmark that made
+    them with more partitions than the platform does would measure another
+    layout: more partitions to produce to, fetch and answer for."""
+    by_count: dict[int, list[str]] = {}
+    for name in names:
+        by_count.setdefault(starting_partitions(name), []).append(name)
+    for partitions, group in by_count.items():
+        kafka.ensure_topics(group, partitions=partitions, principal="dispatcher")
 
 
 def create_topics(names: list[str], partitions: int = kafka.RUN_PARTITIONS) -> None:
