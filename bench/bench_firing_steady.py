@@ -29,8 +29,8 @@ the relay and this process (the reader) on the last CPU, PostgreSQL (the
 postmaster, so its sessions to come too) and the timer on the others, for
 the case. Compare with `bench_kafka_floor.py --pin`, whose stages and broker
 get the same one CPU: the hop against its floor when neither shares its core
-with the database's work (docs/architecture.md, "The hop on a core of its
-own")."""
+with the database's work (docs/architecture.md, "The busy tenants' topics
+as the platform lays them out")."""
 
 from __future__ import annotations
 
@@ -148,7 +148,10 @@ def pin(services: Services):
     return pinned(
         {
             "the relay, the broker and the reader": (hop_pids, hop),
-            "PostgreSQL and the timer": (postgres_pids() + [services.pids["timer"]], cpus - hop),
+            "PostgreSQL and the timer": (
+                lambda: postgres_pids() + [services.pids["timer"]],
+                cpus - hop,
+            ),
         }
     )
 

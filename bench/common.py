@@ -226,19 +226,29 @@ def set_affinity(pids: list[int], cpus: set[int]) -> int:
     return each_thread(pids, lambda tid: os.sched_setaffinity(tid, cpus))
 
 
+Pids = list[int] | Callable[[], list[int]]
+
+
 @contextlib.contextmanager
-def pinned(groups: dict[str, tuple[list[int], set[int]]]) -> Iterator[None]:
+def pinned(groups: dict[str, tuple[Pids, set[int]]]) -> Iterator[None]:
     """Each group's processes (every thread) on its CPUs until the end, then
-    back on every CPU, whatever ended the block. Prints what went where."""
+    back on every CPU, whatever ended the block. Prints what went where. A
+    group given as a callable is asked again at the end, so that processes
+    started meanwhile (PostgreSQL's sessions, forked from a pinned
+    postmaster) are let go too."""
     every = set(range(os.cpu_count() or 1))
+
+    def pids_of(pids: Pids) -> list[int]:
+        return pids() if callable(pids) else pids
+
     try:
         for name, (pids, cpus) in groups.items():
-            n = set_affinity(pids, cpus)
+            n = set_affinity(pids_of(pids), cpus)
             say(f"pin: {n} threads of {name} on CPU {','.join(map(str, sorted(cpus)))}")
         yield
     finally:
         for pids, _cpus in groups.values():
-            set_affinity(pids, every)
+            set_affinity(pids_of(pids), every)
 
 
 # -- databases --------------------------------------------------------------
