@@ -55,6 +55,7 @@ from common import (
     fresh_database,
     grant,
     header,
+    hop_cpu,
     machine_load,
     now_ms,
     percentile,
@@ -123,10 +124,11 @@ def fifo(services: Services, who: str):
     """The broker, this process and the relay (`who` "hop"), or the broker
     alone ("broker"), in SCHED_FIFO until the end, then back (the shared
     broker first), whatever ended the case."""
-    broker = services.pids.get("kafka-broker(shared)")
-    pids = [broker] if broker else []
     if who == "hop":
-        pids += [services.pids["bench-reader"], services.pids["relay"]]
+        pids = hop_pids(services)
+    else:
+        broker = services.pids.get("kafka-broker(shared)")
+        pids = [broker] if broker else []
     try:
         n = set_policy(pids, os.SCHED_FIFO, FIFO_PRIORITY)
         say(
@@ -137,17 +139,21 @@ def fifo(services: Services, who: str):
         set_policy(pids, os.SCHED_OTHER, 0)
 
 
+def hop_pids(services: Services) -> list[int]:
+    """The processes on the Kafka hop: the broker (if found), the reader (this
+    process) and the relay."""
+    broker = services.pids.get("kafka-broker(shared)")
+    return ([broker] if broker else []) + [services.pids["bench-reader"], services.pids["relay"]]
+
+
 def pin(services: Services):
     """The hop (broker, relay, reader) on the last CPU; PostgreSQL and the timer
     on the rest."""
     cpus = set(range(os.cpu_count() or 1))
-    hop = {max(cpus)}
-    hop_pids = [services.pids["bench-reader"], services.pids["relay"]]
-    if broker := services.pids.get("kafka-broker(shared)"):
-        hop_pids.append(broker)
+    hop = hop_cpu()
     return pinned(
         {
-            "the relay, the broker and the reader": (hop_pids, hop),
+            "the relay, the broker and the reader": (hop_pids(services), hop),
             "PostgreSQL and the timer": (
                 lambda: postgres_pids() + [services.pids["timer"]],
                 cpus - hop,

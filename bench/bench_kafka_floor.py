@@ -57,7 +57,6 @@ import argparse
 import contextlib
 import itertools
 import multiprocessing as mp
-import os
 import threading
 import time
 import uuid
@@ -69,6 +68,7 @@ from common import (
     describe,
     grant,
     header,
+    hop_cpu,
     kafka_broker_pid,
     machine_load,
     observer_group,
@@ -228,9 +228,10 @@ def case(
             p.start()
         if pin:
             time.sleep(2)  # the stages' clients and their threads made
-            cpus = {max(range(os.cpu_count() or 1))}
             stack.enter_context(
-                pinned({"the broker and the stages": ([broker, *(p.pid for p in procs)], cpus)})
+                pinned(
+                    {"the broker and the stages": ([broker, *(p.pid for p in procs)], hop_cpu())}
+                )
             )
         time.sleep(max(0.0, window[0] - time.time()))  # until the window opens
         cpu0 = cpu()

@@ -226,6 +226,11 @@ def set_affinity(pids: list[int], cpus: set[int]) -> int:
     return each_thread(pids, lambda tid: os.sched_setaffinity(tid, cpus))
 
 
+def hop_cpu() -> set[int]:
+    """The CPU a benchmark's `--pin` gives the Kafka hop: the last one."""
+    return {(os.cpu_count() or 1) - 1}
+
+
 Pids = list[int] | Callable[[], list[int]]
 
 
@@ -884,7 +889,7 @@ def ensure_tenant_topics(names: list[str]) -> None:
     for name in names:
         by_count.setdefault(starting_partitions(name), []).append(name)
     for partitions, group in by_count.items():
-        kafka.ensure_topics(group, partitions=partitions, principal="dispatcher")
+        create_topics(group, partitions=partitions)
 
 
 def create_topics(names: list[str], partitions: int = kafka.RUN_PARTITIONS) -> None:
