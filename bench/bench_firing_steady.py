@@ -162,6 +162,27 @@ def pin(services: Services):
     )
 
 
+def worst_seconds(arrivals: list, start: int, n: int = 3) -> str:
+    """The `n` seconds of the window with the latest p99, each with its p50 and
+    p99 lateness and its last produce() (from its instant): whether a p99 is
+    one bad second (aligned: one herd in 30 is 3% of the records) or spread
+    over the window, and when, to set beside other logs (the broker's GC)."""
+    seconds: dict[int, list] = {}
+    for a in arrivals:
+        seconds.setdefault((a.scheduled_ms - start) // 1000, []).append(a)
+    rows = []
+    for second, group in seconds.items():
+        late = [a.received_ms - a.scheduled_ms for a in group]
+        produced = max(a.produced_ms - a.scheduled_ms for a in group)
+        rows.append((percentile(late, 99), percentile(late, 50), produced, second))
+    rows.sort(reverse=True)
+    return "; ".join(
+        f"+{second} s ({time.strftime('%H:%M:%S', time.gmtime(start / 1000 + second))} UTC)"
+        f" p50 {p50:.0f} p99 {p99:.0f} ms, last produce() {produced} ms"
+        for p99, p50, produced, second in rows[:n]
+    )
+
+
 def case(
     label: str, spread_ms: int, idle: int, realtime: str | None = None, pinning: bool = False
 ) -> float:
@@ -233,6 +254,7 @@ def case(
     say(f"{label}:   of which created_at -> readable (txn, relay, Kafka): {describe(rest)}")
     say(f"{label}:   scheduled_at -> the relay's produce():                {describe(to_produce)}")
     say(f"{label}:   the relay's produce() -> readable (Kafka):           {describe(to_read)}")
+    say(f"{label}:   the window's worst seconds: {worst_seconds(arrivals, start)}")
     say(f"{label}:   CPU share of one core over the window: {cpu}")
     say(f"{label}: machine after: {machine_load()}")
     return percentile(late, 99)

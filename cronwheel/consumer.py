@@ -43,7 +43,7 @@ from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics
-from cronwheel.producer_shards import HOT_RATE, ShardedProducer
+from cronwheel.producer_shards import HOT_RATE, ShardedProducer, produce
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
 from cronwheel.topic_watch import TopicWatch
@@ -100,17 +100,6 @@ def expect_owned(m: Message, record: str, topic_of: Callable[[str], str]) -> dic
     if owner != m.topic():
         raise Poison("wrong_tenant", f"tenant_id {tenant!r} does not own {m.topic()}")
     return datum
-
-
-def produce(producer: Producer, **record) -> None:
-    """`producer.produce(**record)`; while its local queue is full
-    (BufferError), let deliveries drain and try again: never drop a record."""
-    while True:
-        try:
-            producer.produce(**record)
-            return
-        except BufferError:
-            producer.poll(0.05)
 
 
 def make_known(producer: Producer, topic: str, make: Callable[[str], None]) -> None:

@@ -52,10 +52,23 @@ there:
 - The bookkeeping (records outstanding per topic, the moves) is under a
   lock: records are given from more than one thread (the relay's loop and
   its releaser), and reports come on whichever thread polls.
+
+Many records at once (`produce_all`, the relay's herd of runs due at one
+instant): the bookkeeping is done once per topic, before the first record
+is given, and the records are then given with no lock held. What holds
+there: a batch's topics are counted outstanding for all of its records
+first, so none of them can move while the batch is being given (a move
+needs none outstanding), and the lock is free for the reports that a full
+local queue's wait (`produce`, polling) serves meanwhile. A record given
+this way costs the client's own call and little more: through `produce`
+one at a time, 1,000 records took the relay 8-20 ms, against 1 ms given to
+a bare producer (docs/architecture.md, "A herd given at once").
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import threading
 import time
@@ -68,6 +81,31 @@ FOREVER_SHARE_S = 0.05  # poll(-1): each shard's turn at waiting
 HOT_RATE = 20.0  # records a second from which a topic may get the hot shard
 LEARN_S = 1.0  # the longest a move waits for the shard to learn the topic
 _KEYS = itertools.count()  # names each shard ever made, for a delivery watch
+
+
+def produce(producer: Producer, **record) -> None:
+    """`producer.produce(**record)`; while its local queue is full
+    (BufferError), let deliveries drain and try again: never drop a record."""
+    while True:
+        try:
+            producer.produce(**record)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def produce_all(producer, records: list[dict]) -> None:
+    """Each of `records` (produce()'s keyword arguments, `on_delivery`
+    among them) given to `producer` in order as `produce` gives one, through
+    the producer's own `produce_all` where it has one (ShardedProducer,
+    RenewingProducer). The dicts are the callee's from then on: a wrapper
+    may replace their callback in place."""
+    many = getattr(producer, "produce_all", None)
+    if many is not None:
+        many(records)
+        return
+    for record in records:
+        produce(producer, **record)
 
 
 class ShardedProducer:
@@ -139,12 +177,61 @@ class ShardedProducer:
                 self._settled(topic)
                 raise
 
-    def _place(self, topic: str) -> None:
-        """Under _lock: count the record, and move the topic to the hot shard
+    def produce_all(self, records: list[dict]) -> None:
+        """Each record given in order, as `produce` gives one (module
+        function: a full local queue waited out), with the per-topic
+        bookkeeping once for the whole batch (module docstring). A record
+        not given (an error other than a full queue) gets no report: it is
+        counted settled, with those after it, and the error raised."""
+        if not records:
+            return
+        by_topic = collections.Counter(record["topic"] for record in records)
+        if self.hot is None:
+            shard_of = {topic: self._index(topic) for topic in by_topic}
+        else:
+            with self._lock:
+                for topic, n in by_topic.items():
+                    self._place(topic, n)
+                    self._outstanding[topic] = self._outstanding.get(topic, 0) + n
+                shard_of = {topic: self._index(topic) for topic in by_topic}
+        hot = self.hot is not None
+        given = 0
+        try:
+            for record in records:
+                topic = record["topic"]
+                i = shard_of[topic]
+                record["on_delivery"] = functools.partial(
+                    self._report, i, topic if hot else None, record.get("on_delivery")
+                )
+                shard = self.shards[i]
+                try:
+                    shard.produce(**record)
+                except BufferError:  # a full local queue: waited out
+                    produce(shard, **record)
+                given += 1
+        except BaseException:
+            if hot:
+                with self._lock:
+                    for record in records[given:]:
+                        self._settled(record["topic"])
+            raise
+
+    def _report(self, i: int, topic: str | None, then: Callable | None, err, msg) -> None:
+        """A record's delivery report: the callback librdkafka is given
+        (`_counted`, `produce_all`), counted for shard `i`, then the caller's."""
+        self.reports[i] += 1
+        if topic is not None:
+            with self._lock:
+                self._settled(topic)
+        if then is not None:
+            then(err, msg)
+
+    def _place(self, topic: str, n: int = 1) -> None:
+        """Under _lock: count the `n` records, and move the topic to the hot shard
         or back if `HotTopics` wants it there and none of its records is
         outstanding."""
         assert self.hot is not None
-        self.hot.count(topic)
+        self.hot.count(topic, n)
         want_hot = topic in self.hot.hot
         if want_hot == (topic in self._on_hot) or self._outstanding.get(topic):
             return
@@ -180,15 +267,7 @@ class ShardedProducer:
             self._outstanding.pop(topic, None)
 
     def _counted(self, i: int, then: Callable | None, topic: str | None = None) -> Callable:
-        def counted(err, msg) -> None:
-            self.reports[i] += 1
-            if topic is not None:
-                with self._lock:
-                    self._settled(topic)
-            if then is not None:
-                then(err, msg)
-
-        return counted
+        return functools.partial(self._report, i, topic, then)
 
     def watched(self) -> dict[int, tuple[int, int]]:
         """Per shard, under a key no other shard is given (one made by a
@@ -283,9 +362,9 @@ class HotTopics:
         self._cool: dict[str, int] = {}  # hot topic -> looks in a row below half the rate
         self.hot: set[str] = set()
 
-    def count(self, topic: str) -> None:
-        """A record for `topic`; the look is taken when one is due."""
-        self._counts[topic] = self._counts.get(topic, 0) + 1
+    def count(self, topic: str, n: int = 1) -> None:
+        """`n` records for `topic`; the look is taken when one is due."""
+        self._counts[topic] = self._counts.get(topic, 0) + n
         now = self._clock()
         if now - self._since >= self.every_s:
             self._look(now)

@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 
 from cronwheel import metrics
 from cronwheel.config import ProducerRenewal
+from cronwheel.producer_shards import produce_all
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,14 @@ class RenewingProducer:
         if self.topics_met is not None:
             self.topics_met.used(kwargs["topic"] if "topic" in kwargs else args[0])
         self._producer.produce(*args, **kwargs)
+
+    def produce_all(self, records: list[dict]) -> None:
+        """producer_shards.produce_all through the producer of the moment,
+        each topic counted once."""
+        if self.topics_met is not None:
+            for topic in {record["topic"] for record in records}:
+                self.topics_met.used(topic)
+        produce_all(self._producer, records)
 
     def __len__(self) -> int:
         return len(self._producer)

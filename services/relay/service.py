@@ -40,6 +40,7 @@ idempotent, so retries inside one session neither duplicate nor reorder.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import json
@@ -55,7 +56,7 @@ from cronwheel.config import Firing, ProducerRenewal
 from cronwheel.consumer import ClientsWedged, make_known, produce, watch_delivering
 from cronwheel.dozing import Waker
 from cronwheel.fetch_watch import DeliveryWatch
-from cronwheel.producer_shards import ShardedProducer
+from cronwheel.producer_shards import ShardedProducer, produce_all
 from cronwheel.store import outbox
 from cronwheel.store.db import LOST, connect, keep_connected
 from cronwheel.store.leases import Leases
@@ -402,14 +403,23 @@ class Relay:
             **self._placement(topic, rank, key),
         }
 
-    def _produce(self, row_id: int, record: dict) -> None:
-        """Under _lock (the caller's)."""
-        self._inflight.add(row_id)
-        if self.waker.published(record["topic"]):
-            metrics.LATE_WAKES.inc()
-        # A full local queue is waited out (consumer.produce), never dropped.
-        # A topic the broker does not have was made by the placement first.
-        produce(self.producer, **record, on_delivery=lambda e, _m: self._delivered(e, row_id))
+    def _produce(self, rows: list[tuple[int, dict]]) -> None:
+        """Under _lock (the caller's): the rows' records, in order, as one
+        batch (producer_shards.produce_all: the producers' bookkeeping once
+        per topic, not once a record, so a herd of 1,000 due at one instant
+        goes out in about the client's own time); a topic's wake, when due,
+        before its first record."""
+        by_topic: dict[str, list[dict]] = {}
+        for row_id, record in rows:
+            self._inflight.add(row_id)
+            record["on_delivery"] = functools.partial(self._delivered, row_id)
+            by_topic.setdefault(record["topic"], []).append(record)
+        for topic in by_topic:
+            if self.waker.published(topic):
+                metrics.LATE_WAKES.inc()
+        # A full local queue is waited out, never dropped. A topic the
+        # broker does not have was made by the placement first.
+        produce_all(self.producer, [record for group in by_topic.values() for record in group])
 
     def _produce_wake(self, producer, **record) -> None:
         """A wake, produced as any record (a full local queue waited out); the
@@ -440,6 +450,7 @@ class Relay:
         now = self.clock()
         n = 0
         last: int | None = None
+        batch: list[tuple[int, dict]] = []
         while self._held and self._held[0][0] <= now:
             if last is not None and last < outbox.NORMAL and self._held[0][1] > last:
                 # A class above normal goes to the broker on its own: its
@@ -448,13 +459,18 @@ class Relay:
                 # broker appends a herd's normal records before it answers
                 # (docs/priority.md, "A class above normal goes to the broker
                 # alone", tells what bench/bench_storm.py measured).
+                if batch:
+                    self._produce(batch)
+                    n += len(batch)
+                    batch = []
                 self.producer.flush(self.barrier_s)
                 metrics.CLASS_BARRIERS.inc()
             _at, last, _seq, row_id, _p, record = heapq.heappop(self._held)
             self._held_ids.discard(row_id)
-            self._produce(row_id, record)
-            n += 1
-        return n
+            batch.append((row_id, record))
+        if batch:
+            self._produce(batch)
+        return n + len(batch)
 
     def _until_held(self) -> int:
         """Milliseconds until the first held row is due (a large number if none)."""
@@ -486,7 +502,7 @@ class Relay:
                 heapq.heapify(self._held)
                 self._held_ids = {item[3] for item in self._held}
 
-    def _delivered(self, err, row_id: int) -> None:
+    def _delivered(self, row_id: int, err, _msg) -> None:
         """Delivery callback (inside producer.poll/flush, on the thread that
         called it): appends only, no lock (module docstring). The count is the
         delivery watch's sign of progress, exact enough for that."""

@@ -160,9 +160,9 @@ def test_relay__the_releasing_thread_fails__the_relay_ends_with_its_error(
     relay = Relay(database_url, kafka_bootstrap)
     failed_on: list[str] = []
 
-    def refuse(row_id, record):
+    def refuse(rows):
         failed_on.append(threading.current_thread().name)
-        raise RuntimeError(f"cannot produce row {row_id}")
+        raise RuntimeError(f"cannot produce row {rows[0][0]}")
 
     relay._produce = refuse
     with pytest.raises(RuntimeError, match="cannot produce row"), running(relay):
@@ -190,7 +190,7 @@ def test_relay__leases_not_renewed_lately__releaser_holds_its_rows_until_they_ar
     produced: list[int] = []
     looks: list[int] = []
     until_held = relay._until_held
-    relay._produce = lambda row_id, record: produced.append(row_id)
+    relay._produce = lambda rows: produced.extend(row_id for row_id, _record in rows)
 
     def watch_until_held():
         looks.append(1)
@@ -273,13 +273,13 @@ def _produced_and_acked(relay: Relay) -> tuple[list[tuple[int, int]], list[int]]
     acked: list[int] = []
     produce, delivered = relay._produce, relay._delivered
 
-    def watch_produce(row_id, record):
-        produced.append((row_id, len(acked)))
-        produce(row_id, record)
+    def watch_produce(rows):
+        produced.extend((row_id, len(acked)) for row_id, _record in rows)
+        produce(rows)
 
-    def watch_delivered(err, row_id):
+    def watch_delivered(row_id, err, msg):
         acked.append(row_id)
-        delivered(err, row_id)
+        delivered(row_id, err, msg)
 
     relay._produce, relay._delivered = watch_produce, watch_delivered
     return produced, acked

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from cronwheel import kafka
 from cronwheel.producer_shards import ShardedProducer
@@ -179,6 +179,17 @@ def _with_hot_shard(kafka_bootstrap: str, clock: _Clock) -> ShardedProducer:
     )
 
 
+def _busy_and_quiet(
+    kafka_bootstrap: str, clock: _Clock, stem: str
+) -> tuple[ShardedProducer, str, str]:
+    """A producer with a hot shard, and two one-partition topics made."""
+    busy, quiet = f"{stem}busy", f"{stem}quiet"
+    kafka.ensure_topics(
+        [busy, quiet], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher"
+    )
+    return _with_hot_shard(kafka_bootstrap, clock), busy, quiet
+
+
 def test_hot_shard__a_busy_topic_moves_only_with_nothing_outstanding__order_kept__and_back(
     kafka_bootstrap, topic_prefix
 ):
@@ -187,12 +198,8 @@ def test_hot_shard__a_busy_topic_moves_only_with_nothing_outstanding__order_kept
     yet flushed hold it where it is); every partition holds its records in
     the order given, across both moves; quiet three looks, it goes back."""
     clock = _Clock()
-    producer = _with_hot_shard(kafka_bootstrap, clock)
+    producer, busy, quiet = _busy_and_quiet(kafka_bootstrap, clock, f"{topic_prefix}.runs.")
     hot_shard = producer.shards[-1]
-    busy, quiet = f"{topic_prefix}.runs.busy", f"{topic_prefix}.runs.quiet"
-    kafka.ensure_topics(
-        [busy, quiet], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher"
-    )
     home = producer.of(busy)
     assert home is not hot_shard and len(producer.shards) == 3
     sent: dict[str, list[bytes]] = {busy: [], quiet: []}
@@ -227,16 +234,22 @@ def test_hot_shard__a_busy_topic_moves_only_with_nothing_outstanding__order_kept
     assert producer.of(busy) is home and producer.moves_total == 2
     assert producer.flush(30) == 0
 
+    for topic in (busy, quiet):
+        assert _read_back(kafka_bootstrap, topic_prefix, topic, len(sent[topic])) == sent[topic]
+
+
+def _read_back(kafka_bootstrap: str, topic_prefix: str, topic: str, n: int) -> list[bytes]:
+    """The values in partition 0 of `topic`, from the start, once `n` are
+    read (or up to 100 polls of 0.2 s: the records are there already)."""
     reader = kafka.consumer(f"{topic_prefix}.dispatcher", kafka_bootstrap, principal="dispatcher")
     try:
-        for topic in (busy, quiet):
-            reader.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-            read: list[bytes] = []
-            for _ in range(100):  # up to 100 polls of 0.2 s: the records are there already
-                read += [m.value() for m in reader.consume(500, timeout=0.2) if not m.error()]
-                if len(read) >= len(sent[topic]):
-                    break
-            assert read == sent[topic]
+        reader.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        read: list[bytes] = []
+        for _ in range(100):
+            read += [m.value() for m in reader.consume(500, timeout=0.2) if not m.error()]
+            if len(read) >= n:
+                break
+        return read
     finally:
         reader.close()
 
@@ -265,3 +278,72 @@ def test_hot_shard__a_topic_grown_while_elsewhere__the_shard_it_moves_to_learns_
     producer.produce(name, value=b"v", partition=3)  # the look: hot; nothing outstanding: moved
     assert producer.of(name) is producer.shards[-1] and producer.moves_total == 1
     assert producer.flush(30) == 0
+
+
+def test_hot_shard__a_batch__counted_once_per_topic__moves_between_batches__order_kept(
+    kafka_bootstrap, topic_prefix
+):
+    """produce_all (the relay's herd): every record reported once, through
+    its caller's callback, counted for the shard that carried it; a topic
+    with a batch's records outstanding stays where it is, and moves at a
+    later batch once they are reported; each partition keeps the order
+    given across the move."""
+    clock = _Clock()
+    producer, busy, quiet = _busy_and_quiet(kafka_bootstrap, clock, f"{topic_prefix}.runs.batch")
+    hot_shard = producer.shards[-1]
+    home = producer.of(busy)
+    sent: dict[str, list[bytes]] = {busy: [], quiet: []}
+    reported: list[tuple[str, bytes]] = []
+
+    def on_delivery(err, msg):
+        assert err is None, err
+        reported.append((msg.topic(), msg.value()))
+
+    def batch(busy_n: int, quiet_n: int) -> None:
+        records = []
+        for topic, n in ((busy, busy_n), (quiet, quiet_n)):
+            for _ in range(n):
+                value = b"%d" % len(sent[topic])
+                records.append(
+                    {"topic": topic, "value": value, "partition": 0, "on_delivery": on_delivery}
+                )
+                sent[topic].append(value)
+        producer.produce_all(records)
+
+    batch(30, 1)
+    clock.now += 1.05  # 30 in a second: busy is hot at the next look
+    batch(10, 0)
+    assert producer.hot is not None and producer.hot.hot == {busy}
+    assert producer.of(busy) is home and producer.moves_total == 0  # 40 outstanding
+    assert producer.flush(30) == 0
+    batch(10, 1)
+    assert producer.of(busy) is hot_shard and producer.moves_total == 1
+    assert len(hot_shard) == 10
+    assert producer.flush(30) == 0
+
+    assert sorted(reported) == sorted((t, v) for t, values in sent.items() for v in values)
+    assert sum(producer.reports) == len(reported) == 52
+    assert producer.reports[-1] == 10  # the hot shard's: the last batch's busy records
+    assert producer._outstanding == {}
+    for topic in (busy, quiet):
+        assert _read_back(kafka_bootstrap, topic_prefix, topic, len(sent[topic])) == sent[topic]
+
+
+def test_batch__a_record_refused__the_rest_not_given__none_left_outstanding(
+    kafka_bootstrap, topic_prefix
+):
+    """A record the client refuses outright (a partition the topic does not
+    have) raises; the records before it are delivered, those after it are
+    not given, and none is left counted outstanding (which would hold its
+    topic on its shard for good)."""
+    producer = _with_hot_shard(kafka_bootstrap, _Clock())
+    name = f"{topic_prefix}.runs.batchrefused"
+    kafka.ensure_topics([name], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    assert len(producer.list_topics(name, timeout=10).topics[name].partitions) == 1
+    records = [{"topic": name, "value": b"%d" % i, "partition": 0} for i in range(5)]
+    records[2]["partition"] = 7
+    with pytest.raises(KafkaException):
+        producer.produce_all(records)
+    assert producer.flush(30) == 0
+    assert producer._outstanding == {} and sum(producer.reports) == 2
+    assert _read_back(kafka_bootstrap, topic_prefix, name, 2) == [b"0", b"1"]
