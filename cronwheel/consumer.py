@@ -407,6 +407,20 @@ class ConsumerService:
             Leases(self.group_id, ttl_ms=ttl_ms), prefix, placement or Placement(self.producer)
         )
 
+    def watch_delivery(self) -> None:
+        """The delivery watch's look, when one is due: ClientsWedged if the
+        producer holds records it neither delivers nor fails. Between turns,
+        and inside a turn's own wait for acknowledgements (the dispatcher's
+        `_settle`), which a stuck producer would otherwise make endless: a
+        dispatcher with as many batches in flight as it allows waited there
+        for good after a broker restart (the kafka_restart fault, CI of
+        b16331c), its watch never looking."""
+        if self.delivery_watch is not None and self.delivery_watch.due():
+            watch_delivering(
+                self.delivery_watch, self.producer, self.delivery_reports,
+                lambda: kafka.answers(self.bootstrap, principal=self.name),
+            )  # fmt: skip
+
     # -- start and stop ---------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
@@ -427,11 +441,7 @@ class ConsumerService:
                 self.offsets.report_lag(consumer, skip=self.asleep())
                 if self.fetch_watch is not None and self.fetch_watch.due():
                     self._watch_clients(consumer)
-                if self.delivery_watch is not None and self.delivery_watch.due():
-                    watch_delivering(
-                        self.delivery_watch, self.producer, self.delivery_reports,
-                        lambda: kafka.answers(self.bootstrap, principal=self.name),
-                    )  # fmt: skip
+                self.watch_delivery()
                 self.producer.renew_if_quiet(self.name, self.log)
                 # Serves what the producer queued for this thread (delivery
                 # reports, librdkafka's statistics: cronwheel.kafka_stats),

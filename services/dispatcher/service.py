@@ -411,6 +411,7 @@ class Dispatcher(ConsumerService):
                     self._forget_unsettled()
                     return False
             self.producer.flush(0.05)
+            self.watch_delivery()  # a stuck producer ends the wait (ClientsWedged)
 
     def _retry(self, batch: _Batch) -> None:
         """Records the broker refused go again after a pause (doubling to 5 s)."""

@@ -23,6 +23,7 @@ from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.topics_met import RenewingProducer
 from services.dispatcher.service import Dispatcher
+from services.dispatcher.settings import DispatcherSettings
 from services.relay.service import Relay
 from tests.integration.test_dispatcher import produce, ready
 from tests.support.kafka import read_all
@@ -50,9 +51,13 @@ def stuck_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "Kafka clients are stuck" in r.getMessage()]
 
 
+@pytest.mark.parametrize("in_flight", [DispatcherSettings.in_flight, 1])
 def test_dispatcher_producer_reports_nothing__new_clients__each_run_forwarded_once(
-    database_url, kafka_bootstrap, topic_prefix, caplog
+    database_url, kafka_bootstrap, topic_prefix, caplog, in_flight
 ):
+    """With one batch in flight allowed, the first batch's wait for its
+    acknowledgements (Dispatcher._settle) is where the stuck producer is
+    found, not between turns."""
     needs_authentication(kafka_bootstrap)
     caplog.set_level(logging.WARNING, logger="cronwheel.dispatcher")
     topics = Topics(topic_prefix)
@@ -62,7 +67,10 @@ def test_dispatcher_producer_reports_nothing__new_clients__each_run_forwarded_on
     made: list[Dispatcher] = []
 
     def make() -> Dispatcher:
-        d = Dispatcher(database_url, kafka_bootstrap, topics, doze_after_ms=0, fetch_watch_s=1.0)
+        d = Dispatcher(
+            database_url, kafka_bootstrap, topics,
+            doze_after_ms=0, fetch_watch_s=1.0, in_flight=in_flight,
+        )  # fmt: skip
         if not made:
             d.producer = wedged(kafka_bootstrap, "dispatcher")
         made.append(d)
