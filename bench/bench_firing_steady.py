@@ -231,6 +231,7 @@ def case(
                         break
                     time.sleep(0.05)
                 duplicates = reader.duplicates
+                collections = reader.gc_pauses.describe(since_ms=start)
         finally:
             delete_topics(names + idle_names)
     # An instant whose record never became readable counts as infinitely late.
@@ -255,6 +256,7 @@ def case(
     say(f"{label}:   scheduled_at -> the relay's produce():                {describe(to_produce)}")
     say(f"{label}:   the relay's produce() -> readable (Kafka):           {describe(to_read)}")
     say(f"{label}:   the window's worst seconds: {worst_seconds(arrivals, start)}")
+    say(f"{label}:   the reader's process's garbage collections: {collections}")
     say(f"{label}:   CPU share of one core over the window: {cpu}")
     say(f"{label}: machine after: {machine_load()}")
     return percentile(late, 99)

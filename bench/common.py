@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import hashlib
 import math
 import os
@@ -738,6 +739,42 @@ def topics_ready(client, topics: list[str], timeout: float = 30) -> dict:
         time.sleep(0.2)  # polling the broker's metadata with a deadline
 
 
+class GcPauses:
+    """The cyclic garbage collector's passes in this process of at least
+    `at_least_ms`, each (the wall clock at its start in ms, generation, ms):
+    a pass holds the interpreter, so a reader stamps what it reads late by
+    as long (while active: gc.callbacks is the process's)."""
+
+    def __init__(self, at_least_ms: float = 5.0):
+        self.at_least_ms = at_least_ms
+        self.passes: list[tuple[int, int, float]] = []
+        self._began = 0.0
+
+    def _watch(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = 1000 * (time.perf_counter() - self._began)
+        if took >= self.at_least_ms:
+            self.passes.append((now_ms() - round(took), info["generation"], took))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._watch)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._watch)
+
+    def describe(self, since_ms: int = 0) -> str:
+        mine = [p for p in self.passes if p[0] >= since_ms]
+        if not mine:
+            return f"none of {self.at_least_ms:.0f} ms or more"
+        return ", ".join(
+            f"{time.strftime('%H:%M:%S', time.gmtime(at / 1000))}.{at % 1000:03d} gen{g} {ms:.0f} ms"
+            for at, g, ms in mine
+        )
+
+
 class Reader:
     """Reads every partition of `topics` from the beginning in a thread and notes,
     per record key (run_id), the wall clock at which it was first readable.
@@ -767,8 +804,10 @@ class Reader:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-reader")
+        self.gc_pauses = GcPauses()
 
     def __enter__(self) -> Reader:
+        self.gc_pauses.__enter__()
         self._thread.start()
         return self
 
@@ -792,6 +831,12 @@ class Reader:
                     self._arrivals[key] = Arrival(at, produced_ms=m.timestamp()[1])
                     if self.decode:
                         self._undecoded.append((key, m.value()))
+            # What is read stays: left out of the collector's later passes,
+            # or a full pass over tens of thousands of arrivals holds this
+            # thread 40-45 ms and stamps the records behind it that late (a
+            # dispatcher's heap is frozen once it is made, and holds no such
+            # pile: runtime.freeze_heap).
+            gc.freeze()
 
     @property
     def arrivals(self) -> dict[bytes, Arrival]:
@@ -822,6 +867,8 @@ class Reader:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(10)
+        self.gc_pauses.__exit__(*exc)
+        gc.unfreeze()
         self.consumer.close()
         if self.errors:
             say(f"reader: {len(self.errors)} consumer errors, the first: {self.errors[0]}")
