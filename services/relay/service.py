@@ -25,7 +25,8 @@ trip. The loop also releases what a read finds due already (no hand-over for
 a run due now). What the two threads share is guarded by one lock (`_lock`):
 the heap, the rows in flight, and releasing itself (pop and produce()), so
 held records reach the producer in the heap's order whichever thread
-releases them. Delivery callbacks run on whichever thread polls, and only
+releases them (what is due at once goes as a batch per class, a topic's
+records together: `_produce`). Delivery callbacks run on whichever thread polls, and only
 append to deques: never the lock, since a flush under the lock waits for
 those very callbacks. The releaser publishes only while the leases' last
 renewal is fresh (`_release_until`): a relay cut off from the database stops
@@ -404,10 +405,14 @@ class Relay:
         }
 
     def _produce(self, rows: list[tuple[int, dict]]) -> None:
-        """Under _lock (the caller's): the rows' records, in order, as one
-        batch (producer_shards.produce_all: the producers' bookkeeping once
-        per topic, not once a record, so a herd of 1,000 due at one instant
-        goes out in about the client's own time); a topic's wake, when due,
+        """Under _lock (the caller's): the rows' records (of one class) as
+        one batch (producer_shards.produce_all: the producers' bookkeeping
+        once per topic, not once a record, so a herd of 1,000 due at one
+        instant goes out in about the client's own time), grouped by topic
+        in the order of each topic's first row: a partition's records of a
+        herd are then given together and leave in about one produce request,
+        not one per partition per millisecond of the loop (linger 1 ms); a
+        topic's own records keep the heap's order. A topic's wake, when due,
         before its first record."""
         by_topic: dict[str, list[dict]] = {}
         for row_id, record in rows:
@@ -437,7 +442,8 @@ class Relay:
 
     def _release_due(self) -> int:
         """Produce the held rows whose time has come (by time, then class),
-        under the lock: from either thread, the heap's order is the producer's."""
+        under the lock: from either thread, the heap's order is the producer's
+        (a batch per class, each topic's records together within it)."""
         if not self._held:
             return 0
         with self._lock:
@@ -452,19 +458,22 @@ class Relay:
         last: int | None = None
         batch: list[tuple[int, dict]] = []
         while self._held and self._held[0][0] <= now:
-            if last is not None and last < outbox.NORMAL and self._held[0][1] > last:
-                # A class above normal goes to the broker on its own: its
-                # acknowledgements first, then the lower classes due with it.
-                # Produced together they would share produce requests, and the
-                # broker appends a herd's normal records before it answers
-                # (docs/priority.md, "A class above normal goes to the broker
-                # alone", tells what bench/bench_storm.py measured).
-                if batch:
-                    self._produce(batch)
-                    n += len(batch)
-                    batch = []
-                self.producer.flush(self.barrier_s)
-                metrics.CLASS_BARRIERS.inc()
+            if last is not None and self._held[0][1] != last:
+                # A batch is one class (`_produce` groups its records by
+                # topic, which keeps the classes' order only within one).
+                self._produce(batch)
+                n += len(batch)
+                batch = []
+                if last < outbox.NORMAL and self._held[0][1] > last:
+                    # A class above normal goes to the broker on its own: its
+                    # acknowledgements first, then the lower classes due with
+                    # it. Produced together they would share produce requests,
+                    # and the broker appends a herd's normal records before it
+                    # answers (docs/priority.md, "A class above normal goes to
+                    # the broker alone", tells what bench/bench_storm.py
+                    # measured).
+                    self.producer.flush(self.barrier_s)
+                    metrics.CLASS_BARRIERS.inc()
             _at, last, _seq, row_id, _p, record = heapq.heappop(self._held)
             self._held_ids.discard(row_id)
             batch.append((row_id, record))

@@ -8,14 +8,16 @@ job timers a claim ahead already took, so it does not wake once per timer."""
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 
 import psycopg
 import pytest
 
-from cronwheel import metrics
+from cronwheel import kafka, metrics
 from cronwheel.core.clock import iso, now_ms, to_dt, to_ms
+from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK
 from cronwheel.kafka import Topics
 from cronwheel.store import outbox
 from cronwheel.store.firing import Firing, wake_lead
@@ -328,3 +330,45 @@ def test_relay__critical_and_normal_due_together__critical_acknowledged_before_n
         assert metrics.CLASS_BARRIERS._value.get() == barriers + 1
     else:
         assert metrics.CLASS_BARRIERS._value.get() == barriers
+
+
+def test_relay__rows_of_two_classes_and_topics_due_together__a_batch_per_class__grouped_by_topic(
+    database_url, kafka_bootstrap, topic_prefix, conn
+):
+    """Rows due at one instant, interleaved over two tenants' topics and two
+    classes: every normal record is given to the producer before any low
+    one (a batch per class), and within a class a topic's records are given
+    together, in the heap's order (so a partition's records of a herd leave
+    in about one request). All are acknowledged."""
+    topics = Topics(topic_prefix)
+    a, value = run_topic_and_record(conn, topics, kafka_bootstrap)
+    b = topics.runs("another")  # the relay writes a topic, whoever's it is
+    kafka.ensure_topics([b], bootstrap=kafka_bootstrap, principal="dispatcher")
+    relay = Relay(database_url, kafka_bootstrap)
+    relay._placement.prime()
+    given: list[tuple[str, bytes]] = []
+    produce_all = relay.producer.produce_all
+
+    def watch(records):
+        given.extend((r["topic"], r["key"]) for r in records)
+        produce_all(records)
+
+    relay.producer.produce_all = watch  # the real producer still gives them
+    now = relay.clock()
+    low = PRIORITY_RANK["low"]
+    for i in range(8):
+        rank = low if (i // 2) % 2 else NORMAL_RANK
+        row = (100 + i, (a, b)[i % 2], b"k%d" % i, value, None, rank, None, 0)
+        heapq.heappush(relay._held, (now - 1, rank, i, row[0], 0, relay._record(row)))
+        relay._held_ids.add(row[0])
+    try:
+        with relay._lock:
+            assert relay._release_due_locked() == 8
+        assert relay.producer.flush(30) == 0
+    finally:
+        relay.close()
+    assert given == [
+        (a, b"k0"), (a, b"k4"), (b, b"k1"), (b, b"k5"),  # normal
+        (a, b"k2"), (a, b"k6"), (b, b"k3"), (b, b"k7"),  # low
+    ]  # fmt: skip
+    assert sorted(relay._acked) == list(range(100, 108)) and not relay._refused
