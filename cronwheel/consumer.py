@@ -412,9 +412,9 @@ class ConsumerService:
         producer holds records it neither delivers nor fails. Between turns,
         and inside a turn's own wait for acknowledgements (the dispatcher's
         `_settle`), which a stuck producer would otherwise make endless: a
-        dispatcher with as many batches in flight as it allows waited there
-        for good after a broker restart (the kafka_restart fault, CI of
-        b16331c), its watch never looking."""
+        dispatcher with as many batches in flight as it allows waits there,
+        and a producer left stuck by a broker restart never acknowledges
+        them."""
         if self.delivery_watch is not None and self.delivery_watch.due():
             watch_delivering(
                 self.delivery_watch, self.producer, self.delivery_reports,

@@ -60,9 +60,8 @@ there: a batch's topics are counted outstanding for all of its records
 first, so none of them can move while the batch is being given (a move
 needs none outstanding), and the lock is free for the reports that a full
 local queue's wait (`produce`, polling) serves meanwhile. A record given
-this way costs the client's own call and little more: through `produce`
-one at a time, 1,000 records took the relay 8-20 ms, against 1 ms given to
-a bare producer (docs/architecture.md, "A herd given at once").
+this way costs little beyond the client's own call (docs/architecture.md,
+"A herd given at once", has the figures).
 """
 
 from __future__ import annotations

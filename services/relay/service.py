@@ -26,9 +26,9 @@ a run due now). What the two threads share is guarded by one lock (`_lock`):
 the heap, the rows in flight, and releasing itself (pop and produce()), so
 held records reach the producer in the heap's order whichever thread
 releases them (what is due at once goes as a batch per class, a topic's
-records together: `_produce`). Delivery callbacks run on whichever thread polls, and only
-append to deques: never the lock, since a flush under the lock waits for
-those very callbacks. The releaser publishes only while the leases' last
+records together: `_produce`). Delivery callbacks run on whichever thread
+polls, and only append to deques: never the lock, since a flush under the
+lock waits for those very callbacks. The releaser publishes only while the leases' last
 renewal is fresh (`_release_until`): a relay cut off from the database stops
 releasing before its leases can lapse and another relay read the same rows.
 
