@@ -81,6 +81,11 @@ KAFKA_CLIENTS_RESTARTED = Counter(
     "Times a service started new Kafka clients because its consumer held partitions it did not read (cronwheel.fetch_watch)",
     ["service"],
 )
+PRODUCER_HOT_MOVES = Counter(
+    "cronwheel_producer_hot_moves_total",
+    "Topics a service's sharded producer moved to its hot shard or back"
+    " (cronwheel.producer_shards.HotTopics)",
+)
 PRODUCERS_RENEWED = Counter(
     "cronwheel_producers_renewed_total",
     "Times a service replaced a producer that had met many topics gone quiet (cronwheel.topics_met)",

@@ -76,6 +76,8 @@ from collections.abc import Callable
 
 from confluent_kafka import Producer
 
+from cronwheel import metrics
+
 FOREVER_SHARE_S = 0.05  # poll(-1): each shard's turn at waiting
 HOT_RATE = 20.0  # records a second from which a topic may get the hot shard
 LEARN_S = 1.0  # the longest a move waits for the shard to learn the topic
@@ -245,6 +247,7 @@ class ShardedProducer:
         else:
             self._on_hot.discard(topic)
         self.moves_total += 1
+        metrics.PRODUCER_HOT_MOVES.inc()
 
     def _learn(self, i: int, topic: str) -> bool:
         """The shard `i` asks for the topic's metadata before its first

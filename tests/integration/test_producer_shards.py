@@ -9,6 +9,7 @@ import time
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from prometheus_client import REGISTRY
 
 from cronwheel import kafka
 from cronwheel.producer_shards import ShardedProducer
@@ -179,6 +180,10 @@ def _with_hot_shard(kafka_bootstrap: str, clock: _Clock) -> ShardedProducer:
     )
 
 
+def _hot_moves() -> float:
+    return REGISTRY.get_sample_value("cronwheel_producer_hot_moves_total") or 0.0
+
+
 def _busy_and_quiet(
     kafka_bootstrap: str, clock: _Clock, stem: str
 ) -> tuple[ShardedProducer, str, str]:
@@ -201,6 +206,7 @@ def test_hot_shard__a_busy_topic_moves_only_with_nothing_outstanding__order_kept
     producer, busy, quiet = _busy_and_quiet(kafka_bootstrap, clock, f"{topic_prefix}.runs.")
     hot_shard = producer.shards[-1]
     home = producer.of(busy)
+    moves_before = _hot_moves()
     assert home is not hot_shard and len(producer.shards) == 3
     sent: dict[str, list[bytes]] = {busy: [], quiet: []}
 
@@ -232,6 +238,7 @@ def test_hot_shard__a_busy_topic_moves_only_with_nothing_outstanding__order_kept
     assert producer.flush(30) == 0
     give(busy, 1)
     assert producer.of(busy) is home and producer.moves_total == 2
+    assert _hot_moves() - moves_before == 2  # exported as a metric too
     assert producer.flush(30) == 0
 
     for topic in (busy, quiet):
