@@ -62,6 +62,7 @@ from common import (
     pinned,
     postgres_pids,
     say,
+    time_of_day,
     vacuum_analyze,
 )
 
@@ -177,7 +178,7 @@ def worst_seconds(arrivals: list, start: int, n: int = 3) -> str:
         rows.append((percentile(late, 99), percentile(late, 50), produced, second))
     rows.sort(reverse=True)
     return "; ".join(
-        f"+{second} s ({time.strftime('%H:%M:%S', time.gmtime(start / 1000 + second))} UTC)"
+        f"+{second} s ({time_of_day(start + 1000 * second)})"
         f" p50 {p50:.0f} p99 {p99:.0f} ms, last produce() {produced} ms"
         for p99, p50, produced, second in rows[:n]
     )

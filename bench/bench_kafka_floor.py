@@ -268,13 +268,15 @@ def case(
     if hops == 2:
         forwarded = [ts - sent for sent, _read, ts in seen if lo <= sent < hi]
         say(f"{label}:   -> the forwarder's produce() {describe(forwarded)}")
+    instant_p99 = None
     if aligned and every_s == 1:
         # The firing bench counts from a run's instant, so the relay's wake
         # and its loop over the herd count there; here the producer's do.
         from_instant = [read - sent // 1000 * 1000 for sent, read, _ts in seen if lo <= sent < hi]
         say(f"{label}:   the top of the second (the instant) -> readable {describe(from_instant)}")
+        instant_p99 = percentile(from_instant, 99)
     say(f"{label}:   CPU share of one core: {', '.join(shares)}")
-    return percentile(late, 99), percentile(from_instant, 99) if aligned and every_s == 1 else None
+    return percentile(late, 99), instant_p99
 
 
 def main() -> None:

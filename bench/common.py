@@ -769,10 +769,13 @@ class GcPauses:
         mine = [p for p in self.passes if p[0] >= since_ms]
         if not mine:
             return f"none of {self.at_least_ms:.0f} ms or more"
-        return ", ".join(
-            f"{time.strftime('%H:%M:%S', time.gmtime(at / 1000))}.{at % 1000:03d} gen{g} {ms:.0f} ms"
-            for at, g, ms in mine
-        )
+        return ", ".join(f"{time_of_day(at)} gen{g} {ms:.0f} ms" for at, g, ms in mine)
+
+
+def time_of_day(ms: float) -> str:
+    """A wall-clock time in ms as HH:MM:SS.mmm UTC, to set a benchmark's
+    moments beside other logs."""
+    return f"{time.strftime('%H:%M:%S', time.gmtime(ms / 1000))}.{int(ms) % 1000:03d} UTC"
 
 
 class Reader:

@@ -159,24 +159,13 @@ class ShardedProducer:
         counted for its shard."""
         topic = kwargs["topic"] if "topic" in kwargs else args[0]
         given = kwargs.pop("on_delivery", None), kwargs.pop("callback", None)
-        then = given[0] or given[1]
-        if self.hot is None:
-            i = self._index(topic)
-            kwargs["on_delivery"] = self._counted(i, then)
+        i = self._given({topic: 1})[topic]
+        kwargs["on_delivery"] = self._counted(i, given[0] or given[1], self._tracked(topic))
+        try:
             self.shards[i].produce(*args, **kwargs)
-            return
-        with self._lock:
-            self._place(topic)
-            i = self._index(topic)
-            kwargs["on_delivery"] = self._counted(i, then, topic)
-            # Counted before the record is given: its report may come on
-            # another thread before produce() returns.
-            self._outstanding[topic] = self._outstanding.get(topic, 0) + 1
-            try:
-                self.shards[i].produce(*args, **kwargs)
-            except BaseException:  # not taken (BufferError...): no report will come
-                self._settled(topic)
-                raise
+        except BaseException:  # not taken (BufferError...): no report will come
+            self._not_given([topic])
+            raise
 
     def produce_all(self, records: list[dict]) -> None:
         """Each record given in order, as `produce` gives one (module
@@ -186,23 +175,14 @@ class ShardedProducer:
         counted settled, with those after it, and the error raised."""
         if not records:
             return
-        by_topic = collections.Counter(record["topic"] for record in records)
-        if self.hot is None:
-            shard_of = {topic: self._index(topic) for topic in by_topic}
-        else:
-            with self._lock:
-                for topic, n in by_topic.items():
-                    self._place(topic, n)
-                    self._outstanding[topic] = self._outstanding.get(topic, 0) + n
-                shard_of = {topic: self._index(topic) for topic in by_topic}
-        hot = self.hot is not None
+        shard_of = self._given(collections.Counter(record["topic"] for record in records))
         given = 0
         try:
             for record in records:
                 topic = record["topic"]
                 i = shard_of[topic]
-                record["on_delivery"] = functools.partial(
-                    self._report, i, topic if hot else None, record.get("on_delivery")
+                record["on_delivery"] = self._counted(
+                    i, record.get("on_delivery"), self._tracked(topic)
                 )
                 shard = self.shards[i]
                 try:
@@ -211,15 +191,38 @@ class ShardedProducer:
                     produce(shard, **record)
                 given += 1
         except BaseException:
-            if hot:
-                with self._lock:
-                    for record in records[given:]:
-                        self._settled(record["topic"])
+            self._not_given([record["topic"] for record in records[given:]])
             raise
+
+    def _given(self, counts: dict[str, int]) -> dict[str, int]:
+        """The shard of each topic about to be given `counts[topic]` records.
+        With a hot shard, under the lock: each topic counted for HotTopics
+        (and moved if it may be), and its records counted outstanding before
+        any is given (a report may come on another thread before produce()
+        returns), so none of these topics moves until all are reported."""
+        if self.hot is None:
+            return {topic: self._index(topic) for topic in counts}
+        with self._lock:
+            for topic, n in counts.items():
+                self._place(topic, n)
+                self._outstanding[topic] = self._outstanding.get(topic, 0) + n
+            return {topic: self._index(topic) for topic in counts}
+
+    def _tracked(self, topic: str) -> str | None:
+        """The topic a record's report settles (None without a hot shard)."""
+        return topic if self.hot is not None else None
+
+    def _not_given(self, topics: list[str]) -> None:
+        """Records counted by `_given` that were not given: no report will
+        come for them."""
+        if self.hot is not None and topics:
+            with self._lock:
+                for topic in topics:
+                    self._settled(topic)
 
     def _report(self, i: int, topic: str | None, then: Callable | None, err, msg) -> None:
         """A record's delivery report: the callback librdkafka is given
-        (`_counted`, `produce_all`), counted for shard `i`, then the caller's."""
+        (`_counted`), counted for shard `i`, then the caller's."""
         self.reports[i] += 1
         if topic is not None:
             with self._lock:
