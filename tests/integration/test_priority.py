@@ -15,7 +15,7 @@ from cronwheel.core.clock import iso, now_ms, to_dt
 from cronwheel.core.jobs import parse_job
 from cronwheel.core.runs import PRIORITIES, PRIORITY_RANK
 from cronwheel.kafka import Topics
-from cronwheel.store import outbox
+from cronwheel.store import outbox, pgarrays, timers
 from cronwheel.store.firing import Firing
 from cronwheel.store.jobs import _spec_columns, create_tenant
 from cronwheel.store.leases import Leases
@@ -199,6 +199,45 @@ def test_claim__flood_and_small_tenant_same_instant__small_in_first_batch(conn, 
     assert per_tenant == {flood["tenant_id"]: 490, small["tenant_id"]: 10}
     # The batch was full: the report asks the wheel to wake again at once.
     assert report.next_due_ms and min(report.next_due_ms) <= now_ms()
+
+
+def test_due_lanes__off_the_due_timers_or_by_lane__same_lanes_either_way(conn, topic_prefix):
+    """A crowded instant's lanes are read off its due timers (their cost is
+    the due timers', not the idle tenants'); a backlog's by one probe per lane.
+    Both give exactly the lanes with something due: not the idle tenants', not
+    a job timer beyond the lead, not a retry due only by the lead, not a timer
+    of a partition the caller does not own."""
+    now = now_ms()
+    busy = [create_tenant(conn, f"busy-{i}")["tenant_id"] for i in range(3)]
+    idle = [create_tenant(conn, f"idle-{i}")["tenant_id"] for i in range(20)]
+    for tenant in busy:
+        bulk_jobs(conn, tenant, 40, now - 100)
+    bulk_jobs(conn, busy[0], 5, now + 500, "critical")  # due by the lead: a job timer
+    for tenant in idle:
+        bulk_jobs(conn, tenant, 1, now + 60_000)
+    retry = create_tenant(conn, "retry")["tenant_id"]
+    conn.execute(
+        "INSERT INTO timers (partition_id, timer_id, kind, owner_id, due_at, priority,"
+        " attempt, tenant_id) VALUES (3, 'retry:r1', 'retry', 'r1', %s, 2, 1, %s)",
+        [to_dt(now + 500), retry],  # within the lead, but a retry waits for its time
+    )
+    elsewhere = create_tenant(conn, "elsewhere")["tenant_id"]
+    bulk_jobs(conn, elsewhere, 1, now - 100)
+    mine = {
+        p
+        for (p,) in conn.execute(
+            "SELECT DISTINCT partition_id FROM timers WHERE tenant_id <> %s", [elsewhere]
+        )
+    }
+    part = min(set(range(1024)) - mine)  # a partition of its own, not owned below
+    conn.execute("UPDATE timers SET partition_id = %s WHERE tenant_id = %s", [part, elsewhere])
+    owned = [p for p in range(1024) if p != part]
+    due_by = {"now": to_dt(now), "ahead": to_dt(now + 1000)}
+    arr = pgarrays.int2_array(owned)
+    want = sorted([(0, busy[0])] + [(PRIORITY_RANK["normal"], t) for t in busy])
+    by_due = timers.due_lanes(conn, due_by, arr)  # 125 due: off the due timers
+    by_lane = timers.due_lanes(conn, due_by, arr, few=10)  # more than 10: a probe a lane
+    assert by_due == want and by_lane == want
 
 
 def test_claim__critical_behind_normal_backlog__critical_first(conn, topic_prefix):

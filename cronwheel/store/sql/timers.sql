@@ -48,9 +48,29 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
 
 -- name: due_lanes
 -- The lanes (class, tenant) with a due timer in the caller's partitions, by
--- class. A loose index scan of timers_lane: one descent per lane that exists
--- and one probe for a due row, however many timers each lane holds.
-WITH RECURSIVE lane(priority, tenant_id) AS (
+-- class. Two ways, whichever is cheaper, in one statement:
+-- - At most %(few)s timers due (a crowded instant, not a backlog): the lanes
+--   of those timers, read off the timers_due range of each class. Its cost is
+--   the due timers', not the number of lanes: a platform of 3,000 mostly idle
+--   tenants has 3,000 lanes, and the loose scan below visited every one of
+--   them (15 ms a claim) for an instant of 1,000 runs of ten tenants.
+-- - More due than that: a loose index scan of timers_lane, one descent per
+--   lane that exists and one probe for a due row, however many timers each
+--   lane holds (a backlog of 100,000 in one lane costs one probe).
+-- The one-time filter on `few`'s count keeps the scan not wanted from running
+-- at all (`lane` is only read when its side's filter holds).
+WITH RECURSIVE few AS MATERIALIZED (
+    SELECT d.priority, d.tenant_id
+      FROM unnest('{0,1,2,3}'::smallint[]) AS c(prio)
+     CROSS JOIN LATERAL (
+           SELECT priority, tenant_id FROM timers
+            WHERE priority = c.prio AND due_at <= %(ahead)s
+              AND (due_at <= %(now)s OR kind = 'job')
+              AND (partition_id + 0) = ANY(%(partitions)b::smallint[])
+            ORDER BY due_at
+            LIMIT %(few)s + 1) d
+     LIMIT %(few)s + 1
+), lane(priority, tenant_id) AS (
     (SELECT priority, tenant_id FROM timers ORDER BY priority, tenant_id LIMIT 1)
     UNION ALL
     SELECT n.priority, n.tenant_id
@@ -61,6 +81,11 @@ WITH RECURSIVE lane(priority, tenant_id) AS (
             ORDER BY t.priority, t.tenant_id
             LIMIT 1) n
 )
+SELECT priority, tenant_id
+  FROM few
+ WHERE (SELECT count(*) FROM few) <= %(few)s
+ GROUP BY priority, tenant_id
+UNION ALL
 SELECT l.priority, l.tenant_id
   FROM lane l
  CROSS JOIN LATERAL (
@@ -71,7 +96,8 @@ SELECT l.priority, l.tenant_id
           AND t.due_at <= %(ahead)s AND (t.due_at <= %(now)s OR t.kind = 'job')
           AND (t.partition_id + 0) = ANY(%(partitions)b::smallint[])
         LIMIT 1) due
- ORDER BY l.priority, l.tenant_id;
+ WHERE (SELECT count(*) FROM few) > %(few)s
+ ORDER BY 1, 2;
 
 -- name: claim_lanes
 -- Up to `quota` due timers of each lane, oldest first; `taken` are those an
