@@ -50,6 +50,15 @@ two seconds after the stages start (their clients made) to the end of the
 case: the floor to compare with `bench_firing_steady.py --pin`, whose Kafka
 hop gets that same CPU while PostgreSQL and the timer have the others.
 
+`--beside-firing` runs the spread and aligned cases beside the firing's
+database work (`common.firing_beside`: the timer service firing 1,000 jobs a
+second into a fresh database, spread or aligned as the case is, with no
+relay): Kafka alone on a machine that also does what the firing path does
+besides the Kafka hop, the part of the gap between this floor and
+bench_firing_steady.py that is the two cores' sharing with PostgreSQL and
+the timer rather than the relay's hop (docs/architecture.md, "The floor
+beside the firing's database work").
+
 If the floor's p99 is above a target, no change to cronwheel's own code can
 meet that target on this machine. Prints figures; asserts nothing.
 """
@@ -69,6 +78,7 @@ from common import (
     create_topics,
     delete_topics,
     describe,
+    firing_beside,
     grant,
     header,
     hop_cpu,
@@ -296,21 +306,32 @@ def main() -> None:
     parser.add_argument(
         "--pin", action="store_true", help="the broker and every stage on the last CPU"
     )
+    parser.add_argument(
+        "--beside-firing",
+        action="store_true",
+        help="spread and aligned beside the timer firing 1,000 jobs a second into PostgreSQL",
+    )
     args = parser.parse_args()
+
+    def beside(spread_ms: int):
+        return firing_beside(spread_ms) if args.beside_firing else contextlib.nullcontext()
+
     w, n = args.window, args.partitions
     cases = args.case or ["spread", "aligned", "two-hops"]
     header("bench_kafka_floor: Kafka alone, the stages as processes")
     if set(cases) - {"herd"}:
         say(f"setup: {TOPICS} topics of {n} partitions per hop")
     figures = []
+    near = ", beside the firing's database work" if args.beside_firing else ""
     if "spread" in cases:
-        figures.append(
-            ("one hop, 1,000/s spread", case("spread", 1000, w, partitions=n, pin=args.pin)[0], 25)
-        )
+        with beside(1000):
+            p99, _ = case("spread", 1000, w, partitions=n, pin=args.pin)
+        figures.append((f"one hop, 1,000/s spread{near}", p99, 25))
     if "aligned" in cases:
-        p99, from_instant = case("aligned", 1000, w, aligned=True, partitions=n, pin=args.pin)
-        figures.append(("one hop, 1,000/s aligned", p99, 25))
-        figures.append(("one hop, 1,000/s aligned, from the instant", from_instant, 25))
+        with beside(1):
+            p99, from_instant = case("aligned", 1000, w, aligned=True, partitions=n, pin=args.pin)
+        figures.append((f"one hop, 1,000/s aligned{near}", p99, 25))
+        figures.append((f"one hop, 1,000/s aligned, from the instant{near}", from_instant, 25))
     if "two-hops" in cases:
         figures.append(
             ("two hops, 200/s spread", case("two hops", 200, w, hops=2, partitions=n)[0], 50)

@@ -601,6 +601,33 @@ class Services:
             say(f"service logs kept in {self.logdir}")
 
 
+@contextlib.contextmanager
+def firing_beside(spread_ms: int, tenants: int = 10, jobs: int = 1000) -> Iterator[None]:
+    """The firing's database work, without its Kafka hop: a fresh database,
+    `jobs` jobs every second of `tenants` tenants (anchors over `spread_ms`),
+    and `cronwheel serve timer` firing them (runs and outbox rows made, as in
+    bench_firing_steady.py; no relay, so the rows stay). What the firing path
+    does beside the broker that Kafka alone does not; prints the timer's and
+    its backends' CPU over the block on exit."""
+    prefix = f"beside{uuid.uuid4().hex[:8]}"
+    grant(prefix)
+    with fresh_database() as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            made = create_tenants(conn, tenants)
+            bulk_jobs(
+                conn, made, JobBatch(jobs, now_ms() - 1000, every_ms=1000, spread_ms=spread_ms)
+            )
+        vacuum_analyze(url)
+        with Services(url, prefix, ("timer",)) as services:
+            cpu0, t0 = services.cpu(), time.monotonic()
+            yield
+            cpu1, dt = services.cpu(), time.monotonic() - t0
+            shares = ", ".join(
+                f"{k} {100 * (cpu1[k] - cpu0[k]) / dt:.0f}%" for k in cpu1 if k.startswith("timer")
+            )
+            say(f"beside: the firing's database work over {dt:.0f} s, CPU of one core: {shares}")
+
+
 # -- Kafka ------------------------------------------------------------------
 #
 # The broker authenticates every client and allows each principal only what
