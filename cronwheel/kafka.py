@@ -154,6 +154,19 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
     return name, passwords[role]
 
 
+# Every platform client ends a request that has had no answer for 15 s, and
+# with it the connection (librdkafka's socket.timeout.ms, 60 s by default), and
+# gives up a connection attempt after 5 s (socket.connection.setup.timeout.ms,
+# 30 s), then tries again. A connection whose packets are dropped (a network
+# partition, not a broker that is down) gives no error: at the defaults a
+# dispatcher cut off from the broker for 30 s waited on its hung requests
+# another 30 s after the cut healed (docs/reliability.md, "Cut off, and
+# back"). A fetch waits at most fetch.wait.max.ms (500) for its records
+# before the timeout counts; a produce on this broker is answered in
+# milliseconds.
+HUNG_REQUEST_MS = {"socket.timeout.ms": 15_000, "socket.connection.setup.timeout.ms": 5_000}
+
+
 def producer(
     bootstrap: str | None = None, *, principal: str | Credentials, **overrides
 ) -> Producer:
@@ -169,6 +182,7 @@ def producer(
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 500000,
         "compression.type": "lz4",
+        **HUNG_REQUEST_MS,
         "log_level": 3,
         **(kafka_stats.options(principal) if isinstance(principal, str) else {}),
     }
@@ -195,6 +209,7 @@ def consumer(
         # a scheduler's records should not wait that long behind a dead process.
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 2_000,
+        **HUNG_REQUEST_MS,
         "log_level": 3,
     }
     conf.update(overrides)
@@ -206,6 +221,7 @@ def admin(bootstrap: str | None = None, *, principal: str | Credentials) -> Admi
         {
             "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
             **security(principal, bootstrap),
+            **HUNG_REQUEST_MS,
             "log_level": 3,
         }
     )

@@ -49,6 +49,26 @@ def refuse_unsafe_role(dsn: str | None = None) -> None:
 
 _log = logging.getLogger("cronwheel.db")
 
+# What ends a connection the network lost without a word (packets dropped, no
+# RST: a partition): data sent and not acknowledged for 10 s (tcp_user_timeout;
+# the kernel looks at its retransmissions, so a query sent into a cut failed
+# after 24 s here, tests/integration/test_lost_link.py), an idle connection
+# whose keepalive probes go unanswered for ~19 s, and a connection attempt
+# that has not completed in 5 s. The statement then fails
+# as OperationalError, one of `LOST`, and the reconnect policy takes over. At
+# the kernel's defaults a dispatcher cut off from PostgreSQL for 30 s waited
+# for its next TCP retransmission, up to ~25 s after the cut healed
+# (docs/reliability.md, "Cut off, and back"). None of these bounds a query's
+# running time: a busy server still acknowledges what it was sent.
+LINK_LIMITS = {
+    "connect_timeout": 5,
+    "tcp_user_timeout": 10_000,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+}
+
 
 def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Connection:
     """An autocommit connection (transactions are explicit `with conn.transaction()`).
@@ -58,7 +78,7 @@ def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Conne
     lease owner is not blocked by claimed timers or share-locked lease rows for
     longer than about one lease TTL.
     """
-    conn = psycopg.connect(dsn, autocommit=True)
+    conn = psycopg.connect(dsn, autocommit=True, **LINK_LIMITS)
     if idle_tx_timeout_ms:
         conn.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
@@ -116,7 +136,7 @@ class Reconnecting:
     def connection(self) -> psycopg.Connection:
         """The connection, opened again if it was closed or never opened."""
         if self.conn is None or self.conn.closed:
-            self.conn = psycopg.connect(self.dsn, autocommit=True)
+            self.conn = psycopg.connect(self.dsn, autocommit=True, **LINK_LIMITS)
         return self.conn
 
     def call(self, fn, stop: threading.Event | None, stopped=None, *, tries: int | None = None):

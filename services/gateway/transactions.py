@@ -30,7 +30,7 @@ from starlette.responses import Response
 from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network
 from cronwheel.kafka import Topics
-from cronwheel.store.db import pipelined_transaction
+from cronwheel.store.db import LINK_LIMITS, pipelined_transaction
 from cronwheel.store.jobs import Jobs, hash_key
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import queries
@@ -113,7 +113,7 @@ class Gateway:
             dsn,
             min_size=pool_min,
             max_size=pool_max,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **LINK_LIMITS},  # a lost link ends (db.py)
             configure=self._configure,
             timeout=5.0,
             name="gateway",
