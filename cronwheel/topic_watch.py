@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from cronwheel.store.db import RECONNECT_FIRST_S, RECONNECT_MAX_S
+from cronwheel.store.db import RECONNECT_FIRST_S, RECONNECT_MAX_S, link
 from cronwheel.store.sql_loader import queries
 
 log = logging.getLogger("cronwheel.topic_watch")
@@ -124,7 +124,7 @@ class TopicWatch:
         `on_destinations`, which runs on that thread."""
         try:
             if self._announcer is None or self._announcer.closed:
-                self._announcer = psycopg.connect(self.dsn, autocommit=True)
+                self._announcer = link(self.dsn)
             announce(self._announcer, topics)
         except psycopg.Error as exc:  # the consumers' broker scans find them instead
             log.warning("could not announce topics %s: %s", topics[:5], exc)
@@ -159,7 +159,7 @@ class TopicWatch:
             return  # the database was away: the listener is tried again after its backoff
         try:
             if self._listen is None or self._listen.closed:
-                self._listen = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+                self._listen = link(self.dsn)
                 self._listen.execute(Q["listen"])
                 # What was missed while not listening.
                 if self.tenant_topic is not None:

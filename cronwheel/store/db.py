@@ -70,6 +70,12 @@ LINK_LIMITS = {
 }
 
 
+def link(dsn: str) -> psycopg.Connection:
+    """An autocommit connection whose loss in the network ends in an error
+    (LINK_LIMITS): every connection a service's loop or watch keeps."""
+    return psycopg.connect(dsn, autocommit=True, **LINK_LIMITS)
+
+
 def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Connection:
     """An autocommit connection (transactions are explicit `with conn.transaction()`).
 
@@ -78,7 +84,7 @@ def connect(dsn: str, *, idle_tx_timeout_ms: int | None = None) -> psycopg.Conne
     lease owner is not blocked by claimed timers or share-locked lease rows for
     longer than about one lease TTL.
     """
-    conn = psycopg.connect(dsn, autocommit=True, **LINK_LIMITS)
+    conn = link(dsn)
     if idle_tx_timeout_ms:
         conn.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
@@ -136,7 +142,7 @@ class Reconnecting:
     def connection(self) -> psycopg.Connection:
         """The connection, opened again if it was closed or never opened."""
         if self.conn is None or self.conn.closed:
-            self.conn = psycopg.connect(self.dsn, autocommit=True, **LINK_LIMITS)
+            self.conn = link(self.dsn)
         return self.conn
 
     def call(self, fn, stop: threading.Event | None, stopped=None, *, tries: int | None = None):

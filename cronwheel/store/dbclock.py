@@ -26,6 +26,7 @@ from collections.abc import Callable
 import psycopg
 
 from cronwheel.core.clock import now_ms, to_ms
+from cronwheel.store.db import link
 from cronwheel.store.sql_loader import queries
 
 Q = queries("clock")
@@ -98,7 +99,7 @@ class ClockSync:
     def _sync(self) -> None:
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+                self._conn = link(self.dsn)
             self.clock.sync(self._conn)
         except psycopg.Error as exc:
             log.warning("database clock not read (%s); the last offset stands", exc)

@@ -49,7 +49,7 @@ SELECT t.partition_id, t.timer_id, t.kind, t.owner_id, t.due_at, t.attempt, t.te
 -- name: due_lanes
 -- The lanes (class, tenant) with a due timer in the caller's partitions, by
 -- class. Two ways, whichever is cheaper, in one statement:
--- - At most %(few)s timers due (a crowded instant, not a backlog): the lanes
+-- - At most `few` timers due (a crowded instant, not a backlog): the lanes
 --   of those timers, read off the timers_due range of each class. Its cost is
 --   the due timers', not the number of lanes: a platform of 3,000 mostly idle
 --   tenants has 3,000 lanes, and the loose scan below visited every one of
