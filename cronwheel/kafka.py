@@ -155,16 +155,19 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
 
 
 # Every platform client ends a request that has had no answer for 15 s, and
-# with it the connection (librdkafka's socket.timeout.ms, 60 s by default), and
-# gives up a connection attempt after 5 s (socket.connection.setup.timeout.ms,
-# 30 s), then tries again. A connection whose packets are dropped (a network
-# partition, not a broker that is down) gives no error: at the defaults a
+# with it the connection (librdkafka's socket.timeout.ms, 60 s by default),
+# then connects again. A connection whose packets are dropped (a network
+# partition, not a broker that is down) gives no error: at the default a
 # dispatcher cut off from the broker for 30 s waited on its hung requests
 # another 30 s after the cut healed (docs/reliability.md, "Cut off, and
 # back"). A fetch waits at most fetch.wait.max.ms (500) for its records
 # before the timeout counts; a produce on this broker is answered in
-# milliseconds.
-HUNG_REQUEST_MS = {"socket.timeout.ms": 15_000, "socket.connection.setup.timeout.ms": 5_000}
+# milliseconds. A connection attempt keeps librdkafka's 30 s
+# (socket.connection.setup.timeout.ms, which covers the SASL handshake): at
+# 5 s the fault suite's gateway, started on a machine loaded by the suite's
+# start, failed its Kafka readiness for 60 s once (CI, 2026-12-06), which a
+# handshake slower than 5 s would explain; not kept until shown otherwise.
+HUNG_REQUEST_MS = {"socket.timeout.ms": 15_000}
 
 
 def producer(

@@ -129,10 +129,13 @@ def test_relay__held_row_due_while_the_loop_waits_on_the_database__produced_at_i
     the outbox, held until the record was read) is produced at its time, not
     when the loop gets its answer."""
     topic, value = run_topic_and_record(conn, Topics(topic_prefix), kafka_bootstrap)
-    not_before = _db_ms(conn) + 3_000
+    # Read (held) up to 5 s before its time: the relay's start, the lock and
+    # the loop's coming to it all fit before the row's time (read 1 s before
+    # it, as by default, they once did not in CI).
+    not_before = _db_ms(conn) + 6_000
     with conn.transaction():
         outbox.append(conn, [outbox.RankedRow(3, topic, b"held", value, not_before_ms=not_before)])
-    relay = Relay(database_url, kafka_bootstrap)
+    relay = Relay(database_url, kafka_bootstrap, hold_ms=5_000)
     with running(relay), psycopg.connect(database_url) as locker:
         wait_for(lambda: relay._held_ids, 30, what="the row read and held")
         locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
