@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import select
 import subprocess
-import sys
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.faults import netcut
+from tests.support.procs import PYTHON, ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 ANSWER_S = 60  # far past LINK_LIMITS' 10 s, far short of the kernel's 15 min
 
 # The child: a connection made as the services make theirs, a first query
@@ -54,7 +52,7 @@ def test_db_link__cut_off_while_a_query_waits__the_query_fails_as_lost(database_
     if why := netcut.available():
         pytest.skip(why)
     with subprocess.Popen(
-        [sys.executable, "-c", CHILD, how, database_url],
+        [PYTHON, "-c", CHILD, how, database_url],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -201,7 +201,7 @@ def test_claim__flood_and_small_tenant_same_instant__small_in_first_batch(conn, 
     assert report.next_due_ms and min(report.next_due_ms) <= now_ms()
 
 
-def test_due_lanes__off_the_due_timers_or_by_lane__same_lanes_either_way(conn, topic_prefix):
+def test_due_lanes__off_the_due_timers_or_by_lane__same_lanes_either_way(conn):
     """A crowded instant's lanes are read off its due timers (their cost is
     the due timers', not the idle tenants'); a backlog's by one probe per lane.
     Both give exactly the lanes with something due: not the idle tenants', not
