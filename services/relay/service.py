@@ -144,7 +144,10 @@ class Relay:
         self._release_error: BaseException | None = None
         self._release_until = 0.0  # monotonic: the leases renewed at the last tick hold till then
         self.barrier_s = 1.0  # at most this long for a higher class's acks (_release_due)
-        self.ack_wait_ms = 10  # with rows in flight, a turn's longest wait
+        # With rows in flight, a turn's longest wait: how much later than its
+        # acknowledgement a row may be deleted (nothing waits on that delete;
+        # each turn costs a wake of this thread, docs/architecture.md).
+        self.ack_wait_ms = 50
         # Class partitions of run topics; grows a topic a first non-normal record comes to.
         self._placement = kafka.Placement(self.producer, kafka.admin(bootstrap, principal="relay"))
         # Wakes the dispatcher's dozing partitions of a run topic before its records.
@@ -262,7 +265,7 @@ class Relay:
                         # otherwise). Not woken by each acknowledgement: one
                         # comes every millisecond at 1,000 runs/s, the releaser's
                         # polls take them as it produces, and acknowledged rows
-                        # are deleted at most every 20 ms (`_settle`).
+                        # are deleted about once a turn (`_settle`).
                         self.producer.poll(0)
                         wait = self.ack_wait_ms / 1000
                     else:
