@@ -438,7 +438,12 @@ class ConsumerService:
                     asynchronous=True,
                     assigned=self.assignment.assigned if self.assignment is not None else None,
                 )
-                self.offsets.report_lag(consumer, skip=self.asleep())
+                self.offsets.report_lag(
+                    consumer,
+                    skip=self.asleep(),
+                    assigned=self.assignment.assigned if self.assignment is not None else None,
+                    position=lambda keys: self.position(consumer, keys),
+                )
                 if self.fetch_watch is not None and self.fetch_watch.due():
                     self._watch_clients(consumer)
                 self.watch_delivery()

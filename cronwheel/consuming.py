@@ -160,18 +160,39 @@ def starting_points(
     ]
 
 
-def report_lag(consumer: Consumer, label: str, skip: Container[Where] = ()) -> int:
+def report_lag(
+    consumer: Consumer,
+    label: str,
+    skip: Container[Where] = (),
+    *,
+    assigned: Iterable[Where] | None = None,
+    position: Callable[[list[Where]], dict] | None = None,
+) -> int:
     """Records behind the end of the assigned partitions but `skip`, from the
     watermarks the last fetches brought (no extra requests); published as
     consumer lag. `skip`: partitions left unfetched on purpose, whose
-    watermarks say nothing (dozing ones); each partition asked costs two
-    lookups by name in librdkafka, each a walk over every topic it knows."""
+    watermarks say nothing (dozing ones). Each partition asked of librdkafka
+    costs a lookup by name, a walk over every topic it knows (so N lookups
+    of N topics at N tenants): `assigned` and `position` (where each was
+    consumed to, where known), when the caller keeps them, leave only the
+    watermark's lookup to librdkafka."""
+    if assigned is None:
+        assigned = [(tp.topic, tp.partition) for tp in consumer.assignment()]
+    keys = [key for key in assigned if key not in skip]
+    if not keys:
+        at: dict = {}
+    elif position is not None:
+        at = position(keys)
+    else:
+        at = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in consumer.position([TopicPartition(t, p) for t, p in keys])
+        }
     total = 0
-    assigned = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in skip]
-    for tp in consumer.position(assigned) if assigned else []:
-        _low, high = consumer.get_watermark_offsets(tp, cached=True)
-        if tp.offset >= 0 and high >= 0:
-            total += max(high - tp.offset, 0)
+    for (topic, partition), offset in at.items():
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        if offset is not None and offset >= 0 and high is not None and high >= 0:
+            total += max(high - offset, 0)
     metrics.CONSUMER_LAG.labels(label).set(total)
     return total
 
@@ -359,12 +380,19 @@ class Offsets:
         finished of them and forget them; returns them."""
         return commit_revoked(consumer, self.committable(), partitions, self.confirmed)
 
-    def report_lag(self, consumer: Consumer, skip: Container[Where] = ()) -> None:
+    def report_lag(
+        self,
+        consumer: Consumer,
+        skip: Container[Where] = (),
+        *,
+        assigned: Iterable[Where] | None = None,
+        position: Callable[[list[Where]], dict] | None = None,
+    ) -> None:
         """The lag (of the partitions but `skip`), when `lag_every_s` passed
-        since it was last reported."""
+        since it was last reported (module function's `assigned`, `position`)."""
         now = time.monotonic()
         if now >= self._next_lag:
-            report_lag(consumer, self.label, skip)
+            report_lag(consumer, self.label, skip, assigned=assigned, position=position)
             self._next_lag = now + self.lag_every_s
 
 
