@@ -96,12 +96,17 @@ def diagnose_on_signals() -> None:
 
     - SIGUSR1: every thread's stack on stderr, written by faulthandler from
       the signal itself, so it comes even from a loop stuck inside a C call;
+    - a fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: a crash in a
+      C library such as librdkafka): every thread's stack on stderr before
+      the process dies, so its log says where it was, beside the
+      supervisor's line with the signal;
     - SIGUSR2: a consuming service logs its Kafka state (assignment,
       positions, committed offsets, what it holds back) at its loop's next
       pass (`describe_requested`). Not from the signal handler: that runs
       between two bytecodes of the main thread, possibly inside a librdkafka
       callback, where a call on the same client aborts the process
       (cronwheel/consuming.py)."""
+    faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGUSR2, lambda *_: _DESCRIBE.set())
 
