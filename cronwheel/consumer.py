@@ -229,12 +229,6 @@ def flush(producer: Producer, stop: threading.Event, grace_s: float) -> bool:
     return True
 
 
-def positions(consumer: Consumer, keys: list[consuming.Where]) -> dict:
-    """Where `consumer` read each of `keys` to (the next offset), where known."""
-    got = consumer.position([TopicPartition(t, p) for t, p in keys])
-    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
-
-
 def watch_fetching(
     watch: FetchWatch,
     watched: list[consuming.Where],
@@ -541,7 +535,7 @@ class ConsumerService:
 
     def position(self, consumer: Consumer, keys: list[consuming.Where]) -> dict:
         """Where each of `keys` was read to (the next offset), where known."""
-        return positions(consumer, keys)
+        return consuming.positions(consumer, keys)
 
     def _watch_clients(self, consumer: Consumer) -> None:
         """The fetch watch's look (cronwheel.fetch_watch): partitions held and

@@ -20,6 +20,7 @@ Ask another client (the service's producer) for metadata instead.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Container, Iterable, MutableMapping
@@ -160,6 +161,12 @@ def starting_points(
     ]
 
 
+def positions(consumer: Consumer, keys: list[Where]) -> dict[Where, int]:
+    """Where `consumer` read each of `keys` to (the next offset), where known."""
+    got = consumer.position([TopicPartition(t, p) for t, p in keys])
+    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+
+
 def report_lag(
     consumer: Consumer,
     label: str,
@@ -179,15 +186,9 @@ def report_lag(
     if assigned is None:
         assigned = [(tp.topic, tp.partition) for tp in consumer.assignment()]
     keys = [key for key in assigned if key not in skip]
-    if not keys:
-        at: dict = {}
-    elif position is not None:
-        at = position(keys)
-    else:
-        at = {
-            (tp.topic, tp.partition): tp.offset
-            for tp in consumer.position([TopicPartition(t, p) for t, p in keys])
-        }
+    if position is None:
+        position = functools.partial(positions, consumer)
+    at = position(keys) if keys else {}
     total = 0
     for (topic, partition), offset in at.items():
         _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)

@@ -163,10 +163,9 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
 # back"). A fetch waits at most fetch.wait.max.ms (500) for its records
 # before the timeout counts; a produce on this broker is answered in
 # milliseconds. A connection attempt keeps librdkafka's 30 s
-# (socket.connection.setup.timeout.ms, which covers the SASL handshake): at
-# 5 s the fault suite's gateway, started on a machine loaded by the suite's
-# start, failed its Kafka readiness for 60 s once (CI, 2026-12-06), which a
-# handshake slower than 5 s would explain; not kept until shown otherwise.
+# (socket.connection.setup.timeout.ms): it covers the SASL handshake, which a
+# loaded machine can take seconds over (docs/reliability.md, "Cut off, and
+# back", tells what a 5 s limit did).
 HUNG_REQUEST_MS = {"socket.timeout.ms": 15_000}
 
 

@@ -60,7 +60,6 @@ from cronwheel.consumer import (
     DeadLetters,
     Poison,
     expect_owned,
-    positions,
     shut_down,
     watch_fetching,
 )
@@ -605,7 +604,10 @@ class WebhookService:
         if self._fetch_watch is not None and self._fetch_watch.due():
             watched = [key for key in self._assignment.assigned if key not in self._paused]
             watch_fetching(
-                self._fetch_watch, watched, lambda keys: positions(consumer, keys), self._admin
+                self._fetch_watch,
+                watched,
+                lambda keys: consuming.positions(consumer, keys),
+                self._admin,
             )
 
     def _give_up(self, partitions: list[TopicPartition]) -> None:
