@@ -43,6 +43,16 @@ What holds:
   minute's firing at 3,000 tenants"): every fetch names every awake
   partition, so at the top of a minute, when thousands of such tenants fire,
   the fetches shrink as their runs go through.
+- A wake says in how many milliseconds its row is published (its value;
+  empty: now), so a dozing partition is resumed `resume_ahead_ms` before
+  then, not as the wake is read: a run fired ahead is read up to a second
+  before its instant, and every fetch in that second named the partition
+  (at the top of a minute at 3,000 tenants, half the partitions the
+  dispatcher's fetches named; docs/dispatcher.md, "Resumed just before").
+  The delay is relative, so the relay's and the dispatcher's clocks need
+  not agree; a row due sooner than its topic's last wake said gets a wake
+  of its own. The hold counts from the wake as before, and a partition
+  resumed late is held awake until its record is read, as any woken one.
 - A partition resumed while a fetch is outstanding is first fetched when
   that fetch returns: after up to `fetch.wait.max.ms` (500 ms) if nothing else
   comes. So the dispatcher, having resumed what a wake names, writes a nudge
@@ -65,6 +75,7 @@ What holds:
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -95,6 +106,21 @@ def wake_topic_of(run_topic: str) -> str | None:
     return f"{prefix}.wake"
 
 
+def wake_in_ms(value: bytes | None, waited_ms: int = 0) -> int | None:
+    """In how many ms a wake's row comes (Waker._send), less `waited_ms` (how
+    long the wake took to arrive, by its timestamp: a loaded broker's delay
+    does not make the resume late); None for now, and for a value not
+    understood (a partition resumed at once is never late)."""
+    try:
+        in_ms = int(value) if value else None
+    except ValueError:
+        return None
+    if in_ms is None:
+        return None
+    in_ms -= max(waited_ms, 0)
+    return in_ms if in_ms > 0 else None
+
+
 class Waker:
     """The relay's side: wake a run topic when a row for it is read, and again
     when its record is published later than a wake can be counted on to hold."""
@@ -119,16 +145,22 @@ class Waker:
         self.every_s = every_ms / 1000
         self.late_s = None if late_ms is None else late_ms / 1000
         self._produce = produce
-        self._woken: dict[str, float] = {}  # topic -> when its last wake was sent
+        # topic -> when its last wake was sent, and when it said the row comes
+        self._woken: dict[str, tuple[float, float]] = {}
         # `read` runs on the relay's loop, `published` on whichever thread
         # releases the row.
         self._lock = threading.Lock()
         self.sent_total = 0
         self.late_total = 0  # wakes sent at publishing: a row released late
 
-    def read(self, topic: str) -> None:
-        """A row for `topic` was read (to be published now or at its instant)."""
-        self._wake_if_older(topic, self.every_s)
+    def read(self, topic: str, in_ms: int | None = None) -> None:
+        """A row for `topic` was read, to be published in `in_ms` (None or
+        not above 0: now). Woken at most once per `every_ms`, but again for
+        a row due sooner than the last wake said (the dispatcher resumes the
+        partition just before what the wake said, Dozing.woken)."""
+        now = time.monotonic()
+        at = now if in_ms is None or in_ms <= 0 else now + in_ms / 1000
+        self._wake_if(topic, now, self.every_s, at)
 
     def published(self, topic: str) -> bool:
         """A record for `topic` is about to be produced: if its topic's last
@@ -136,31 +168,38 @@ class Waker:
         partition doze again, so it is woken first (the wake lands before the
         record, which the dispatcher reads from where the partition dozed).
         Whether it was."""
-        if self.late_s is None or not self._wake_if_older(topic, self.late_s):
+        if self.late_s is None:
+            return False
+        now = time.monotonic()
+        if not self._wake_if(topic, now, self.late_s, None):
             return False
         self.late_total += 1
         return True
 
-    def _wake_if_older(self, topic: str, than_s: float) -> bool:
+    def _wake_if(self, topic: str, now: float, than_s: float, at: float | None) -> bool:
+        """Woken when its last wake is `than_s` old or more, or (a row read,
+        `at` when it is published) said a later time than `at`. A wake's
+        value: in how many ms its row comes, empty for now."""
         if wake_topic_of(topic) is None:
             return False
-        now = time.monotonic()
         with self._lock:
             last = self._woken.get(topic)
-            if last is not None and now - last < than_s:
+            if last is not None and now - last[0] < than_s and (at is None or at >= last[1]):
                 return False
-            self._woken[topic] = now
+            self._woken[topic] = (now, now if at is None else at)
             if len(self._woken) > 100_000:  # forget topics quiet for a while
                 cutoff = now - max(self.every_s, self.late_s or 0.0)
-                self._woken = {t: at for t, at in self._woken.items() if at >= cutoff}
-        self._send(topic)
+                self._woken = {t: w for t, w in self._woken.items() if w[0] >= cutoff}
+        in_ms = 0 if at is None else round((at - now) * 1000)
+        self._send(topic, in_ms)
         return True
 
-    def _send(self, topic: str) -> None:
+    def _send(self, topic: str, in_ms: int) -> None:
         # Best effort: a wake that fails is the sweep's to make up for.
         wake = wake_topic_of(topic)
+        value = str(in_ms).encode() if in_ms > 0 else b""
         try:
-            self._produce(self.producer, topic=wake, key=topic.encode(), value=b"")
+            self._produce(self.producer, topic=wake, key=topic.encode(), value=value)
         except Exception as exc:  # KafkaException, RuntimeError: the sweep makes up for it
             log.warning("could not wake %s: %s", topic, exc)
             return
@@ -180,16 +219,24 @@ class Dozing:
         unread_holds_ms: int = 10_000,
         check_ms: int = 250,
         asker: Executor | None = None,
+        resume_ahead_ms: int | None = None,
     ):
         """`wake_holds_ms`: how long a wake keeps its partition awake once a
         record was read after it; by default `after_ms` (a wake then counts as
-        a record read). `unread_holds_ms`: how long while none was."""
+        a record read). `unread_holds_ms`: how long while none was.
+        `resume_ahead_ms`: a wake whose row comes later resumes its dozing
+        partition this long before (`due`); None: at once."""
         self.wake_topic = wake_topic
         self.after_s = after_ms / 1000
         self.wake_holds_s = (after_ms if wake_holds_ms is None else wake_holds_ms) / 1000
         self.unread_holds_s = max(unread_holds_ms / 1000, self.wake_holds_s)
         self.sweep_s = sweep_ms / 1000
         self.check_s = check_ms / 1000
+        self.resume_ahead_s = None if resume_ahead_ms is None else resume_ahead_ms / 1000
+        # Dozing partitions woken for rows that come later: when each resumes,
+        # and the same as a heap (entries no longer in the dict are stale).
+        self._resume_at: dict[Where, float] = {}
+        self._resume_heap: list[tuple[float, Where]] = []
         self.dozing: set[Where] = set()
         self._last: dict[Where, float] = {}  # a record read (or assigned), per partition
         self._woke: dict[Where, float] = {}  # the last wake, per partition
@@ -243,6 +290,7 @@ class Dozing:
     def forget(self, key: Where) -> None:
         self._last.pop(key, None)
         self._woke.pop(key, None)
+        self._resume_at.pop(key, None)
         self.dozing.discard(key)
         self.unread.pop(key, None)
         same = self._by_topic.get(key[0])
@@ -257,19 +305,58 @@ class Dozing:
         self._last[key] = time.monotonic()
         self.unread.pop(key, None)
 
-    def woken(self, topic: str) -> list[Where]:
-        """A wake for `topic`: its partitions are held awake (`wake_holds_ms`,
-        `unread_holds_ms` until a record is read); returns those that dozed
-        (to be resumed)."""
+    def woken(self, topic: str, in_ms: int | None = None) -> list[Where]:
+        """A wake for `topic`, its row published in `in_ms` (None: now): its
+        partitions are held awake (`wake_holds_ms`, `unread_holds_ms` until
+        a record is read); returns those that dozed, to be resumed now. One
+        whose row comes later than `resume_ahead_ms` from now stays paused
+        until then (`due`), or until a wake says sooner."""
         now = time.monotonic()
+        later = None
+        if in_ms is not None and self.resume_ahead_s is not None:
+            at = now + in_ms / 1000 - self.resume_ahead_s
+            later = at if at > now else None
         back = []
         for key in self._by_topic.get(topic, ()):
             self._woke[key] = now
             self._unsure(key, now)
+            if key not in self.dozing:
+                continue
+            if later is None:
+                self.dozing.discard(key)
+                self._resume_at.pop(key, None)
+                back.append(key)
+            elif later < self._resume_at.get(key, float("inf")):
+                self._resume_at[key] = later
+                heapq.heappush(self._resume_heap, (later, key))
+        return back
+
+    def due(self) -> list[Where]:
+        """The dozing partitions whose wake's rows come within
+        `resume_ahead_ms`: to be resumed now, held as woken now while no
+        record is read (the row may have been read far ahead)."""
+        now = time.monotonic()
+        heap, out = self._resume_heap, []
+        while heap and heap[0][0] <= now:
+            at, key = heapq.heappop(heap)
+            if self._resume_at.get(key) != at:
+                continue  # resumed sooner, or forgotten
+            del self._resume_at[key]
             if key in self.dozing:
                 self.dozing.discard(key)
-                back.append(key)
-        return back
+                self._unsure(key, now)
+                self._woke[key] = max(
+                    self._woke.get(key, NEVER), now - self.unread_holds_s + self.wake_holds_s
+                )
+                out.append(key)
+        return out
+
+    def next_due_s(self) -> float | None:
+        """Seconds until the first resume `due` has waiting, None for none."""
+        heap = self._resume_heap
+        while heap and self._resume_at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # stale
+        return max(0.0, heap[0][0] - time.monotonic()) if heap else None
 
     def to_doze(
         self,
@@ -363,6 +450,7 @@ class Dozing:
         ]
         for key in moved:
             self.dozing.discard(key)
+            self._resume_at.pop(key, None)
             # Held as if woken, its records not read yet: resumed, it is
             # not fetched at once, and its watermark is stale until it is.
             self._last[key] = self._woke[key] = now

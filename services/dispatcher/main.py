@@ -26,6 +26,7 @@ def main() -> None:
             doze_after_ms=settings.doze_after_ms,
             doze_sweep_ms=settings.doze_sweep_ms,
             wake_holds_ms=settings.wake_holds_ms,
+            resume_ahead_ms=settings.resume_ahead_ms,
             fetch_watch_s=settings.fetch_watch_s,
             processed_retention_ms=settings.processed.retention_ms,
             renewal=settings.renewal,

@@ -44,7 +44,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    Consumer,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from cronwheel import kafka, metrics
 from cronwheel.config import Processed as ProcessedSettings
@@ -52,7 +59,7 @@ from cronwheel.config import ProducerRenewal
 from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
-from cronwheel.dozing import NUDGE, Dozing
+from cronwheel.dozing import NUDGE, Dozing, wake_in_ms
 from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics, class_of_partition
 from cronwheel.logs import run_fields
@@ -157,6 +164,7 @@ class Dispatcher(ConsumerService):
         doze_after_ms: int = DispatcherSettings.doze_after_ms,
         doze_sweep_ms: int = DispatcherSettings.doze_sweep_ms,
         wake_holds_ms: int = DispatcherSettings.wake_holds_ms,
+        resume_ahead_ms: int = DispatcherSettings.resume_ahead_ms,
         fetch_watch_s: float = DispatcherSettings.fetch_watch_s,
         renewal: ProducerRenewal | None = None,  # the settings' defaults
         **skeleton,  # ConsumerService's: group_id, idle_ms, lag_every_ms, ...
@@ -204,6 +212,7 @@ class Dispatcher(ConsumerService):
                 after_ms=doze_after_ms,
                 sweep_ms=doze_sweep_ms,
                 wake_holds_ms=wake_holds_ms,
+                resume_ahead_ms=resume_ahead_ms or None,
             )
             if doze_after_ms
             else None
@@ -314,6 +323,8 @@ class Dispatcher(ConsumerService):
             wait_ms = self.max_wait_ms
         if self._held_until:
             wait_ms = max(1, min(wait_ms, min(self._held_until.values()) - now_ms()))
+        if self.dozing is not None and (resume_s := self.dozing.next_due_s()) is not None:
+            wait_ms = max(1, min(wait_ms, round(resume_s * 1000)))
         if self.dozing is None:
             good = self.take(consumer, wait_ms)
         else:
@@ -713,7 +724,11 @@ class Dispatcher(ConsumerService):
         for m in msgs:
             if self.dozing.is_wake(m.topic()):
                 topic = (m.key() or b"").decode(errors="replace")
-                back.extend(self.dozing.woken(topic))
+                # Since the relay sent it, by its clock: with a clock behind
+                # the relay's, this is 0 and the wake's own delay counts.
+                kind, sent_ms = m.timestamp()
+                waited = now_ms() - sent_ms if kind == TIMESTAMP_CREATE_TIME else 0
+                back.extend(self.dozing.woken(topic, wake_in_ms(m.value(), waited)))
             else:
                 self.dozing.read((m.topic(), m.partition()))
                 records.append(m)
@@ -724,6 +739,9 @@ class Dispatcher(ConsumerService):
         """Pause what has been quiet long enough; resume what the sweep found
         records in although no wake came."""
         assert self.dozing is not None
+        soon = self.dozing.due()  # woken earlier for rows that come now
+        if soon:
+            self._resume_dozed(consumer, soon)
 
         def caught_up(key: tuple[str, int]) -> bool:
             low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)

@@ -28,6 +28,9 @@ class DispatcherSettings:
     # CRONWHEEL_RELAY_WAKE_EVERY_MS plus CRONWHEEL_FIRE_AHEAD_MS, the longest
     # a row the wake announced may take to be published.
     wake_holds_ms: int = setting("CRONWHEEL_DISPATCHER_WAKE_HOLDS_MS", 3_000, minimum=0)
+    # A wake for a row that comes later (fired ahead) resumes its dozing
+    # partition this long before the row, not as it is read; 0: as it is read.
+    resume_ahead_ms: int = setting("CRONWHEEL_DISPATCHER_RESUME_AHEAD_MS", 250, minimum=0)
     # How often dozing partitions are checked for records no wake announced.
     doze_sweep_ms: int = setting("CRONWHEEL_DISPATCHER_DOZE_SWEEP_MS", 15_000, minimum=100)
     # How often the consumer's positions are compared with the broker's ends;

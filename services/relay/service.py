@@ -366,10 +366,13 @@ class Relay:
         # releaser since the read, is not pushed again (looked up here to skip
         # making its record, decided under the lock below).
         made = []
+        read_at = self.clock()
         for row in rows:
             if row[0] not in self._held_ids and row[0] not in self._inflight:
                 made.append((row, self._record(row)))
-                self.waker.read(row[1])
+                # The wake says when the row comes (by this relay's clock, the
+                # database's): the dispatcher resumes the partition just before.
+                self.waker.read(row[1], None if row[6] is None else row[6] - read_at)
         with self._due:
             # A row due now is stamped now, under the lock: none the releaser
             # produced while the records were made is behind it in the heap.

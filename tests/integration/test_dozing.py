@@ -105,6 +105,35 @@ def test_dozing_partition__woken_like_the_relay_does__record_forwarded_no_sweep_
         assert d.duplicates_total == 0 and d.forwarded_total == 2
 
 
+def test_dozing_partition__woken_for_a_row_due_later__resumed_just_before_it_not_at_once(
+    database_url, kafka_bootstrap, topics
+):
+    """A wake saying its row comes in 3 s (a run fired ahead) leaves the
+    partition paused until `resume_ahead_ms` before then: a record already on
+    the broker (a relay whose clock ran ahead) is read only then, without the
+    sweep."""
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    dispatcher = _dozing_dispatcher(
+        database_url, kafka_bootstrap, topics, sweep_ms=600_000, resume_ahead_ms=500
+    )
+    with running(dispatcher) as d:
+        _forward_then_doze(d, kafka_bootstrap, topics, tenant)
+        produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
+        producer = kafka.producer(kafka_bootstrap, principal="relay")
+        waker = Waker(producer, every_ms=3_000, produce=produce_waiting)
+        woken_at = time.monotonic()
+        waker.read(run_topic, in_ms=3_000)
+        assert producer.flush(30) == 0
+        wait_for(lambda: d.dozing.next_due_s() is not None, timeout=10, what="the wake read")
+        assert (run_topic, 0) in d.dozing.dozing and d.forwarded_total == 1, _state(d, run_topic)
+        wait_for(lambda: d.forwarded_total == 2, timeout=30, what="r-1 forwarded")
+        held = time.monotonic() - woken_at
+        assert held >= 2.5, f"resumed {held:.2f} s after the wake, not 2.5 s"
+        _expect_both_forwarded(d, kafka_bootstrap, topics, tenant)
+        assert d.dozing.missed_total == 0 and d.duplicates_total == 0
+
+
 def test_dozing_partition__paused_in_the_assignment__not_fetched__resumed_when_woken(
     database_url, kafka_bootstrap, topics
 ):

@@ -152,6 +152,105 @@ def test_a_wake_for_a_dozing_partition__returned_to_be_assigned_and_held_again(c
     assert _doze_at(d, clock, 33.1) == [KEY]
 
 
+def _dozed(clock: Clock, **kwargs) -> Dozing:
+    """Dozing since 3.1 s, resumed 250 ms before what a wake says (30 s now)."""
+    clock.now = 1000.0
+    d = _dozing(clock, resume_ahead_ms=250, **kwargs)
+    d.read(KEY)
+    assert _doze_at(d, clock, 3.1) == [KEY]
+    clock.now = 1000.0 + 30
+    return d
+
+
+def test_a_wake_for_a_row_due_later__resumed_just_before_it_not_at_once(clock):
+    """A run fired ahead is read up to a second before its instant: the
+    fetches of that second need not name its partition."""
+    d = _dozed(clock)
+    assert d.woken(TOPIC, in_ms=1_000) == []
+    assert KEY in d.dozing
+    assert d.next_due_s() == pytest.approx(0.75)
+    clock.now += 0.74
+    assert d.due() == []
+    clock.now += 0.02
+    assert d.due() == [KEY]
+    assert KEY not in d.dozing and d.next_due_s() is None
+    assert d.due() == []  # once
+
+
+def test_resumed_just_before__held_until_its_record_is_read_then_as_the_wake_held(clock):
+    d = _dozed(clock)
+    d.woken(TOPIC, in_ms=1_000)  # at 30 s
+    clock.now += 0.8
+    assert d.due() == [KEY]  # at 30.8 s
+    # Not read: held (the broker is asked before it dozes, as any woken one).
+    assert _doze_at(d, clock, 34.0, ends_past=[KEY]) == []
+    clock.now = 1000.0 + 34.5
+    d.read(KEY)
+    # Read: no record for after_ms, and the wake (at 30 s) older than wake_holds_ms.
+    assert _doze_at(d, clock, 35.4) == []
+    assert _doze_at(d, clock, 35.6) == [KEY]
+
+
+def test_resumed_far_from_its_wake__held_wake_holds_ms_from_the_resume(clock):
+    """A row read further ahead than the unread hold (a long fire-ahead lead)
+    is not let doze as it resumes."""
+    d = _dozed(clock)
+    d.woken(TOPIC, in_ms=20_000)
+    clock.now = 1000.0 + 49.8
+    assert d.due() == [KEY]
+    assert _doze_at(d, clock, 52.7, ends_past=[]) == []
+    assert _doze_at(d, clock, 52.9, ends_past=[]) == [KEY]
+
+
+def test_a_wake_saying_sooner__resumed_sooner_or_at_once(clock):
+    d = _dozed(clock)
+    d.woken(TOPIC, in_ms=1_000)
+    d.woken(TOPIC, in_ms=500)
+    assert d.next_due_s() == pytest.approx(0.25)
+    d.woken(TOPIC, in_ms=2_000)  # later than already waiting: no change
+    assert d.next_due_s() == pytest.approx(0.25)
+    assert d.woken(TOPIC, in_ms=100) == [KEY]  # within resume_ahead_ms: at once
+    assert d.next_due_s() is None
+    clock.now += 1
+    assert d.due() == []
+
+
+def test_a_wake_without_a_time_or_no_resume_ahead__resumed_at_once(clock):
+    d = _dozed(clock)
+    assert d.woken(TOPIC) == [KEY]
+    d = _dozing(clock)  # resume_ahead_ms None
+    d.read(KEY)
+    assert _doze_at(d, clock, 40.0) == [KEY]
+    assert d.woken(TOPIC, in_ms=1_000) == [KEY]
+
+
+def test_waiting_to_resume__swept_or_forgotten__not_resumed_again(clock):
+    d = _dozed(clock)
+    d.woken(TOPIC, in_ms=1_000)
+    d.forget(KEY)
+    clock.now += 1
+    assert d.due() == [] and d.next_due_s() is None
+    d = _dozed(clock, sweep_ms=100)
+    d.woken(TOPIC, in_ms=5_000)
+    clock.now += 0.2
+    assert d.sweep(_ends([KEY]), lambda _k: 0) == [KEY]  # its record came early
+    clock.now += 5
+    assert d.due() == []
+
+
+def test_wake_in_ms__a_wakes_value():
+    assert dozing.wake_in_ms(b"750") == 750
+    assert dozing.wake_in_ms(b"") is None
+    assert dozing.wake_in_ms(None) is None
+    assert dozing.wake_in_ms(b"0") is None
+    assert dozing.wake_in_ms(b"-5") is None
+    assert dozing.wake_in_ms(b"soon") is None
+    # Less how long it took to arrive; a clock behind the relay's counts none.
+    assert dozing.wake_in_ms(b"750", waited_ms=300) == 450
+    assert dozing.wake_in_ms(b"750", waited_ms=-40) == 750
+    assert dozing.wake_in_ms(b"750", waited_ms=800) is None
+
+
 def test_paused_meanwhile__the_broker_asked_before_it_dozes(clock):
     """A partition paused (a class above it, its quota) is not fetched, so what
     the last fetch said of it is stale when it resumes."""
@@ -247,6 +346,31 @@ def test_rows_read__one_wake_per_every_ms(clock):
     clock.now += 0.2
     w.read(TOPIC)
     assert len(sent) == 2
+
+
+def test_a_wake_says_when_its_row_comes__a_row_due_sooner_gets_its_own(clock):
+    """The dispatcher resumes a dozing partition just before what the wake
+    said, so a row read after it but due before that wakes the topic again."""
+    w, sent = _waker()
+    w.read(TOPIC, in_ms=900)
+    assert sent[0]["value"] == b"900"
+    clock.now += 0.1
+    w.read(TOPIC, in_ms=900)  # due at 1.0 s, after the wake's 0.9 s: announced
+    assert len(sent) == 1
+    w.read(TOPIC, in_ms=300)  # due at 0.4 s: before it
+    assert [r["value"] for r in sent] == [b"900", b"300"]
+    w.read(TOPIC)  # due now
+    assert [r["value"] for r in sent] == [b"900", b"300", b""]
+    w.read(TOPIC, in_ms=50)
+    assert len(sent) == 3
+
+
+def test_published_late__its_wake_says_now(clock):
+    w, sent = _waker()
+    w.read(TOPIC, in_ms=900)
+    clock.now += 1.6
+    assert w.published(TOPIC) is True
+    assert sent[-1]["value"] == b""
 
 
 def test_published_within_late_ms_of_the_wake__no_second_wake(clock):
