@@ -47,7 +47,7 @@ What holds:
   empty: now), so a dozing partition is resumed `resume_ahead_ms` before
   then, not as the wake is read: a run fired ahead is read up to a second
   before its instant, and every fetch in that second named the partition
-  (at the top of a minute at 3,000 tenants, half the partitions the
+  (at the top of a minute at 3,000 tenants, about half the partitions the
   dispatcher's fetches named; docs/dispatcher.md, "Resumed just before").
   The delay is relative, so the relay's and the dispatcher's clocks need
   not agree; a row due sooner than its topic's last wake said gets a wake
@@ -350,6 +350,11 @@ class Dozing:
                 )
                 out.append(key)
         return out
+
+    @property
+    def waiting_to_resume(self) -> int:
+        """Dozing partitions woken for rows that come later (`due`)."""
+        return len(self._resume_at)
 
     def next_due_s(self) -> float | None:
         """Seconds until the first resume `due` has waiting, None for none."""

@@ -301,6 +301,7 @@ class Dispatcher(ConsumerService):
         if self.dozing is not None:
             dozing = sorted(self.dozing.dozing)
             state["dozing"] = len(dozing)
+            state["dozing_waiting_to_resume"] = self.dozing.waiting_to_resume
             state["dozing_resume_at"] = {
                 f"{t}[{p}]": self._dozed_at.get((t, p)) for t, p in dozing[:50]
             }

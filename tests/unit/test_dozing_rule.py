@@ -168,12 +168,12 @@ def test_a_wake_for_a_row_due_later__resumed_just_before_it_not_at_once(clock):
     d = _dozed(clock)
     assert d.woken(TOPIC, in_ms=1_000) == []
     assert KEY in d.dozing
-    assert d.next_due_s() == pytest.approx(0.75)
+    assert d.next_due_s() == pytest.approx(0.75) and d.waiting_to_resume == 1
     clock.now += 0.74
     assert d.due() == []
     clock.now += 0.02
     assert d.due() == [KEY]
-    assert KEY not in d.dozing and d.next_due_s() is None
+    assert KEY not in d.dozing and d.next_due_s() is None and d.waiting_to_resume == 0
     assert d.due() == []  # once
 
 
