@@ -290,8 +290,7 @@ class Dozing:
     def forget(self, key: Where) -> None:
         self._last.pop(key, None)
         self._woke.pop(key, None)
-        self._resume_at.pop(key, None)
-        self.dozing.discard(key)
+        self._stop_dozing(key)
         self.unread.pop(key, None)
         same = self._by_topic.get(key[0])
         if same is not None:
@@ -323,8 +322,7 @@ class Dozing:
             if key not in self.dozing:
                 continue
             if later is None:
-                self.dozing.discard(key)
-                self._resume_at.pop(key, None)
+                self._stop_dozing(key)
                 back.append(key)
             elif later < self._resume_at.get(key, float("inf")):
                 self._resume_at[key] = later
@@ -341,15 +339,20 @@ class Dozing:
             at, key = heapq.heappop(heap)
             if self._resume_at.get(key) != at:
                 continue  # resumed sooner, or forgotten
-            del self._resume_at[key]
-            if key in self.dozing:
-                self.dozing.discard(key)
-                self._unsure(key, now)
-                self._woke[key] = max(
-                    self._woke.get(key, NEVER), now - self.unread_holds_s + self.wake_holds_s
-                )
-                out.append(key)
+            # Still dozing: whatever ended its doze dropped its resume (_stop_dozing).
+            self._stop_dozing(key)
+            self._unsure(key, now)
+            self._woke[key] = max(
+                self._woke.get(key, NEVER), now - self.unread_holds_s + self.wake_holds_s
+            )
+            out.append(key)
         return out
+
+    def _stop_dozing(self, key: Where) -> None:
+        """Out of `dozing`, and so no resume waits for it: every way a
+        partition stops dozing comes through here."""
+        self.dozing.discard(key)
+        self._resume_at.pop(key, None)
 
     @property
     def waiting_to_resume(self) -> int:
@@ -454,8 +457,7 @@ class Dozing:
             if key in self.dozing and position(key) == ask.at[key]
         ]
         for key in moved:
-            self.dozing.discard(key)
-            self._resume_at.pop(key, None)
+            self._stop_dozing(key)
             # Held as if woken, its records not read yet: resumed, it is
             # not fetched at once, and its watermark is stale until it is.
             self._last[key] = self._woke[key] = now
