@@ -1,8 +1,8 @@
 """What the dispatcher's doze sweep pays to ask the end offsets of its dozing
 partitions (issue 21): `kafka.end_offsets` over `--topics` (3,000) topics of
-one partition, with the partitions in one ListOffsets call (`--chunks` 0:
-all) or in calls of N. librdkafka merges a call's answer by comparing every
-answered partition with every asked one, so one call costs the square of
+one partition, with the partitions in one request (`--chunks` 0: all) or in
+requests of N. librdkafka matches a request's answer by comparing every
+answered partition with every asked one, so one request costs the square of
 its partitions. Printed per chunk size: this process's CPU per ask
 (CLOCK_PROCESS_CPUTIME_ID: librdkafka's threads and Python's) and its wall
 time, the median of `--asks` (9) asks, alternating the sizes.
@@ -30,7 +30,8 @@ def main() -> None:
     header("bench_end_offsets: the doze sweep's ask for its partitions' end offsets")
     topics = make_run_topics(args.topics)
     try:
-        admin = kafka.admin(principal="dispatcher")
+        prefix = topics[0].split(".")[0]
+        asker = kafka.asker(principal="dispatcher", group=f"{prefix}.dispatcher.ask")
         keys = [(t, 0) for t in topics]
         chunks = [int(c) or len(keys) for c in args.chunks.split(",")]
         cpu: dict[int, list[float]] = {c: [] for c in chunks}
@@ -39,20 +40,20 @@ def main() -> None:
         # (a topic just made answers NOT_LEADER_FOR_PARTITION for a few seconds).
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ends = kafka.end_offsets(admin, keys, 30)
-            if ends and all(v is not None for v in ends.values()):
+            ends = kafka.end_offsets(asker, keys, 30)
+            if all(v is not None for v in ends.values()):
                 break
         else:
             say("some partitions never answered within 60 s; figures include their errors")
         for _ in range(args.asks):
             for c in chunks:
                 c0, w0 = time.process_time(), time.monotonic()
-                ends = kafka.end_offsets(admin, keys, 30, chunk=c)
+                ends = kafka.end_offsets(asker, keys, 30, chunk=c)
                 cpu[c].append(time.process_time() - c0)
                 wall[c].append(time.monotonic() - w0)
-                missing = sum(1 for v in (ends or {}).values() if v is None)
-                if ends is None or missing:
-                    say(f"chunk {c}: {missing if ends else len(keys)} partitions unanswered")
+                missing = sum(1 for v in ends.values() if v is None)
+                if missing:
+                    say(f"chunk {c}: {missing} partitions unanswered")
         for c in chunks:
             say(
                 f"RESULT {args.topics} partitions in calls of {c}: "

@@ -322,8 +322,9 @@ def _offset_records() -> int:
     partition named, whichever consumer made them."""
     admin = kafka.admin(principal="admin")  # the internal topic is the operator's to see
     meta = admin.list_topics("__consumer_offsets", timeout=30).topics["__consumer_offsets"]
-    ends = kafka.end_offsets(admin, [("__consumer_offsets", p) for p in meta.partitions], 30)
-    return sum(end for end in (ends or {}).values() if end)
+    asker = kafka.asker(principal="admin", group="bench-tenants.ask")
+    ends = kafka.end_offsets(asker, [("__consumer_offsets", p) for p in meta.partitions], 30)
+    return sum(end for end in ends.values() if end)
 
 
 def restart(n: int) -> None:

@@ -233,14 +233,14 @@ def watch_fetching(
     watch: FetchWatch,
     watched: list[consuming.Where],
     position: Callable[[list[consuming.Where]], dict],
-    admin: kafka.RenewingAdmin,
+    asker: kafka.RenewingAsker,
 ) -> None:
     """A fetch watch's look (cronwheel.fetch_watch) at the partitions a
     consumer holds and means to read (`watched`): those it has not read for
-    a whole look though the broker (asked through `admin`) has records for
+    a whole look though the broker (asked through `asker`) has records for
     them raise ClientsWedged, for new clients to take over."""
     at = position(watched) if watched else {}
-    stuck = watch.look(watched, at.get, admin.end_offsets)
+    stuck = watch.look(watched, at.get, asker.end_offsets)
     if stuck:
         (t, p), every = stuck[0], watch.every_s
         raise ClientsWedged(
@@ -373,11 +373,13 @@ class ConsumerService:
         self.assignment: LeasedAssignment | None = None
         self.watch: TopicWatch | None = None
         # Hand-assigned consumers: partitions librdkafka stopped fetching
-        # (cronwheel.fetch_watch), asked of the broker through `admin`, a
+        # (cronwheel.fetch_watch), asked of the broker through `asker`, a
         # client of the watch's own (made when first asked, renewed when it
         # gets no answer).
         self.fetch_watch: FetchWatch | None = None
-        self.admin = kafka.RenewingAdmin(bootstrap, principal=self.name)
+        self.asker = kafka.RenewingAsker(
+            bootstrap, principal=self.name, group=f"{self.group_id}.ask"
+        )
         # A producer that holds records and reports no delivery while the
         # broker answers a new client (cronwheel.fetch_watch): a subclass that
         # sets it counts its delivery reports in `delivery_reports`.
@@ -499,8 +501,8 @@ class ConsumerService:
         """What this service reads and holds, for a diagnosis (SIGUSR2,
         cronwheel.runtime): its consumer's state (consuming.describe) and its
         leases; a subclass adds what it holds back."""
-        admin = self.admin.client if self.assignment else None
-        state = consuming.describe(consumer, admin=admin)
+        asker = self.asker.client if self.assignment else None
+        state = consuming.describe(consumer, asker=asker)
         if self.assignment is not None:
             state["leases"] = len(self.assignment.owned)
             state["tenant_topics"] = len(self.assignment.names)
@@ -545,7 +547,7 @@ class ConsumerService:
         held = self.held_back()
         watched = [key for key in self.assignment.assigned if key not in held]
         watch_fetching(
-            self.fetch_watch, watched, lambda keys: self.position(consumer, keys), self.admin
+            self.fetch_watch, watched, lambda keys: self.position(consumer, keys), self.asker
         )
 
     # -- the database -----------------------------------------------------------

@@ -198,7 +198,7 @@ def report_lag(
     return total
 
 
-def describe(consumer: Consumer, *, admin=None, detail: int = 50, timeout_s: float = 5.0) -> dict:
+def describe(consumer: Consumer, *, asker=None, detail: int = 50, timeout_s: float = 5.0) -> dict:
     """A consumer's state, for a diagnosis (cronwheel.runtime, SIGUSR2): how
     many partitions are assigned, which have records past their position
     (`behind`, by the watermarks the last fetches brought), how many no fetch
@@ -206,7 +206,7 @@ def describe(consumer: Consumer, *, admin=None, detail: int = 50, timeout_s: flo
     committed offsets, and each partition's position, high watermark and
     committed offset (the first `detail` of them: at 3,000 tenants the whole
     list is a megabyte). Asks the broker once (`committed`, up to
-    `timeout_s`), and with `admin` (another client) the end offsets of those
+    `timeout_s`), and with `asker` (another client) the end offsets of those
     shown, beside the watermarks: a partition the consumer stopped fetching
     shows its cached watermark stale. Never raises."""
     try:
@@ -238,8 +238,8 @@ def describe(consumer: Consumer, *, admin=None, detail: int = 50, timeout_s: flo
         except KafkaException as exc:
             state["coordinator"] = f"no answer: {exc}"
     shown = [tp for tp in positions if f"{tp.topic}[{tp.partition}]" in rows][:detail]
-    if admin is not None and shown:
-        ends = kafka.end_offsets(admin, [(tp.topic, tp.partition) for tp in shown]) or {}
+    if asker is not None and shown:
+        ends = kafka.end_offsets(asker, [(tp.topic, tp.partition) for tp in shown])
         for (t, p), end in ends.items():
             rows[f"{t}[{p}]"]["end"] = end
     state["partitions"] = {

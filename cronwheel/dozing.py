@@ -89,8 +89,7 @@ log = logging.getLogger("cronwheel.dozing")
 
 Where = tuple[str, int]
 # The broker's end offset of each partition asked (one ListOffsets request per
-# broker; kafka.RenewingAdmin.end_offsets), None for one not answered, None
-# altogether when the request could not be made.
+# broker; kafka.RenewingAsker.end_offsets), None for one not answered.
 Ends = Callable[[list[Where]], "dict[Where, int | None] | None"]
 
 NUDGE = b""  # the key of a dispatcher's nudge: it names no topic

@@ -11,7 +11,6 @@ so one broker can hold several independent systems.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import re
 import time
@@ -20,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cronwheel import config, kafka_stats
 from cronwheel.core.runs import NORMAL_RANK, PRIORITIES
@@ -229,27 +228,46 @@ def admin(bootstrap: str | None = None, *, principal: str | Credentials) -> Admi
     )
 
 
-class RenewingAdmin:
-    """An admin client made when first needed, and made anew when a request
-    through it gets no answer: after a broker restart every long-lived
-    client of a process was seen stuck at once, and a watch that asks the
-    broker through one of them must not be stuck with them
+def asker(bootstrap: str | None = None, *, principal: str | Credentials, group: str) -> Consumer:
+    """A client that only asks the broker for partitions' offsets
+    (`end_offsets`, `start_offsets`): it subscribes to nothing, reads
+    nothing and commits nothing; `group` (one the principal may use) is there
+    because librdkafka's offset lookup is a consumer's call. Answers as the
+    admin client's ListOffsets did (uncommitted records count)."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
+            **security(principal, bootstrap),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+            **HUNG_REQUEST_MS,
+            "log_level": 3,
+        }
+    )
+
+
+class RenewingAsker:
+    """An offsets client (`asker`) made when first needed, and made anew when
+    a request through it gets no answer: after a broker restart every
+    long-lived client of a process was seen stuck at once, and a watch that
+    asks the broker through one of them must not be stuck with them
     (cronwheel.fetch_watch)."""
 
-    def __init__(self, bootstrap: str | None, *, principal: str | Credentials):
-        self.bootstrap, self.principal = bootstrap, principal
-        self._client: AdminClient | None = None
+    def __init__(self, bootstrap: str | None, *, principal: str | Credentials, group: str):
+        self.bootstrap, self.principal, self.group = bootstrap, principal, group
+        self._client: Consumer | None = None
 
     @property
-    def client(self) -> AdminClient:
+    def client(self) -> Consumer:
         if self._client is None:
-            self._client = admin(self.bootstrap, principal=self.principal)
+            self._client = asker(self.bootstrap, principal=self.principal, group=self.group)
         return self._client
 
-    def end_offsets(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | None] | None:
+    def end_offsets(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
         """end_offsets through this client, or a new one when it answered none."""
         got = end_offsets(self.client, keys)
-        if got is None or (keys and all(v is None for v in got.values())):
+        if keys and all(v is None for v in got.values()):
             self._client = None
             got = end_offsets(self.client, keys)
         return got
@@ -266,51 +284,76 @@ def answers(bootstrap: str | None = None, *, principal: str | Credentials, timeo
     return True
 
 
-# Partitions per ListOffsets call. librdkafka merges each broker's answer into
-# the call's results by comparing every answered partition with every asked
-# one (rd_kafka_ListOffsets_response_merge), so one call for all of a
-# dispatcher's dozing partitions costs their square; calls of this many keep
-# the sweep linear in the tenants, for a few more requests (six at 3,000).
+# Partitions per offsets request. librdkafka matches an answer to what was
+# asked partition by partition against every asked one
+# (rd_kafka_topic_partition_list_update), so one request for all of a
+# dispatcher's dozing partitions costs their square; requests of this many
+# keep the sweep linear in the tenants, for a few more round trips (six at
+# 3,000).
 END_OFFSETS_CHUNK = 500
+
+# Where the broker's ListOffsets looks: the next offset to be written, and the
+# first one still retained.
+_LATEST, _EARLIEST = -1, -2
 
 
 def end_offsets(
-    admin: AdminClient,
+    client: Consumer,
     keys: Iterable[tuple[str, int]],
     timeout_s: float = 5.0,
     *,
     chunk: int = END_OFFSETS_CHUNK,
-) -> dict[tuple[str, int], int | None] | None:
+) -> dict[tuple[str, int], int | None]:
     """The broker's end offset (the next offset to be written) of each
-    (topic, partition): a ListOffsets request per broker for each `chunk` of
-    them, all sent before any answer is waited for; None for one whose
-    answer failed or did not come within `timeout_s` (and 5 s more for the
-    client's own timeout to report), None altogether if a request could not
-    be made."""
-    asked = {TopicPartition(t, p): (t, p) for t, p in keys}
-    tps = list(asked)
-    futures = {}
-    for start in range(0, len(tps), chunk):
-        part = tps[start : start + chunk]
+    (topic, partition), asked through `client` (an `asker`) `chunk` at a
+    time within `timeout_s` in all; None for one whose answer failed or did
+    not come in time."""
+    return _offsets(client, keys, _LATEST, timeout_s, chunk)
+
+
+def start_offsets(
+    client: Consumer,
+    keys: Iterable[tuple[str, int]],
+    timeout_s: float = 5.0,
+    *,
+    chunk: int = END_OFFSETS_CHUNK,
+) -> dict[tuple[str, int], int | None]:
+    """The first offset the broker still holds of each (topic, partition), as
+    `end_offsets` asks."""
+    return _offsets(client, keys, _EARLIEST, timeout_s, chunk)
+
+
+def _offsets(
+    client: Consumer, keys: Iterable[tuple[str, int]], spec: int, timeout_s: float, chunk: int
+) -> dict[tuple[str, int], int | None]:
+    # Through the consumer's offsets_for_times, not the admin client's
+    # list_offsets: librdkafka's admin ListOffsets looks up the partitions'
+    # leaders on the caller's thread, and when one is not in its metadata
+    # cache it leaves its request where a metadata answer arriving on another
+    # thread runs it there too; the two then race over it and the caller's
+    # can dereference what the other freed (SIGSEGV in
+    # rd_kafka_topic_partition_list_query_leaders_async_worker, reproduced by
+    # bench/bench_offsets_race.py; docs/dispatcher.md). The consumer's
+    # call looks the leaders up on the caller's thread alone.
+    asked = list(dict.fromkeys(keys))
+    got: dict[tuple[str, int], int | None] = dict.fromkeys(asked)
+    deadline = time.monotonic() + timeout_s
+    for start in range(0, len(asked), chunk):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break  # the rest stay None: a client left stuck answers nothing
+        part = asked[start : start + chunk]
         try:
-            futures.update(
-                admin.list_offsets(
-                    {tp: OffsetSpec.latest() for tp in part}, request_timeout=timeout_s
-                )
+            answered = client.offsets_for_times(
+                [TopicPartition(t, p, spec) for t, p in part], timeout=left
             )
         except KafkaException as exc:
-            log.warning("end offsets of %d partitions unavailable: %s", len(asked), exc)
-            return None
-    # One deadline for all: a client left stuck never resolves its futures
-    # (the caller, a renewing client, then makes a new one).
-    deadline = time.monotonic() + timeout_s + 5
-    ends: dict[tuple[str, int], int | None] = {}
-    for tp, fut in futures.items():
-        try:
-            ends[asked[tp]] = fut.result(timeout=max(0.0, deadline - time.monotonic())).offset
-        except (KafkaException, concurrent.futures.TimeoutError):
-            ends[asked[tp]] = None
-    return ends
+            log.warning("offsets of %d partitions unavailable: %s", len(part), exc)
+            continue
+        for tp in answered:
+            if tp.error is None and tp.offset >= 0:
+                got[(tp.topic, tp.partition)] = tp.offset
+    return got
 
 
 def ensure_topics(

@@ -224,7 +224,9 @@ class Dispatcher(ConsumerService):
         # (cronwheel.dozing), through a client of its own: made anew when it
         # gets no answer (one left stuck after a broker restart), and never
         # one whose calls the loop's fetch watch would wait behind.
-        self._doze_admin = kafka.RenewingAdmin(self.bootstrap, principal=self.name)
+        self._doze_asker = kafka.RenewingAsker(
+            self.bootstrap, principal=self.name, group=f"{self.group_id}.ask"
+        )
         # Dispatch quotas: records held per partition (paused) until `_held_until`.
         self.quotas = quotas or Buckets("dispatch")
         self._held: dict[tuple[str, int], list[Message]] = {}
@@ -760,10 +762,10 @@ class Dispatcher(ConsumerService):
             low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             return low
 
-        quiet = self.dozing.to_doze(caught_up, busy, self._doze_admin.end_offsets, position)
+        quiet = self.dozing.to_doze(caught_up, busy, self._doze_asker.end_offsets, position)
         if quiet:
             self._fall_asleep(consumer, quiet)
-        moved = self.dozing.sweep(self._doze_admin.end_offsets, self._dozed_at.get)
+        moved = self.dozing.sweep(self._doze_asker.end_offsets, self._dozed_at.get)
         if moved:
             log.info("%d dozing partitions had records no wake announced", len(moved))
             metrics.MISSED_WAKES.inc(len(moved))

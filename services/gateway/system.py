@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import OffsetSpec
 
 from cronwheel import kafka
 from cronwheel.core.avro import default_registry
@@ -96,6 +95,16 @@ class Broker:
     recent: int = RECENT
     _letters_at: dict = field(default_factory=dict)  # the ends the last read reached
     _letters: list = field(default_factory=list)
+    _asker: Any = None  # kafka.asker, made when first needed
+
+    def asker(self):
+        """The client the partitions' offsets are asked through (as the
+        gateway's principal; its group is joined by nothing)."""
+        if self._asker is None:
+            self._asker = kafka.asker(
+                self.bootstrap, principal="gateway", group=f"{self.topics.prefix}.gateway"
+            )
+        return self._asker
 
     def figures(self, now_ms: int) -> dict:
         try:
@@ -126,15 +135,18 @@ class Broker:
         return [TopicPartition(n, i) for n in names for i in sorted(meta[n].partitions)]
 
     def _ends(self, tps: list[TopicPartition]) -> tuple[dict, dict]:
-        """(first retained offset, end offset) of each partition, two requests."""
+        """(first retained offset, end offset) of each partition; raises when
+        the broker did not give both for every one."""
         if not tps:
             return {}, {}
-        admin = self.admin()
-        ends = []
-        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-            futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=TIMEOUT_S)
-            ends.append({_where(tp): f.result(TIMEOUT_S).offset for tp, f in futures.items()})
-        return ends[0], ends[1]
+        keys = [_where(tp) for tp in tps]
+        low = kafka.start_offsets(self.asker(), keys, TIMEOUT_S)
+        high = kafka.end_offsets(self.asker(), keys, TIMEOUT_S)
+        missing = [k for k in keys if low[k] is None or high[k] is None]
+        if missing:
+            (t, p), n = missing[0], len(missing)
+            raise RuntimeError(f"no offsets for {n} partition(s), {t}[{p}] among them")
+        return low, high
 
     def consumers(self, meta: dict) -> dict:
         admin = self.admin()

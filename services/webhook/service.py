@@ -230,7 +230,9 @@ class WebhookService:
         # (cronwheel.fetch_watch; main.py's run_restarting).
         every_s = s.fetch_watch_ms / 1000
         self._fetch_watch = FetchWatch(every_s) if every_s else None
-        self._admin = kafka.RenewingAdmin(self.bootstrap, principal=CONSUMER)  # made when asked
+        self._asker = kafka.RenewingAsker(  # made when asked
+            self.bootstrap, principal=CONSUMER, group=f"{self.group_id}.ask"
+        )
         self._client = Client(
             Guard(self.allow),
             keepalive_s=s.keepalive_ms / 1000,
@@ -607,7 +609,7 @@ class WebhookService:
                 self._fetch_watch,
                 watched,
                 lambda keys: consuming.positions(consumer, keys),
-                self._admin,
+                self._asker,
             )
 
     def _give_up(self, partitions: list[TopicPartition]) -> None:

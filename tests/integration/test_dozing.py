@@ -148,7 +148,9 @@ def test_dozing_partition__paused_in_the_assignment__not_fetched__resumed_when_w
         assert (run_topic, 0) in _in_consumer(d) and (run_topic, 0) in d.assignment.assigned
         produce(kafka_bootstrap, run_topic, [(b"r-1", ready(tenant, "r-1"))])
         producer = kafka.producer(kafka_bootstrap, principal="dispatcher")
-        admin = kafka.admin(kafka_bootstrap, principal="dispatcher")
+        asker = kafka.asker(
+            kafka_bootstrap, principal="dispatcher", group=f"{topics.prefix}.dispatcher.ask"
+        )
         wake = TopicPartition(topics.wake, 0)
         for _ in range(2):
             # A nudge ends the wake topic's outstanding fetch; the dispatcher
@@ -156,7 +158,7 @@ def test_dozing_partition__paused_in_the_assignment__not_fetched__resumed_when_w
             # partition after r-1 was on the broker.
             produce_waiting(producer, topic=topics.wake, key=b"", value=b"")
             assert producer.flush(30) == 0
-            end = kafka.end_offsets(admin, [(topics.wake, 0)])[(topics.wake, 0)]
+            end = kafka.end_offsets(asker, [(topics.wake, 0)])[(topics.wake, 0)]
             wait_for(
                 lambda end=end: d._consumer.position([wake])[0].offset >= end,
                 timeout=30, what="the nudge read",
@@ -173,7 +175,7 @@ def test_dozing_partition__woken_and_nothing_comes__the_broker_asked_and_it_doze
 ):
     """A wake with nothing after it (as for a run due at once whose record was
     read before its wake): once the wake's hold is over the dispatcher asks the
-    broker for the partition's end offset through its admin client, finds
+    broker for the partition's end offset through its offsets client, finds
     nothing to read, and the partition dozes again. (Until 1ad7fb3 it never
     asked, and such a partition stayed in every fetch until its next
     record.)"""

@@ -1,10 +1,15 @@
-"""cronwheel.kafka.end_offsets asks the broker in chunks (librdkafka merges one
-ListOffsets answer into its results partition by partition against every
-asked one, so one call for 3,000 dozing partitions costs their square): every
-partition's end offset comes back whichever chunk asked it. Against the real
-broker with the dispatcher's principal, which the dozing sweep uses."""
+"""cronwheel.kafka.end_offsets and start_offsets ask the broker through an
+offsets client (kafka.asker: a consumer's offsets_for_times, not the admin
+client's list_offsets, whose leader lookup can crash the process:
+docs/dispatcher.md), in chunks (librdkafka matches each answer against every
+asked partition, so one request for 3,000 dozing partitions costs their
+square): every partition's offset comes back whichever chunk asked it.
+Against the real broker with the dispatcher's principal, which the dozing
+sweep uses."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -14,34 +19,89 @@ pytestmark = pytest.mark.integration
 
 
 class _Counting:
-    """The real admin client, with the size of each list_offsets call kept."""
+    """The real offsets client, with the size of each request kept."""
 
     def __init__(self, client):
         self.client = client
         self.calls: list[int] = []
 
-    def list_offsets(self, specs, **kwargs):
-        self.calls.append(len(specs))
-        return self.client.list_offsets(specs, **kwargs)
+    def offsets_for_times(self, partitions, **kwargs):
+        self.calls.append(len(partitions))
+        return self.client.offsets_for_times(partitions, **kwargs)
 
 
-def test_end_offsets__asked_in_chunks__every_partition_answered(kafka_bootstrap, topic_prefix):
-    names = [f"{topic_prefix}.runs.ends{i}" for i in range(5)]
+def _topics_with_records(kafka_bootstrap: str, topic_prefix: str, n: int, tag: str) -> list[str]:
+    """n run topics of one partition, the i-th holding i records."""
+    names = [f"{topic_prefix}.runs.{tag}{i}" for i in range(n)]
     kafka.ensure_topics(names, partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
     producer = kafka.producer(kafka_bootstrap, principal="relay")  # run topics are the relay's
     for i, name in enumerate(names):
         for _ in range(i):
             producer.produce(name, key=b"k", value=b"v")
     assert producer.flush(30) == 0
+    return names
 
-    admin = _Counting(kafka.admin(kafka_bootstrap, principal="dispatcher"))
+
+def _asker(kafka_bootstrap: str, topic_prefix: str):
+    return kafka.asker(
+        kafka_bootstrap, principal="dispatcher", group=f"{topic_prefix}.dispatcher.ask"
+    )
+
+
+def test_end_offsets__asked_in_chunks__every_partition_answered(kafka_bootstrap, topic_prefix):
+    names = _topics_with_records(kafka_bootstrap, topic_prefix, 5, "ends")
+    client = _Counting(_asker(kafka_bootstrap, topic_prefix))
     keys = [(name, 0) for name in names]
-    assert kafka.end_offsets(admin, keys, chunk=2) == {(name, 0): i for i, name in enumerate(names)}
-    assert admin.calls == [2, 2, 1]
+    assert kafka.end_offsets(client, keys, chunk=2) == {
+        (name, 0): i for i, name in enumerate(names)
+    }
+    assert client.calls == [2, 2, 1]
 
-    admin.calls.clear()
-    assert kafka.end_offsets(admin, keys) == {(name, 0): i for i, name in enumerate(names)}
-    assert admin.calls == [5]  # under END_OFFSETS_CHUNK: one call, as before
+    client.calls.clear()
+    assert kafka.end_offsets(client, keys) == {(name, 0): i for i, name in enumerate(names)}
+    assert client.calls == [5]  # under END_OFFSETS_CHUNK: one request
 
-    assert kafka.end_offsets(admin, []) == {}
-    assert admin.calls == [5]  # nothing asked, no request
+    assert kafka.end_offsets(client, []) == {}
+    assert client.calls == [5]  # nothing asked, no request
+
+    # The first offset still held: none of these records was deleted.
+    assert kafka.start_offsets(client, keys, chunk=2) == {(name, 0): 0 for name in names}
+
+
+def test_end_offsets__a_partition_that_does_not_exist__none_for_it_alone(
+    kafka_bootstrap, topic_prefix
+):
+    names = _topics_with_records(kafka_bootstrap, topic_prefix, 2, "gone")
+    client = _asker(kafka_bootstrap, topic_prefix)
+    keys = [(names[0], 0), (names[0], 7), (f"{topic_prefix}.runs.never", 0), (names[1], 0)]
+    assert kafka.end_offsets(client, keys) == {
+        (names[0], 0): 0,
+        (names[0], 7): None,  # no such partition
+        (f"{topic_prefix}.runs.never", 0): None,  # no such topic
+        (names[1], 0): 1,
+    }
+    # Only what does not exist: the request fails whole, and each is None.
+    assert kafka.end_offsets(client, keys[1:3]) == {(names[0], 7): None, keys[2]: None}
+
+
+def test_end_offsets__new_client_asked_from_threads_at_once__every_one_answered(
+    kafka_bootstrap, topic_prefix
+):
+    """The dozing sweep, the fetch watch and a diagnosis ask through one
+    client from their own threads, about topics its metadata has not seen:
+    each gets every answer (the admin client's list_offsets, asked so, was
+    seen to crash the process: tests/faults/test_offsets_race.py)."""
+    names = _topics_with_records(kafka_bootstrap, topic_prefix, 40, "many")
+    want = {(name, 0): i for i, name in enumerate(names)}
+    client = _asker(kafka_bootstrap, topic_prefix)
+    got: list[dict] = []
+
+    def ask() -> None:
+        got.append(kafka.end_offsets(client, list(want), 10, chunk=3))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert got == [want] * 4
