@@ -90,7 +90,7 @@ def test_end_offsets__new_client_asked_from_threads_at_once__every_one_answered(
     """The dozing sweep, the fetch watch and a diagnosis ask through one
     client from their own threads, about topics its metadata has not seen:
     each gets every answer (the admin client's list_offsets, asked so, was
-    seen to crash the process: tests/faults/test_offsets_race.py)."""
+    seen to crash the process: bench/bench_offsets_race.py)."""
     names = _topics_with_records(kafka_bootstrap, topic_prefix, 40, "many")
     want = {(name, 0): i for i, name in enumerate(names)}
     client = _asker(kafka_bootstrap, topic_prefix)
