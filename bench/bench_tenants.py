@@ -316,14 +316,19 @@ def _herd(topics: Topics, fired_ms: dict[str, int], timeout_s: float = 60.0):
     return queue, runs
 
 
+_asker = None  # kafka.asker, made when first needed
+
+
 def _offset_records() -> int:
     """Records written to __consumer_offsets so far (the sum of its partitions'
     end offsets): every consumer's offset commits on the broker, one record per
     partition named, whichever consumer made them."""
-    admin = kafka.admin(principal="admin")  # the internal topic is the operator's to see
-    meta = admin.list_topics("__consumer_offsets", timeout=30).topics["__consumer_offsets"]
-    asker = kafka.asker(principal="admin", group="bench-tenants.ask")
-    ends = kafka.end_offsets(asker, [("__consumer_offsets", p) for p in meta.partitions], 30)
+    global _asker
+    if _asker is None:  # one client for the run: each new one connects to the coordinator too
+        _asker = kafka.asker(principal="admin", group="bench-tenants.ask")
+    # The internal topic is the operator's to see.
+    meta = _asker.list_topics("__consumer_offsets", timeout=30).topics["__consumer_offsets"]
+    ends = kafka.end_offsets(_asker, [("__consumer_offsets", p) for p in meta.partitions], 30)
     return sum(end for end in ends.values() if end)
 
 

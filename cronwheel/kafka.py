@@ -307,7 +307,9 @@ def end_offsets(
     """The broker's end offset (the next offset to be written) of each
     (topic, partition), asked through `client` (an `asker`) `chunk` at a
     time within `timeout_s` in all; None for one whose answer failed or did
-    not come in time."""
+    not come in time (an error the broker gives for one partition, such as
+    NOT_LEADER_FOR_PARTITION, fails its whole chunk: librdkafka's
+    offsets_for_times answers a request whole)."""
     return _offsets(client, keys, _LATEST, timeout_s, chunk)
 
 
