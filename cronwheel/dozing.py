@@ -62,8 +62,8 @@ What holds:
   --latency: p50 514 ms when the relay sent a second wake instead, measured
   and replaced).
 - Nothing depends on a wake arriving. Every `sweep_ms` the dispatcher asks for
-  the end offsets of its dozing partitions (one ListOffsets request per
-  broker, on a thread of its own: with thousands dozing the answer takes
+  the end offsets of its dozing partitions (requests of up to 500, one after
+  another, on a thread of its own: with thousands dozing the answer takes
   tens of milliseconds, and a broker that does not answer, the request's
   whole timeout; the loop reads on meanwhile) and wakes those that moved, counted in
   `cronwheel_dispatcher_missed_wakes_total`: a lost wake costs at most
@@ -88,8 +88,9 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, Topi
 log = logging.getLogger("cronwheel.dozing")
 
 Where = tuple[str, int]
-# The broker's end offset of each partition asked (one ListOffsets request per
-# broker; kafka.RenewingAsker.end_offsets), None for one not answered.
+# The broker's end offset of each partition asked
+# (kafka.RenewingAsker.end_offsets), None for one not answered; None
+# altogether from a caller that could not ask.
 Ends = Callable[[list[Where]], "dict[Where, int | None] | None"]
 
 NUDGE = b""  # the key of a dispatcher's nudge: it names no topic

@@ -307,9 +307,7 @@ def end_offsets(
     """The broker's end offset (the next offset to be written) of each
     (topic, partition), asked through `client` (an `asker`) `chunk` at a
     time within `timeout_s` in all; None for one whose answer failed or did
-    not come in time (an error the broker gives for one partition, such as
-    NOT_LEADER_FOR_PARTITION, fails its whole chunk: librdkafka's
-    offsets_for_times answers a request whole)."""
+    not come in time."""
     return _offsets(client, keys, _LATEST, timeout_s, chunk)
 
 
@@ -340,21 +338,35 @@ def _offsets(
     asked = list(dict.fromkeys(keys))
     got: dict[tuple[str, int], int | None] = dict.fromkeys(asked)
     deadline = time.monotonic() + timeout_s
-    for start in range(0, len(asked), chunk):
+    # A request fails whole when the broker gives an error for one of its
+    # partitions (librdkafka's offsets_for_times then updates none), so a
+    # failed request of more than one is asked again in halves while time is
+    # left: one partition in a leader move costs a few requests more, not
+    # its whole chunk's answers (a dozing partition without one is woken).
+    parts = [asked[start : start + chunk] for start in range(0, len(asked), chunk)]
+    parts.reverse()  # popped from the end: asked in order
+    failed: list[tuple[int, KafkaException]] = []
+    while parts:
         left = deadline - time.monotonic()
         if left <= 0:
             break  # the rest stay None: a client left stuck answers nothing
-        part = asked[start : start + chunk]
+        part = parts.pop()
         try:
             answered = client.offsets_for_times(
                 [TopicPartition(t, p, spec) for t, p in part], timeout=left
             )
         except KafkaException as exc:
-            log.warning("offsets of %d partitions unavailable: %s", len(part), exc)
+            if len(part) > 1:
+                half = len(part) // 2
+                parts += [part[half:], part[:half]]
+            else:
+                failed.append((len(part), exc))
             continue
         for tp in answered:
             if tp.error is None and tp.offset >= 0:
                 got[(tp.topic, tp.partition)] = tp.offset
+    if failed:
+        log.warning("offsets of %d partitions unavailable: %s", len(failed), failed[0][1])
     return got
 
 

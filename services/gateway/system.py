@@ -99,10 +99,11 @@ class Broker:
 
     def asker(self):
         """The client the partitions' offsets are asked through (as the
-        gateway's principal; its group is joined by nothing)."""
+        gateway's principal; its group, `<prefix>.gateway.ask`, is joined by
+        nothing)."""
         if self._asker is None:
             self._asker = kafka.asker(
-                self.bootstrap, principal="gateway", group=f"{self.topics.prefix}.gateway"
+                self.bootstrap, principal="gateway", group=f"{self.topics.prefix}.gateway.ask"
             )
         return self._asker
 

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from cronwheel import kafka
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -105,3 +106,31 @@ def test_end_offsets__new_client_asked_from_threads_at_once__every_one_answered(
     for t in threads:
         t.join(30)
     assert got == [want] * 4
+
+
+def test_end_offsets__a_topic_deleted_since_the_client_learned_it__the_others_still_answered(
+    kafka_bootstrap, topic_prefix
+):
+    """The broker's error for one partition fails its whole request
+    (librdkafka's offsets_for_times then answers none of it): the request is
+    asked again in halves, so only that partition is None, not its chunk's
+    (a dozing partition without an answer is woken)."""
+    names = _topics_with_records(kafka_bootstrap, topic_prefix, 4, "deleted")
+    client = _Counting(_asker(kafka_bootstrap, topic_prefix))
+    keys = [(name, 0) for name in names]
+    assert kafka.end_offsets(client, keys) == {(name, 0): i for i, name in enumerate(names)}
+
+    admin = kafka.admin(kafka_bootstrap, principal="admin")  # deleting is the operator's
+    admin.delete_topics([names[2]])[names[2]].result(30)
+    wait_for(
+        lambda: names[2] not in admin.list_topics(timeout=10).topics,
+        timeout=30, what="the topic gone from the broker's metadata",
+    )  # fmt: skip
+    client.calls.clear()
+    assert kafka.end_offsets(client, keys, 10) == {
+        (names[0], 0): 0,
+        (names[1], 0): 1,
+        (names[2], 0): None,
+        (names[3], 0): 3,
+    }
+    assert client.calls[0] == 4 and len(client.calls) > 1, client.calls  # asked again, split
