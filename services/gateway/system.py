@@ -95,17 +95,14 @@ class Broker:
     recent: int = RECENT
     _letters_at: dict = field(default_factory=dict)  # the ends the last read reached
     _letters: list = field(default_factory=list)
-    _asker: Any = None  # kafka.asker, made when first needed
+    # The client the partitions' offsets are asked through, made when first
+    # asked (as the gateway's principal; its group is joined by nothing).
+    _asker: kafka.RenewingAsker = field(init=False)
 
-    def asker(self):
-        """The client the partitions' offsets are asked through (as the
-        gateway's principal; its group, `<prefix>.gateway.ask`, is joined by
-        nothing)."""
-        if self._asker is None:
-            self._asker = kafka.asker(
-                self.bootstrap, principal="gateway", group=f"{self.topics.prefix}.gateway.ask"
-            )
-        return self._asker
+    def __post_init__(self) -> None:
+        self._asker = kafka.RenewingAsker(
+            self.bootstrap, principal="gateway", group=f"{self.topics.prefix}.gateway.ask"
+        )
 
     def figures(self, now_ms: int) -> dict:
         try:
@@ -141,8 +138,9 @@ class Broker:
         if not tps:
             return {}, {}
         keys = [_where(tp) for tp in tps]
-        low = kafka.start_offsets(self.asker(), keys, TIMEOUT_S)
-        high = kafka.end_offsets(self.asker(), keys, TIMEOUT_S)
+        client = self._asker.client
+        low = kafka.start_offsets(client, keys, TIMEOUT_S)
+        high = kafka.end_offsets(client, keys, TIMEOUT_S)
         missing = [k for k in keys if low[k] is None or high[k] is None]
         if missing:
             (t, p), n = missing[0], len(missing)
