@@ -11,6 +11,7 @@ so one broker can hold several independent systems.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -18,7 +19,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cronwheel import config, kafka_stats
@@ -346,6 +347,14 @@ def _offsets(
     parts = [asked[start : start + chunk] for start in range(0, len(asked), chunk)]
     parts.reverse()  # popped from the end: asked in order
     failed: list[tuple[int, KafkaException]] = []
+    # A client keeps what it learned of a topic in its metadata cache (up to
+    # metadata.max.age.ms, 15 minutes) and answers "unknown" from there,
+    # without asking the broker, for a partition added since or a topic it
+    # was asked about while the topic was being made. Asking the broker for
+    # that topic's metadata replaces the entry, and its partitions are asked
+    # again: once per topic per call, so one that truly does not exist costs
+    # a round trip more.
+    refreshed: set[str] = set()
     while parts:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -359,15 +368,50 @@ def _offsets(
             if len(part) > 1:
                 half = len(part) // 2
                 parts += [part[half:], part[:half]]
+            elif _unknown(exc.args[0] if exc.args else None) and (
+                again := _refresh(client, part, refreshed, deadline)
+            ):
+                parts.append(again)
             else:
                 failed.append((len(part), exc))
             continue
         for tp in answered:
             if tp.error is None and tp.offset >= 0:
                 got[(tp.topic, tp.partition)] = tp.offset
+        unknown = [(tp.topic, tp.partition) for tp in answered if _unknown(tp.error)]
+        if again := _refresh(client, unknown, refreshed, deadline):
+            parts.append(again)
     if failed:
         log.warning("offsets of %d partitions unavailable: %s", len(failed), failed[0][1])
     return got
+
+
+_UNKNOWN = frozenset(
+    (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
+)
+
+
+def _unknown(err) -> bool:
+    """Whether a KafkaError says the topic or partition is not known (to the
+    broker, or to the client's metadata cache)."""
+    return isinstance(err, KafkaError) and err.code() in _UNKNOWN
+
+
+def _refresh(
+    client: Consumer, keys: list[tuple[str, int]], refreshed: set[str], deadline: float
+) -> list[tuple[str, int]]:
+    """Ask the broker for the metadata of the topics of `keys` not asked about
+    yet in this call (`refreshed`), which replaces what the client's cache
+    holds of them; the keys of those topics, to be asked again. A failed
+    metadata ask leaves the offsets ask after it to say what is wrong."""
+    topics = {t for t, _ in keys} - refreshed
+    for topic in sorted(topics):
+        refreshed.add(topic)
+        left = deadline - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(KafkaException):
+                client.list_topics(topic, timeout=left)
+    return [k for k in keys if k[0] in topics]
 
 
 def ensure_topics(

@@ -30,6 +30,9 @@ class _Counting:
         self.calls.append(len(partitions))
         return self.client.offsets_for_times(partitions, **kwargs)
 
+    def list_topics(self, *args, **kwargs):
+        return self.client.list_topics(*args, **kwargs)
+
 
 def _topics_with_records(kafka_bootstrap: str, topic_prefix: str, n: int, tag: str) -> list[str]:
     """n run topics of one partition, the i-th holding i records."""
@@ -134,3 +137,26 @@ def test_end_offsets__a_topic_deleted_since_the_client_learned_it__the_others_st
         (names[3], 0): 3,
     }
     assert client.calls[0] == 4 and len(client.calls) > 1, client.calls  # asked again, split
+
+
+def test_end_offsets__a_partition_added_since_the_client_learned_its_topic__answered(
+    kafka_bootstrap, topic_prefix
+):
+    """A client that learned a topic with one partition keeps that in its
+    metadata cache (up to 15 minutes) and answered "unknown partition" for a
+    partition added since, without asking the broker (a tenant's topics grow
+    online): the topic's metadata is asked again, so the new partition is
+    answered as soon as it exists."""
+    (name,) = _topics_with_records(kafka_bootstrap, topic_prefix, 1, "grown")
+    client = _Counting(_asker(kafka_bootstrap, topic_prefix))
+    assert kafka.end_offsets(client, [(name, 0), (name, 1)]) == {(name, 0): 0, (name, 1): None}
+
+    kafka.grow_topic(
+        name, 2, kafka.admin(kafka_bootstrap, principal="relay")
+    )  # the relay grows them
+    producer = kafka.producer(kafka_bootstrap, principal="relay")
+    for _ in range(2):
+        producer.produce(name, key=b"k", value=b"v", partition=1)
+    assert producer.flush(30) == 0
+    assert kafka.end_offsets(client, [(name, 0), (name, 1)], 10) == {(name, 0): 0, (name, 1): 2}
+    assert kafka.start_offsets(client, [(name, 1)], 10) == {(name, 1): 0}

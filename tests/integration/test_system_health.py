@@ -206,3 +206,28 @@ def test_system__dead_lettered_record_counted_and_shown__lag_from_committed_offs
 def consumer(s: dict, kind: str) -> dict:
     assert "items" in s["consumers"], s["consumers"]
     return next(c for c in s["consumers"]["items"] if c["consumer"] == kind)
+
+
+def test_system__a_run_topic_grown_since_it_was_read__its_new_partitions_counted(
+    api, kafka_bootstrap, topics
+):
+    """The gateway's offsets client learned the run topic with its partitions
+    then; the partitions added since (a tenant's topic grows online) are
+    answered too, not "no offsets" for the quarter hour its metadata cache
+    would have kept the old count."""
+    tid, _ = new_tenant(api, "acme")
+    runs = topics.runs(tid)
+    kafka.ensure_topics([runs], partitions=1, bootstrap=kafka_bootstrap, principal="dispatcher")
+    before = consumer(system(api), "dispatcher")
+    relay = kafka.admin(kafka_bootstrap, principal="relay")  # the relay grows run topics
+    have = len(relay.list_topics(runs, timeout=10).topics[runs].partitions)
+    kafka.grow_topic(runs, have + 2, relay)
+
+    def led() -> bool:
+        parts = relay.list_topics(runs, timeout=10).topics[runs].partitions
+        return len(parts) == have + 2 and all(p.leader >= 0 for p in parts.values())
+
+    wait_for(led, timeout=30, what="the new partitions led")
+    after = consumer(system(api), "dispatcher")
+    assert after["partitions"] == before["partitions"] + 2, after
+    assert after["lag"] == before["lag"]
