@@ -265,12 +265,23 @@ class RenewingAsker:
             self._client = asker(self.bootstrap, principal=self.principal, group=self.group)
         return self._client
 
-    def end_offsets(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+    def end_offsets(
+        self, keys: list[tuple[str, int]], timeout_s: float = 5.0
+    ) -> dict[tuple[str, int], int | None]:
         """end_offsets through this client, or a new one when it answered none."""
-        got = end_offsets(self.client, keys)
+        return self._ask(end_offsets, keys, timeout_s)
+
+    def start_offsets(
+        self, keys: list[tuple[str, int]], timeout_s: float = 5.0
+    ) -> dict[tuple[str, int], int | None]:
+        """start_offsets through this client, or a new one when it answered none."""
+        return self._ask(start_offsets, keys, timeout_s)
+
+    def _ask(self, ask, keys: list[tuple[str, int]], timeout_s: float) -> dict:
+        got = ask(self.client, keys, timeout_s)
         if keys and all(v is None for v in got.values()):
             self._client = None
-            got = end_offsets(self.client, keys)
+            got = ask(self.client, keys, timeout_s)
         return got
 
 

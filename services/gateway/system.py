@@ -96,7 +96,8 @@ class Broker:
     _letters_at: dict = field(default_factory=dict)  # the ends the last read reached
     _letters: list = field(default_factory=list)
     # The client the partitions' offsets are asked through, made when first
-    # asked (as the gateway's principal; its group is joined by nothing).
+    # asked and anew when it answers nothing (as the gateway's principal; its
+    # group is joined by nothing).
     _asker: kafka.RenewingAsker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -138,9 +139,8 @@ class Broker:
         if not tps:
             return {}, {}
         keys = [_where(tp) for tp in tps]
-        client = self._asker.client
-        low = kafka.start_offsets(client, keys, TIMEOUT_S)
-        high = kafka.end_offsets(client, keys, TIMEOUT_S)
+        low = self._asker.start_offsets(keys, TIMEOUT_S)
+        high = self._asker.end_offsets(keys, TIMEOUT_S)
         missing = [k for k in keys if low[k] is None or high[k] is None]
         if missing:
             (t, p), n = missing[0], len(missing)

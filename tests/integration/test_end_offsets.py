@@ -160,3 +160,25 @@ def test_end_offsets__a_partition_added_since_the_client_learned_its_topic__answ
     assert producer.flush(30) == 0
     assert kafka.end_offsets(client, [(name, 0), (name, 1)], 10) == {(name, 0): 0, (name, 1): 2}
     assert kafka.start_offsets(client, [(name, 1)], 10) == {(name, 1): 0}
+
+
+@pytest.mark.parametrize("ask", ["end_offsets", "start_offsets"])
+def test_renewing_asker__its_client_answers_nothing__a_new_one_asked(
+    kafka_bootstrap, topic_prefix, ask
+):
+    """A client left stuck (here one whose broker address answers nothing)
+    answers None for every partition: the renewing asker makes a new client
+    and asks again, for the gateway's figures as for the fetch watch."""
+    names = _topics_with_records(kafka_bootstrap, topic_prefix, 2, f"renew{ask[0]}")
+    group = f"{topic_prefix}.dispatcher.ask"
+    asker = kafka.RenewingAsker(kafka_bootstrap, principal="dispatcher", group=group)
+    stuck = kafka.asker("127.0.0.1:1", principal="dispatcher", group=group)
+    asker._client = stuck
+    keys = [(name, 0) for name in names]
+    want = (
+        {(name, 0): i for i, name in enumerate(names)}
+        if ask == "end_offsets"
+        else {(name, 0): 0 for name in names}
+    )
+    assert getattr(asker, ask)(keys, 2) == want
+    assert asker.client is not stuck
