@@ -408,6 +408,12 @@ def _unknown(err) -> bool:
     return isinstance(err, KafkaError) and err.code() in _UNKNOWN
 
 
+# Past this many topics to refresh at once, one request for every topic's
+# metadata replaces them all in the cache, rather than a round trip each
+# (each taken from the call's deadline).
+REFRESH_EACH_UP_TO = 8
+
+
 def _refresh(
     client: Consumer, keys: list[tuple[str, int]], refreshed: set[str], deadline: float
 ) -> list[tuple[str, int]]:
@@ -416,8 +422,9 @@ def _refresh(
     holds of them; the keys of those topics, to be asked again. A failed
     metadata ask leaves the offsets ask after it to say what is wrong."""
     topics = {t for t, _ in keys} - refreshed
-    for topic in sorted(topics):
-        refreshed.add(topic)
+    refreshed |= topics
+    asks = [None] if len(topics) > REFRESH_EACH_UP_TO else sorted(topics)
+    for topic in asks:
         left = deadline - time.monotonic()
         if left > 0:
             with contextlib.suppress(KafkaException):

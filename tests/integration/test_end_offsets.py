@@ -139,27 +139,35 @@ def test_end_offsets__a_topic_deleted_since_the_client_learned_it__the_others_st
     assert client.calls[0] == 4 and len(client.calls) > 1, client.calls  # asked again, split
 
 
+@pytest.mark.parametrize("grown", [1, kafka.REFRESH_EACH_UP_TO + 2])
 def test_end_offsets__a_partition_added_since_the_client_learned_its_topic__answered(
-    kafka_bootstrap, topic_prefix
+    kafka_bootstrap, topic_prefix, grown
 ):
     """A client that learned a topic with one partition keeps that in its
     metadata cache (up to 15 minutes) and answered "unknown partition" for a
     partition added since, without asking the broker (a tenant's topics grow
-    online): the topic's metadata is asked again, so the new partition is
-    answered as soon as it exists."""
-    (name,) = _topics_with_records(kafka_bootstrap, topic_prefix, 1, "grown")
+    online): the topics' metadata is asked again (one topic at a time, or all
+    at once past REFRESH_EACH_UP_TO), so the new partitions are answered as
+    soon as they exist."""
+    names = _topics_with_records(kafka_bootstrap, topic_prefix, grown, f"grown{grown}x")
     client = _Counting(_asker(kafka_bootstrap, topic_prefix))
-    assert kafka.end_offsets(client, [(name, 0), (name, 1)]) == {(name, 0): 0, (name, 1): None}
+    keys = [(name, p) for name in names for p in (0, 1)]
+    assert kafka.end_offsets(client, keys) == {
+        (name, p): (i if p == 0 else None) for i, name in enumerate(names) for p in (0, 1)
+    }
 
-    kafka.grow_topic(
-        name, 2, kafka.admin(kafka_bootstrap, principal="relay")
-    )  # the relay grows them
+    relay = kafka.admin(kafka_bootstrap, principal="relay")  # the relay grows run topics
+    for name in names:
+        kafka.grow_topic(name, 2, relay)
     producer = kafka.producer(kafka_bootstrap, principal="relay")
-    for _ in range(2):
-        producer.produce(name, key=b"k", value=b"v", partition=1)
+    for name in names:
+        for _ in range(2):
+            producer.produce(name, key=b"k", value=b"v", partition=1)
     assert producer.flush(30) == 0
-    assert kafka.end_offsets(client, [(name, 0), (name, 1)], 10) == {(name, 0): 0, (name, 1): 2}
-    assert kafka.start_offsets(client, [(name, 1)], 10) == {(name, 1): 0}
+    assert kafka.end_offsets(client, keys, 10) == {
+        (name, p): (i if p == 0 else 2) for i, name in enumerate(names) for p in (0, 1)
+    }
+    assert kafka.start_offsets(client, keys, 10) == dict.fromkeys(keys, 0)
 
 
 @pytest.mark.parametrize("ask", ["end_offsets", "start_offsets"])
