@@ -17,15 +17,20 @@ the store (create_tenant, Jobs.create_many). Once every tenant's run and queue
 topics exist, the first minute boundary has passed (so every tenant's run
 has gone through once: a topic's first record costs its producer and
 consumer more than the next, and that is setup, not idling) and 5 s more,
-`--window` seconds (60: one firing of every job, which all fire at the top
-of the minute; with `--spread`, tenant i's at second i % 60 of every
-minute instead) are measured: the broker's partitions (this prefix's and the whole cluster's),
-its resident memory, and every process's CPU, with what fired meanwhile
+`--window` seconds (180: three firings of every job, which all fire at the
+top of the minute; with `--spread`, tenant i's at second i % 60 of every
+minute instead; one firing's window, 60 s, gave the dispatcher's per-tenant
+ratio anywhere from 1.01x to 1.92x for the same code, docs/dispatcher.md)
+are measured: the broker's partitions (this prefix's and the whole
+cluster's), its resident memory and, after the window, its heap in use
+right after a full collection (`jcmd`: the resident memory is the JVM's
+high mark, so it tells more of the runs before than of the tenants), and
+every process's CPU, with what fired meanwhile
 (~N runs a minute), and the dispatchers' CPU per thread name (librdkafka's
 rdk:main, rdk:broker<N>; Python's threads are all `python`), and the offset
 commits every consumer made, as records written to __consumer_offsets a
 minute (one per partition a commit names), and the minute's herd: each
-tenant's run of the window's top of the minute (with `--spread`, each
+tenant's run of the window's last top of the minute (with `--spread`, each
 tenant's last run before the window ended), due -> the relay's
 produce() (its run-topic record's timestamp) and -> the dispatcher's (its
 queue record's), p50 / p99 / max (the floor under it: `bench_kafka_floor.py
@@ -56,6 +61,7 @@ from pathlib import Path
 import psycopg
 from common import (
     Services,
+    broker_live_heap_mb,
     cpu_seconds,
     create_topics,
     delete_topics,
@@ -121,13 +127,14 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = 
         rows.append(_idle_once(n, window_s, dispatchers, spread))
     base = rows[0]
     say(
-        "tenants | prefix partitions | cluster partitions | broker RSS MB | broker CPU %"
-        " | services CPU % | dispatcher CPU %"
+        "tenants | prefix partitions | cluster partitions | broker RSS MB | broker heap MB"
+        " | broker CPU % | services CPU % | dispatcher CPU %"
     )
     for r in rows:
         say(
             f"{r['tenants']:>7} | {r['partitions']:>17} | {r['cluster_partitions']:>18} |"
-            f" {r['broker_rss_mb']:>13.0f} | {r['broker_cpu']:>12.1f} | {r['services_cpu']:>14.1f}"
+            f" {r['broker_rss_mb']:>13.0f} | {r['broker_heap_mb']:>14.0f} | {r['broker_cpu']:>12.1f}"
+            f" | {r['services_cpu']:>14.1f}"
             f" | {r['dispatcher_cpu']:>16.1f}"
         )
     slopes = []
@@ -138,7 +145,8 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = 
         say(
             f"per extra tenant ({base['tenants']} -> {r['tenants']}):"
             f" {slope['partitions']:.1f} partitions,"
-            f" {1000 * slope['broker_rss_mb']:.0f} KB broker memory,"
+            f" {1000 * slope['broker_rss_mb']:.0f} KB broker memory"
+            f" ({1000 * slope['broker_heap_mb']:.0f} KB of its heap after a full collection),"
             f" {1000 * slope['broker_cpu']:.2f} m% broker CPU,"
             f" {1000 * slope['services_cpu']:.2f} m% services CPU"
             f" ({1000 * slope['dispatcher_cpu']:.2f} m% the dispatcher's)"
@@ -155,7 +163,14 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = 
         )
 
 
-FIGURES = ("partitions", "broker_rss_mb", "broker_cpu", "services_cpu", "dispatcher_cpu")
+FIGURES = (
+    "partitions",
+    "broker_rss_mb",
+    "broker_heap_mb",
+    "broker_cpu",
+    "services_cpu",
+    "dispatcher_cpu",
+)
 
 
 SERVICES = ("timer", "relay", "dispatcher", "workflow", "webhook", "executor")
@@ -261,11 +276,13 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: 
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_thread.items()) if v >= 0.05)
         )
         rss = _rss_mb(broker) if broker else 0.0
+        heap = (broker_live_heap_mb(broker) if broker else None) or 0.0
         row = {
             "tenants": n,
             "partitions": partitions,
             "cluster_partitions": cluster,
             "broker_rss_mb": rss,
+            "broker_heap_mb": heap,
             "broker_cpu": 100 * (b1 - b0) / window_s,
             "services_cpu": sum(used.values()),
             "dispatcher_cpu": sum(
@@ -274,6 +291,7 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: 
         }
         say(
             f"partitions {partitions} (cluster {cluster}), broker RSS {rss:.0f} MB,"
+            f" its heap after a full collection {heap:.0f} MB,"
             f" broker CPU {row['broker_cpu']:.1f}%, services CPU {row['services_cpu']:.1f}%,"
             f" offset commits {60 * commits / window_s:.0f} a minute"
         )
@@ -440,7 +458,7 @@ def main() -> None:
     ap.add_argument("--pace-ms", type=int, default=500)
     ap.add_argument("--due-ms", type=int, default=3000)
     ap.add_argument("--idle", help="tenant counts, comma-separated: the idle-cost case")
-    ap.add_argument("--window", type=int, default=60, help="seconds measured (--idle)")
+    ap.add_argument("--window", type=int, default=180, help="seconds measured (--idle)")
     ap.add_argument("--dispatchers", type=int, default=1, help="dispatcher instances (--idle)")
     ap.add_argument(
         "--spread", action="store_true", help="--idle: jobs at a second each, not all at :00"

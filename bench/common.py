@@ -17,6 +17,7 @@ import gc
 import hashlib
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -156,6 +157,23 @@ def local_ports(pid: int) -> set[int]:
                 if f[9] in inodes:
                     ports.add(int(f[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def broker_live_heap_mb(pid: int) -> float | None:
+    """The broker's heap in use right after a full collection (`jcmd GC.run`,
+    then `GC.heap_info`): what its data and state hold. Its resident memory
+    is the JVM's high mark, grown towards -Xmx and never given back, so it
+    says more about the runs before than about what the broker holds now.
+    None where jcmd cannot attach (another user's JVM, no JDK)."""
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60, check=True)
+        out = subprocess.run(
+            ["jcmd", str(pid), "GC.heap_info"], capture_output=True, timeout=60, check=True
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = re.search(r"heap\s+total \d+K, used (\d+)K", out)
+    return int(used.group(1)) / 1024 if used else None
 
 
 def kafka_broker_pid() -> int | None:
