@@ -133,20 +133,23 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = 
     for r in rows:
         say(
             f"{r['tenants']:>7} | {r['partitions']:>17} | {r['cluster_partitions']:>18} |"
-            f" {r['broker_rss_mb']:>13.0f} | {r['broker_heap_mb']:>14.0f} | {r['broker_cpu']:>12.1f}"
+            f" {r['broker_rss_mb']:>13.0f} | {_mb(r['broker_heap_mb']):>14} | {r['broker_cpu']:>12.1f}"
             f" | {r['services_cpu']:>14.1f}"
             f" | {r['dispatcher_cpu']:>16.1f}"
         )
     slopes = []
     for r in rows[1:]:
         extra = r["tenants"] - base["tenants"]
-        slope = {k: (r[k] - base[k]) / extra for k in FIGURES}
+        slope = {
+            k: None if r[k] is None or base[k] is None else (r[k] - base[k]) / extra
+            for k in FIGURES
+        }
         slopes.append((r["tenants"], slope))
         say(
             f"per extra tenant ({base['tenants']} -> {r['tenants']}):"
             f" {slope['partitions']:.1f} partitions,"
             f" {1000 * slope['broker_rss_mb']:.0f} KB broker memory"
-            f" ({1000 * slope['broker_heap_mb']:.0f} KB of its heap after a full collection),"
+            f" ({_mb(slope['broker_heap_mb'], 1000)} KB of its heap after a full collection),"
             f" {1000 * slope['broker_cpu']:.2f} m% broker CPU,"
             f" {1000 * slope['services_cpu']:.2f} m% services CPU"
             f" ({1000 * slope['dispatcher_cpu']:.2f} m% the dispatcher's)"
@@ -158,7 +161,8 @@ def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = 
         say(
             f"per-tenant cost at {last_n} over that at {first_n}: "
             + ", ".join(
-                f"{k} {last[k] / first[k]:.2f}" if first[k] else f"{k} n/a" for k in FIGURES
+                f"{k} {last[k] / first[k]:.2f}" if first[k] and last[k] is not None else f"{k} n/a"
+                for k in FIGURES
             )
         )
 
@@ -236,6 +240,10 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: 
                 break
             time.sleep(1)  # a poll of the broker's topic list, bounded above
         say(f"{n} tenants and their {len(wanted)} topics ready in {time.monotonic() - t0:.0f} s")
+        # Every step's broker starts from a full collection (the heap measured
+        # after the window forces one), so its resident memory is comparable.
+        if broker := kafka_broker_pid():
+            broker_live_heap_mb(broker)
         # Settling: past the next minute boundary, when every job fires once
         # (first produce and fetch of each topic), and 5 s more.
         time.sleep(60 - time.time() % 60 + 5)
@@ -276,7 +284,7 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: 
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_thread.items()) if v >= 0.05)
         )
         rss = _rss_mb(broker) if broker else 0.0
-        heap = (broker_live_heap_mb(broker) if broker else None) or 0.0
+        heap = broker_live_heap_mb(broker) if broker else None
         row = {
             "tenants": n,
             "partitions": partitions,
@@ -291,7 +299,7 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: 
         }
         say(
             f"partitions {partitions} (cluster {cluster}), broker RSS {rss:.0f} MB,"
-            f" its heap after a full collection {heap:.0f} MB,"
+            f" its heap after a full collection {_mb(heap)} MB,"
             f" broker CPU {row['broker_cpu']:.1f}%, services CPU {row['services_cpu']:.1f}%,"
             f" offset commits {60 * commits / window_s:.0f} a minute"
         )
@@ -405,6 +413,11 @@ def restart(n: int) -> None:
     finally:
         if mine := prefix_topics(prefix):
             delete_topics(mine)
+
+
+def _mb(value: float | None, scale: float = 1.0) -> str:
+    """A memory figure, or n/a where the broker's heap could not be read."""
+    return "n/a" if value is None else f"{scale * value:.0f}"
 
 
 def _rss_mb(pid: int) -> float:

@@ -359,12 +359,14 @@ def _offsets(
     parts.reverse()  # popped from the end: asked in order
     failed: list[tuple[int, KafkaException]] = []
     # A client keeps what it learned of a topic in its metadata cache (up to
-    # metadata.max.age.ms, 15 minutes) and answers "unknown" from there,
-    # without asking the broker, for a partition added since or a topic it
-    # was asked about while the topic was being made. Asking the broker for
-    # that topic's metadata replaces the entry, and its partitions are asked
-    # again: once per topic per call, so one that truly does not exist costs
-    # a round trip more.
+    # metadata.max.age.ms, 15 minutes) and answers from there, without asking
+    # the broker: "unknown" for a partition added since or a topic it was
+    # asked about while the topic was being made, "leader not available" for
+    # a partition it learned before its leader was elected. Asking the broker
+    # for the topic's metadata replaces the entry, and its partitions are
+    # asked again: once per topic per call, so one that truly does not exist
+    # costs a metadata request more. A request that fails whole so is asked
+    # again whole after the refresh, before it is split.
     refreshed: set[str] = set()
     while parts:
         left = deadline - time.monotonic()
@@ -376,36 +378,42 @@ def _offsets(
                 [TopicPartition(t, p, spec) for t, p in part], timeout=left
             )
         except KafkaException as exc:
-            if len(part) > 1:
+            if _stale(exc.args[0] if exc.args else None) and _refresh(
+                client, part, refreshed, deadline
+            ):
+                parts.append(part)
+            elif len(part) > 1:
                 half = len(part) // 2
                 parts += [part[half:], part[:half]]
-            elif _unknown(exc.args[0] if exc.args else None) and (
-                again := _refresh(client, part, refreshed, deadline)
-            ):
-                parts.append(again)
             else:
                 failed.append((len(part), exc))
             continue
         for tp in answered:
             if tp.error is None and tp.offset >= 0:
                 got[(tp.topic, tp.partition)] = tp.offset
-        unknown = [(tp.topic, tp.partition) for tp in answered if _unknown(tp.error)]
-        if again := _refresh(client, unknown, refreshed, deadline):
+        stale = [(tp.topic, tp.partition) for tp in answered if _stale(tp.error)]
+        if again := _refresh(client, stale, refreshed, deadline):
             parts.append(again)
     if failed:
         log.warning("offsets of %d partitions unavailable: %s", len(failed), failed[0][1])
     return got
 
 
-_UNKNOWN = frozenset(
-    (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
+# What a client's metadata cache may answer for a topic that changed since it
+# was learned (above).
+_STALE = frozenset(
+    (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    )
 )
 
 
-def _unknown(err) -> bool:
-    """Whether a KafkaError says the topic or partition is not known (to the
-    broker, or to the client's metadata cache)."""
-    return isinstance(err, KafkaError) and err.code() in _UNKNOWN
+def _stale(err) -> bool:
+    """Whether a KafkaError is one a stale metadata cache gives."""
+    return isinstance(err, KafkaError) and err.code() in _STALE
 
 
 # Past this many topics to refresh at once, one request for every topic's
@@ -419,8 +427,10 @@ def _refresh(
 ) -> list[tuple[str, int]]:
     """Ask the broker for the metadata of the topics of `keys` not asked about
     yet in this call (`refreshed`), which replaces what the client's cache
-    holds of them; the keys of those topics, to be asked again. A failed
-    metadata ask leaves the offsets ask after it to say what is wrong."""
+    holds of them; the keys of those topics, to be asked again. Every topic
+    an all-topics answer names counts as asked, so a call makes at most one
+    such request. A failed metadata ask leaves the offsets ask after it to
+    say what is wrong."""
     topics = {t for t, _ in keys} - refreshed
     refreshed |= topics
     asks = [None] if len(topics) > REFRESH_EACH_UP_TO else sorted(topics)
@@ -428,7 +438,9 @@ def _refresh(
         left = deadline - time.monotonic()
         if left > 0:
             with contextlib.suppress(KafkaException):
-                client.list_topics(topic, timeout=left)
+                answer = client.list_topics(topic, timeout=left)
+                if topic is None:
+                    refreshed |= set(answer.topics)
     return [k for k in keys if k[0] in topics]
 
 

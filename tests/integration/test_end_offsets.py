@@ -25,13 +25,15 @@ class _Counting:
     def __init__(self, client):
         self.client = client
         self.calls: list[int] = []
+        self.metadata: list[str | None] = []  # the topic each metadata ask named
 
     def offsets_for_times(self, partitions, **kwargs):
         self.calls.append(len(partitions))
         return self.client.offsets_for_times(partitions, **kwargs)
 
-    def list_topics(self, *args, **kwargs):
-        return self.client.list_topics(*args, **kwargs)
+    def list_topics(self, topic=None, **kwargs):
+        self.metadata.append(topic)
+        return self.client.list_topics(topic, **kwargs)
 
 
 def _topics_with_records(kafka_bootstrap: str, topic_prefix: str, n: int, tag: str) -> list[str]:
@@ -146,28 +148,53 @@ def test_end_offsets__a_partition_added_since_the_client_learned_its_topic__answ
     """A client that learned a topic with one partition keeps that in its
     metadata cache (up to 15 minutes) and answered "unknown partition" for a
     partition added since, without asking the broker (a tenant's topics grow
-    online): the topics' metadata is asked again (one topic at a time, or all
-    at once past REFRESH_EACH_UP_TO), so the new partitions are answered as
-    soon as they exist."""
+    online): the topics' metadata is asked again (a request a topic, or one
+    for every topic past REFRESH_EACH_UP_TO), so the new partitions are
+    answered as soon as they exist. Asked beside partitions it knows, the
+    new one is answered unknown alone; asked alone, the request fails whole."""
     names = _topics_with_records(kafka_bootstrap, topic_prefix, grown, f"grown{grown}x")
-    client = _Counting(_asker(kafka_bootstrap, topic_prefix))
+    beside = _Counting(_asker(kafka_bootstrap, topic_prefix))
+    alone = _Counting(_asker(kafka_bootstrap, topic_prefix))
     keys = [(name, p) for name in names for p in (0, 1)]
-    assert kafka.end_offsets(client, keys) == {
+    new = [(name, 1) for name in names]
+    assert kafka.end_offsets(beside, keys) == {
+        (name, p): (i if p == 0 else None) for i, name in enumerate(names) for p in (0, 1)
+    }
+    assert kafka.end_offsets(alone, [(name, 0) for name in names] + new) == {
         (name, p): (i if p == 0 else None) for i, name in enumerate(names) for p in (0, 1)
     }
 
     relay = kafka.admin(kafka_bootstrap, principal="relay")  # the relay grows run topics
     for name in names:
         kafka.grow_topic(name, 2, relay)
+
+    def led() -> bool:
+        meta = relay.list_topics(timeout=10).topics
+        return all(
+            len(meta[n].partitions) == 2 and all(p.leader >= 0 for p in meta[n].partitions.values())
+            for n in names
+        )
+
+    wait_for(led, timeout=30, what="the new partitions led")
     producer = kafka.producer(kafka_bootstrap, principal="relay")
+    errors: list = []
     for name in names:
         for _ in range(2):
-            producer.produce(name, key=b"k", value=b"v", partition=1)
-    assert producer.flush(30) == 0
-    assert kafka.end_offsets(client, keys, 10) == {
+            producer.produce(
+                name, key=b"k", value=b"v", partition=1,
+                on_delivery=lambda e, _m: e and errors.append(e),
+            )  # fmt: skip
+    assert producer.flush(30) == 0 and errors == [], errors
+
+    beside.metadata.clear()
+    assert kafka.end_offsets(beside, keys, 10) == {
         (name, p): (i if p == 0 else 2) for i, name in enumerate(names) for p in (0, 1)
     }
-    assert kafka.start_offsets(client, keys, 10) == dict.fromkeys(keys, 0)
+    assert kafka.start_offsets(beside, keys, 10) == dict.fromkeys(keys, 0)
+    alone.metadata.clear()
+    assert kafka.end_offsets(alone, new, 10) == dict.fromkeys(new, 2)
+    for client in (beside, alone):
+        assert client.metadata == ([None] if grown > kafka.REFRESH_EACH_UP_TO else names)
 
 
 @pytest.mark.parametrize("ask", ["end_offsets", "start_offsets"])
@@ -188,5 +215,5 @@ def test_renewing_asker__its_client_answers_nothing__a_new_one_asked(
         if ask == "end_offsets"
         else {(name, 0): 0 for name in names}
     )
-    assert getattr(asker, ask)(keys, 2) == want
+    assert getattr(asker, ask)(keys, 5) == want
     assert asker.client is not stuck
