@@ -45,6 +45,8 @@ from common import (
     JobBatch,
     Reader,
     Services,
+    broker_pause_share,
+    broker_pauses,
     bulk_jobs,
     check_like_create,
     create_tenants,
@@ -163,11 +165,12 @@ def pin(services: Services):
     )
 
 
-def worst_seconds(arrivals: list, start: int, n: int = 3) -> str:
+def worst_seconds(arrivals: list, start: int, pauses: list | None, n: int = 3) -> str:
     """The `n` seconds of the window with the latest p99, each with its p50 and
-    p99 lateness and its last produce() (from its instant): whether a p99 is
-    one bad second (aligned: one herd in 30 is 3% of the records) or spread
-    over the window, and when, to set beside other logs (the broker's GC)."""
+    p99 lateness, its last produce() (from its instant) and the broker's
+    collector pauses that began in it: whether a p99 is one bad second
+    (aligned: one herd in 30 is 3% of the records) or spread over the window,
+    and whether the broker had stopped then."""
     seconds: dict[int, list] = {}
     for a in arrivals:
         seconds.setdefault((a.scheduled_ms - start) // 1000, []).append(a)
@@ -177,9 +180,17 @@ def worst_seconds(arrivals: list, start: int, n: int = 3) -> str:
         produced = max(a.produced_ms - a.scheduled_ms for a in group)
         rows.append((percentile(late, 99), percentile(late, 50), produced, second))
     rows.sort(reverse=True)
+
+    def paused(second: int) -> str:
+        if pauses is None:
+            return ""
+        at = start + 1000 * second
+        inside = [f"{length:.0f}" for begin, length in pauses if at <= begin < at + 1000]
+        return f", broker paused {' + '.join(inside)} ms" if inside else ", broker not paused"
+
     return "; ".join(
         f"+{second} s ({time_of_day(start + 1000 * second)})"
-        f" p50 {p50:.0f} p99 {p99:.0f} ms, last produce() {produced} ms"
+        f" p50 {p50:.0f} p99 {p99:.0f} ms, last produce() {produced} ms{paused(second)}"
         for p99, p50, produced, second in rows[:n]
     )
 
@@ -238,6 +249,7 @@ def case(
                     time.sleep(0.05)
                 duplicates = reader.duplicates
                 collections = reader.gc_pauses.describe(since_ms=start)
+                pauses = broker_pauses(start, end)
         finally:
             delete_topics(names + idle_names)
     # An instant whose record never became readable counts as infinitely late.
@@ -261,7 +273,12 @@ def case(
     say(f"{label}:   of which created_at -> readable (txn, relay, Kafka): {describe(rest)}")
     say(f"{label}:   scheduled_at -> the relay's produce():                {describe(to_produce)}")
     say(f"{label}:   the relay's produce() -> readable (Kafka):           {describe(to_read)}")
-    say(f"{label}:   the window's worst seconds: {worst_seconds(arrivals, start)}")
+    say(f"{label}:   the window's worst seconds: {worst_seconds(arrivals, start, pauses)}")
+    in_flight = [(a.received_ms - a.scheduled_ms, a.produced_ms, a.received_ms) for a in arrivals]
+    say(
+        f"{label}:   the broker's collector over the window:"
+        f" {broker_pause_share(in_flight, pauses, WINDOW_MS)}"
+    )
     say(f"{label}:   the reader's process's garbage collections: {collections}")
     say(f"{label}:   CPU share of one core over the window: {cpu}")
     say(f"{label}: machine after: {machine_load()}")

@@ -74,6 +74,8 @@ import time
 import uuid
 
 from common import (
+    broker_pause_share,
+    broker_pauses,
     cpu_seconds,
     create_topics,
     delete_topics,
@@ -275,6 +277,13 @@ def case(
         f"{label}: {len(late):,} of ~{expected:,} records in the {window_s} s window;"
         f" produce() -> readable {describe(late)}"
     )
+    if hops == 1:
+        in_flight = [(read - sent, sent, read) for sent, read, _ts in seen if lo <= sent < hi]
+        pauses = broker_pauses(lo, hi)
+        say(
+            f"{label}:   the broker's collector over the window:"
+            f" {broker_pause_share(in_flight, pauses, hi - lo)}"
+        )
     if hops == 2:
         forwarded = [ts - sent for sent, _read, ts in seen if lo <= sent < hi]
         say(f"{label}:   -> the forwarder's produce() {describe(forwarded)}")

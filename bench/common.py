@@ -12,6 +12,7 @@ timings.
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import gc
 import hashlib
@@ -172,8 +173,55 @@ def broker_live_heap_mb(pid: int) -> float | None:
         ).stdout.decode()
     except (OSError, subprocess.SubprocessError):
         return None
-    used = re.search(r"heap\s+total \d+K, used (\d+)K", out)
-    return int(used.group(1)) / 1024 if used else None
+    # G1: " garbage-first heap   total 495616K, used 183105K [...]";
+    # ZGC: " ZHeap           used 242M, capacity 2048M, max capacity 2048M".
+    used = re.search(r"(?:heap\s+total \d+K,|ZHeap\s+) used (\d+)([KMG])", out)
+    if not used:
+        return None
+    return int(used.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024}[used.group(2)]
+
+
+def broker_pauses(since_ms: float, until_ms: float) -> list[tuple[float, float]] | None:
+    """The local stack's broker's stop-the-world collections that overlap
+    [since_ms, until_ms), each (start ms, length ms); None where it left no
+    collector log (a broker the stack did not start)."""
+    from cronwheel.stack.kafka import LocalKafka
+
+    return LocalKafka(config.project_home()).gc_pauses(since_ms, until_ms)
+
+
+def in_a_pause(pauses: list[tuple[float, float]], sent_ms: float, read_ms: float) -> bool:
+    """Whether the broker paused while a record was between its produce() and
+    its read (`pauses` sorted by start; they do not overlap, so the last to
+    start before the read is the last to end)."""
+    i = bisect.bisect_right(pauses, (read_ms, math.inf))
+    return i > 0 and sum(pauses[i - 1]) >= sent_ms
+
+
+def broker_pause_share(
+    in_flight: list[tuple[float, float, float]], pauses: list | None, window_ms: int
+) -> str:
+    """Of the records `in_flight` (each its lateness, its produce() and its
+    read, in ms), how many of the slowest 1% and of all were between the two
+    while the broker's collector had the broker stopped: the share of a p99
+    that is the broker's pauses (`pauses` from broker_pauses)."""
+    if pauses is None:
+        return "n/a (no collector log: not the local stack's broker)"
+    if not in_flight:
+        return "n/a (nothing read)"
+    slowest = sorted(in_flight)[-max(1, len(in_flight) // 100) :]
+
+    def share(group: list) -> float:
+        return 100 * sum(in_a_pause(pauses, sent, read) for _l, sent, read in group) / len(group)
+
+    paused_ms = sum(length for _start, length in pauses)
+    return (
+        f"{len(pauses)} stop-the-world pauses, {paused_ms:.0f} ms"
+        f" ({100 * paused_ms / window_ms:.1f}% of the window, longest"
+        f" {max((length for _s, length in pauses), default=0):.0f} ms);"
+        f" in flight during one: {share(slowest):.0f}% of the slowest 1% of records,"
+        f" {share(in_flight):.1f}% of all"
+    )
 
 
 def kafka_broker_pid() -> int | None:

@@ -11,11 +11,14 @@ for measuring the broker under other settings.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 from cronwheel import config, principals
@@ -137,6 +140,7 @@ class LocalKafka:
         self.pidfile = self.root / "kafka.pid"
         self.log = self.root / "kafka.log"
         self.stdout = self.root / "kafka.out"
+        self.gc_log = self.root / "gc.log"
         self.auth_marker = self.root / "auth"
         self.port = config.KAFKA_PORT
         self.controller_port = config.KAFKA_CONTROLLER_PORT
@@ -144,6 +148,23 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return config.LOCAL_KAFKA_BOOTSTRAP
+
+    def gc_pauses(self, since_ms: float, until_ms: float) -> list[tuple[float, float]] | None:
+        """The broker's stop-the-world collections that overlap [since_ms,
+        until_ms), each (start ms, length ms), sorted, from its collector log
+        and the files rotated from it; None where there is none."""
+        files = sorted(self.gc_log.parent.glob(self.gc_log.name + "*"))
+        if not files:
+            return None
+        pauses = set()
+        for path in files:
+            with contextlib.suppress(OSError):
+                for line in path.read_text(errors="replace").splitlines():
+                    if pause := gc_pause(line):
+                        start, length = pause
+                        if start < until_ms and start + length >= since_ms:
+                            pauses.add(pause)
+        return sorted(pauses)
 
     def pid(self) -> int | None:
         pid = read_pid(self.pidfile)
@@ -208,6 +229,7 @@ class LocalKafka:
                 [
                     java,
                     *jvm_options(),
+                    gc_log_option(self.gc_log),
                     "-Djava.awt.headless=true",
                     f"-Dlog4j2.configurationFile={log4j}",
                     "-cp",
@@ -321,6 +343,32 @@ def jvm_options() -> list[str]:
     spaces) replaces the default."""
     raw = (config.load(config.Stack).kafka_jvm_opts or "").split()
     return raw or ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
+
+
+def gc_log_option(path: Path) -> str:
+    """The collector's pauses, one line each with its UTC end and length, in
+    `path` and four rotated files of 10 MB (as Kafka's own start script logs
+    them, `-loggc`): the benchmarks set their slowest seconds beside them
+    (bench/common.py broker_pauses). One line a pause, a few a second under
+    load, so the files hold days."""
+    return f'-Xlog:gc:file="{path}":utctime:filecount=5,filesize=10m'
+
+
+# "[2026-12-06T18:49:58.079+0000] GC(24) Pause Young (Normal) (G1 Evacuation
+# Pause) 1397M->175M(2048M) 29.230ms": stamped at the pause's end. A concurrent
+# collector's pauses (ZGC's) are not logged at this level: they are under a
+# millisecond.
+_PAUSE = re.compile(r"^\[([0-9T:.+-]+)\] GC\(\d+\) Pause .* ([0-9.]+)ms$")
+
+
+def gc_pause(line: str) -> tuple[float, float] | None:
+    """A collector log line's pause as (start ms since the epoch, length ms),
+    or None for any other line."""
+    if not (m := _PAUSE.match(line)):
+        return None
+    end = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp() * 1000
+    length = float(m.group(2))
+    return end - length, length
 
 
 def _more_open_files() -> None:
