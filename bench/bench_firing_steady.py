@@ -63,6 +63,7 @@ from common import (
     percentile,
     pinned,
     postgres_pids,
+    prefix_topics,
     say,
     time_of_day,
     vacuum_analyze,
@@ -251,7 +252,8 @@ def case(
                 collections = reader.gc_pauses.describe(since_ms=start)
                 pauses = broker_pauses(start, end)
         finally:
-            delete_topics(names + idle_names)
+            # The prefix's every topic: the relay made its wake topic too.
+            delete_topics(sorted(set(names + idle_names + prefix_topics(prefix))))
     # An instant whose record never became readable counts as infinitely late.
     missing = [float("inf")] * (expected - len(arrivals))
     late = [a.received_ms - a.scheduled_ms for a in arrivals] + missing
