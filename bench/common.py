@@ -183,11 +183,14 @@ def broker_live_heap_mb(pid: int) -> float | None:
 
 def broker_pauses(since_ms: float, until_ms: float) -> list[tuple[float, float]] | None:
     """The local stack's broker's stop-the-world collections that overlap
-    [since_ms, until_ms), each (start ms, length ms); None where it left no
-    collector log (a broker the stack did not start)."""
+    [since_ms, until_ms), each (start ms, length ms); None where the benchmark
+    talks to another broker (KAFKA_BOOTSTRAP), or the stack's left no log."""
     from cronwheel.stack.kafka import LocalKafka
 
-    return LocalKafka(config.project_home()).gc_pauses(since_ms, until_ms)
+    broker = LocalKafka(config.project_home())
+    if config.kafka_bootstrap() != broker.bootstrap or not broker.running():
+        return None
+    return broker.gc_pauses(since_ms, until_ms)
 
 
 def in_a_pause(pauses: list[tuple[float, float]], sent_ms: float, read_ms: float) -> bool:
