@@ -250,7 +250,7 @@ def case(
                     time.sleep(0.05)
                 duplicates = reader.duplicates
                 collections = reader.gc_pauses.describe(since_ms=start)
-                pauses = broker_pauses(start, end)
+                pauses = broker_pauses(start, end)  # for the worst seconds, all in the window
         finally:
             # The prefix's every topic: the relay made its wake topic too.
             delete_topics(sorted(set(names + idle_names + prefix_topics(prefix))))
@@ -279,7 +279,7 @@ def case(
     in_flight = [(a.received_ms - a.scheduled_ms, a.produced_ms, a.received_ms) for a in arrivals]
     say(
         f"{label}:   the broker's collector over the window:"
-        f" {broker_pause_share(in_flight, pauses, WINDOW_MS)}"
+        f" {broker_pause_share(in_flight, start, end)}"
     )
     say(f"{label}:   the reader's process's garbage collections: {collections}")
     say(f"{label}:   CPU share of one core over the window: {cpu}")

@@ -75,7 +75,6 @@ import uuid
 
 from common import (
     broker_pause_share,
-    broker_pauses,
     cpu_seconds,
     create_topics,
     delete_topics,
@@ -279,10 +278,9 @@ def case(
     )
     if hops == 1:
         in_flight = [(read - sent, sent, read) for sent, read, _ts in seen if lo <= sent < hi]
-        pauses = broker_pauses(lo, hi)
         say(
             f"{label}:   the broker's collector over the window:"
-            f" {broker_pause_share(in_flight, pauses, hi - lo)}"
+            f" {broker_pause_share(in_flight, lo, hi)}"
         )
     if hops == 2:
         forwarded = [ts - sent for sent, _read, ts in seen if lo <= sent < hi]

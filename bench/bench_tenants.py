@@ -10,7 +10,7 @@ dispatcher's produce()) minus its scheduled instant; the same for the run
 topic's record (the relay's produce()). Printed: p50 / p99 / max of both, and
 how many records arrived. `--beside N` first registers N tenants with a queue
 job every minute each (at second i % 60: 50 runs a second at 3,000), waits
-until their topics exist and a minute boundary has passed, then creates the
+until their topics exist and each has fired once, then creates the
 new tenants among them, and prints the runs of the N over the same seconds
 beside the first runs: a new tenant on a platform that already holds
 thousands, against the steady lateness of that platform.
@@ -96,7 +96,7 @@ from cronwheel.store.jobs import Jobs, create_tenant
 def first_run(tenants: int, pace_ms: int, due_ms: int, beside: int = 0) -> None:
     """`beside`: that many tenants registered first, each with a queue job
     every minute at its own second (i % 60: 50 runs a second at 3,000), their
-    topics made and a minute boundary passed (each has fired once), so the
+    topics made and each fired once, so the
     new tenants arrive on a platform that already holds them; their runs of
     the same minute are the steady p99 the first runs are set against."""
     header(
@@ -114,9 +114,9 @@ def first_run(tenants: int, pace_ms: int, due_ms: int, beside: int = 0) -> None:
             fresh_database() as url,
             Services(url, prefix, ("timer", "relay", "dispatcher")) as svc,
         ):
-            old = _minutely_tenants(url, topics, svc, beside, spread=True) if beside else []
+            old, made_s = _minutely_tenants(url, topics, svc, beside, True) if beside else ([], 0)
             if old:
-                time.sleep(60 - time.time() % 60 + 5)  # every one has fired once
+                time.sleep(_fired_once_by(made_s, True) - time.time())
             say(f"load before: {machine_load()}")
             jobs = Jobs(topics)
             started_s = time.time()
@@ -253,10 +253,22 @@ def _last_firing(i: int, spread: bool, before_s: int) -> int:
     return ((before_s - 1 - second) // 60 * 60 + second) * 1000
 
 
-def _minutely_tenants(url: str, topics: Topics, svc: Services, n: int, spread: bool) -> list:
+def _fired_once_by(made_s: float, spread: bool) -> float:
+    """When every job made by `made_s` has fired once, and 5 s more: at the
+    top of the minute, the first minute boundary from now (their topics
+    exist by now); at a second each, a whole minute after the last was made
+    (one made at :58 whose second is :57 fires 59 s later)."""
+    now = time.time()
+    return max(now, made_s + 60) + 5 if spread else now + 60 - now % 60 + 5
+
+
+def _minutely_tenants(
+    url: str, topics: Topics, svc: Services, n: int, spread: bool
+) -> tuple[list, float]:
     """`n` tenants with a queue job every minute each (at its top, or with
-    `spread` at second i % 60), made through the store; returned once the
-    platform has made every one's run and queue topics."""
+    `spread` at second i % 60), made through the store; returned, with the
+    time the last job was made, once the platform has made every one's run
+    and queue topics."""
     jobs = Jobs(topics)
     t0 = time.monotonic()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -269,6 +281,7 @@ def _minutely_tenants(url: str, topics: Topics, svc: Services, n: int, spread: b
             }
             with conn.transaction():
                 jobs.create_many(conn, t, [body], now_ms())
+    made_s = time.time()
     wanted = {topics.runs(t["tenant_id"]) for t in tenants}
     wanted |= {topics.queue(t["tenant_id"], "q") for t in tenants}
     admin = kafka.admin(principal="observer")  # sees every topic of the prefix
@@ -282,7 +295,7 @@ def _minutely_tenants(url: str, topics: Topics, svc: Services, n: int, spread: b
             break
         time.sleep(1)  # a poll of the broker's topic list, bounded above
     say(f"{n} tenants and their {len(wanted)} topics ready in {time.monotonic() - t0:.0f} s")
-    return tenants
+    return tenants, made_s
 
 
 def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: bool) -> dict:
@@ -291,15 +304,15 @@ def _measure_idle(prefix: str, n: int, window_s: int, dispatchers: int, spread: 
         fresh_database() as url,
         Services(url, prefix, SERVICES + ("dispatcher",) * (dispatchers - 1)) as svc,
     ):
-        tenants = _minutely_tenants(url, topics, svc, n, spread)
+        tenants, made_s = _minutely_tenants(url, topics, svc, n, spread)
         admin = kafka.admin(principal="observer")  # sees every topic of the prefix
         # Every step's broker starts from a full collection (the heap measured
         # after the window forces one), so its resident memory is comparable.
         if broker := kafka_broker_pid():
             broker_live_heap_mb(broker)
-        # Settling: past the next minute boundary, when every job fires once
-        # (first produce and fetch of each topic), and 5 s more.
-        time.sleep(60 - time.time() % 60 + 5)
+        # Settling: every job has fired once (first produce and fetch of each
+        # topic), and 5 s more.
+        time.sleep(_fired_once_by(made_s, spread) - time.time())
         meta = admin.list_topics(timeout=30).topics
         partitions = sum(len(t.partitions) for name, t in meta.items() if name.startswith(prefix))
         # The whole broker's partitions, other prefixes' and internal topics

@@ -201,27 +201,27 @@ def in_a_pause(pauses: list[tuple[float, float]], sent_ms: float, read_ms: float
     return i > 0 and sum(pauses[i - 1]) >= sent_ms
 
 
-def broker_pause_share(
-    in_flight: list[tuple[float, float, float]], pauses: list | None, window_ms: int
-) -> str:
+def broker_pause_share(in_flight: list[tuple[float, float, float]], lo: float, hi: float) -> str:
     """Of the records `in_flight` (each its lateness, its produce() and its
-    read, in ms), how many of the slowest 1% and of all were between the two
-    while the broker's collector had the broker stopped: the share of a p99
-    that is the broker's pauses (`pauses` from broker_pauses)."""
-    if pauses is None:
-        return "n/a (no collector log: not the local stack's broker)"
+    read, in ms; produced in the window [lo, hi)), how many of the slowest 1%
+    and of all were between the two while the broker's collector had the
+    broker stopped: the share of a p99 that is the broker's pauses. The
+    pauses are read up to the last read, which may be after the window."""
     if not in_flight:
         return "n/a (nothing read)"
+    pauses = broker_pauses(lo, max(read for _l, _sent, read in in_flight))
+    if pauses is None:
+        return "n/a (no collector log: not the local stack's broker)"
     slowest = sorted(in_flight)[-max(1, len(in_flight) // 100) :]
 
     def share(group: list) -> float:
         return 100 * sum(in_a_pause(pauses, sent, read) for _l, sent, read in group) / len(group)
 
-    paused_ms = sum(length for _start, length in pauses)
+    inside = [min(s + n, hi) - max(s, lo) for s, n in pauses if s < hi and s + n > lo]
     return (
-        f"{len(pauses)} stop-the-world pauses, {paused_ms:.0f} ms"
-        f" ({100 * paused_ms / window_ms:.1f}% of the window, longest"
-        f" {max((length for _s, length in pauses), default=0):.0f} ms);"
+        f"{len(inside)} stop-the-world pauses in the window, {sum(inside):.0f} ms"
+        f" ({100 * sum(inside) / (hi - lo):.1f}% of it, longest"
+        f" {max(inside, default=0):.0f} ms);"
         f" in flight during one: {share(slowest):.0f}% of the slowest 1% of records,"
         f" {share(in_flight):.1f}% of all"
     )

@@ -151,7 +151,7 @@ class LocalKafka:
 
     def gc_pauses(self, since_ms: float, until_ms: float) -> list[tuple[float, float]] | None:
         """The broker's stop-the-world collections that overlap [since_ms,
-        until_ms), each (start ms, length ms), sorted, from its collector log
+        until_ms], each (start ms, length ms), sorted, from its collector log
         and the files rotated from it; None where there is none."""
         files = sorted(self.gc_log.parent.glob(self.gc_log.name + "*"))
         if not files:
@@ -162,7 +162,7 @@ class LocalKafka:
                 for line in path.read_text(errors="replace").splitlines():
                     if pause := gc_pause(line):
                         start, length = pause
-                        if start < until_ms and start + length >= since_ms:
+                        if start <= until_ms and start + length >= since_ms:
                             pauses.add(pause)
         return sorted(pauses)
 
@@ -247,7 +247,9 @@ class LocalKafka:
 
         def answers() -> bool:
             if proc.poll() is not None:
-                raise StackError(f"Kafka exited with code {proc.returncode}{self._log_tail()}")
+                raise StackError(
+                    f"Kafka exited with code {proc.returncode}{self._log_tail(exited=True)}"
+                )
             return self._answers()
 
         wait_until(answers, 90, "Kafka", on_fail=self._log_tail)
@@ -309,13 +311,17 @@ class LocalKafka:
             return False
         return bool(md.brokers)
 
-    def _log_tail(self) -> str:
-        for path in (self.log, self.stdout):
+    def _log_tail(self, exited: bool = False) -> str:
+        """The last error line of the broker's log, or of its standard output
+        first when the JVM has exited: a JVM that refuses its options (an
+        -Xlog file it cannot write) says so there, before Kafka's log exists,
+        and kafka.log's last ERROR may be an earlier run's."""
+        for path in (self.stdout, self.log) if exited else (self.log, self.stdout):
             try:
                 lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
             except OSError:
                 continue
-            errors = [ln for ln in lines if "ERROR" in ln or "Exception" in ln]
+            errors = [ln for ln in lines if "error" in ln.lower() or "Exception" in ln]
             if errors or lines:
                 return ": " + (errors or lines)[-1][:300]
         return ""
@@ -347,17 +353,18 @@ def jvm_options() -> list[str]:
 
 def gc_log_option(path: Path) -> str:
     """The collector's pauses, one line each with its UTC end and length, in
-    `path` and four rotated files of 10 MB (as Kafka's own start script logs
-    them, `-loggc`): the benchmarks set their slowest seconds beside them
-    (bench/common.py broker_pauses). One line a pause, a few a second under
-    load, so the files hold days."""
-    return f'-Xlog:gc:file="{path}":utctime:filecount=5,filesize=10m'
+    `path` (quoted: a path may hold a colon) and up to five files of 10 MB
+    rotated from it, as Kafka's own start script logs them (`-loggc`): the
+    benchmarks set their slowest seconds beside them (bench/common.py
+    broker_pauses). G1 and Shenandoah log their pauses under the `gc` tag,
+    ZGC under `gc+phases` (which adds G1 a few lines a pause). A few lines a
+    second under load, so the files hold days."""
+    return f'-Xlog:gc,gc+phases:file="{path}":utctime:filecount=5,filesize=10m'
 
 
 # "[2026-12-06T18:49:58.079+0000] GC(24) Pause Young (Normal) (G1 Evacuation
-# Pause) 1397M->175M(2048M) 29.230ms": stamped at the pause's end. A concurrent
-# collector's pauses (ZGC's) are not logged at this level: they are under a
-# millisecond.
+# Pause) 1397M->175M(2048M) 29.230ms", or ZGC's "... GC(3) Pause Mark Start
+# 0.025ms": stamped at the pause's end. G1's phase lines name no pause.
 _PAUSE = re.compile(r"^\[([0-9T:.+-]+)\] GC\(\d+\) Pause .* ([0-9.]+)ms$")
 
 
