@@ -223,7 +223,12 @@ def test_relay_publishes_a_row_late__it_wakes_the_topic_again__forwarded_without
         with running(relay):
             wait_for(lambda: relay._held_ids, 30, what="the row read and held")
             with relay._lock:  # the releaser is held back from here
-                wait_for(lambda: (run_topic, 0) in _in_consumer(d), 30, what="woken by the read")
+                # Dozing is paused, never out of the consumer: woken shows as out
+                # of `dozing` (a second at least, doze_after_ms); only after it is
+                # "in `dozing`" the second doze, not the first with the wake on its way.
+                wait_for(
+                    lambda: (run_topic, 0) not in d.dozing.dozing, 30, what="woken by the read"
+                )
                 wait_for(lambda: (run_topic, 0) in d.dozing.dozing, 30, what="dozing again")
                 assert relay._held_ids, "the row was published before the partition dozed"
             wait_for(lambda: d.forwarded_total == 2, 30, what="the late record forwarded")
