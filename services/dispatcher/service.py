@@ -560,6 +560,17 @@ class Dispatcher(ConsumerService):
                 self.dozing = None
         return consumer
 
+    def _nudge(self) -> None:
+        """A record on the wake topic, which every fetch of this instance
+        names: it ends the fetch outstanding now, which does not name what
+        was just resumed (cronwheel.dozing), so the next one does at once
+        rather than after up to fetch.wait.max.ms (500 ms)."""
+        try:
+            produce(self.producer, topic=self.topics.wake, key=NUDGE, value=b"")
+            self.producer.poll(0)
+        except KafkaException as exc:  # the fetch then ends at fetch.wait.max.ms
+            log.warning("could not nudge the wake topic: %s", exc)
+
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self.dozing is not None:
             self.dozing.assigned((tp.topic, tp.partition) for tp in partitions)
@@ -803,13 +814,7 @@ class Dispatcher(ConsumerService):
         back = [TopicPartition(t, p) for t, p in keys if not self._paused_else(t, p, Pause.DOZE)]
         if back:
             consumer.resume(back)
-            # Ends the fetch outstanding now, which does not name them
-            # (cronwheel.dozing): the next one does.
-            try:
-                produce(self.producer, topic=self.topics.wake, key=NUDGE, value=b"")
-                self.producer.poll(0)
-            except KafkaException as exc:  # the fetch then ends at fetch.wait.max.ms
-                log.warning("could not nudge the wake topic: %s", exc)
+            self._nudge()
         if keys:
             metrics.DOZING.set(len(self.dozing.dozing))
 
