@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Container, Iterable, MutableMapping
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     OFFSET_INVALID,
     OFFSET_STORED,
     Consumer,
@@ -122,14 +121,25 @@ def commit_revoked(
     return revoked
 
 
+FIRST_OFFSET = 0  # where a partition with nothing committed is assigned (starting_points)
+
+
 def starting_points(
     consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0
 ) -> list[TopicPartition] | None:
     """Where to start reading each of `partitions` in an assignment: its own
-    offset where it has one, else the group's committed offset, else the
-    beginning (the platform's consumers reset to the earliest record,
-    cronwheel.kafka.consumer). None if the group's coordinator did not
-    answer: the caller assigns none of them and asks again later.
+    offset where it has one, else the group's committed offset, else offset 0.
+    None if the group's coordinator did not answer: the caller assigns none
+    of them and asks again later.
+
+    Offset 0 rather than OFFSET_BEGINNING: a logical offset is looked up
+    first (a ListOffsets request on the leader's connection, which the broker
+    answers only after the fetch outstanding there, up to fetch.wait.max.ms),
+    and the partition joins the fetches only after that; a new tenant's first
+    run waited for it. 0 is the beginning of every log whose start has not
+    moved; where retention moved it, the fetch at 0 is out of range and
+    librdkafka resets to the earliest record (auto.offset.reset,
+    cronwheel.kafka.consumer): the same place, a round trip later.
 
     Why never assign without an offset and let librdkafka fetch the committed
     one: when that fetch fails as a whole (NOT_COORDINATOR while a new group's
@@ -155,7 +165,7 @@ def starting_points(
             log.warning("committed offsets of %d partitions unavailable: %s", len(ask), why)
             return None
         for tp in got:
-            start[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            start[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else FIRST_OFFSET
     return [
         TopicPartition(tp.topic, tp.partition, start[(tp.topic, tp.partition)]) for tp in partitions
     ]

@@ -57,6 +57,7 @@ from cronwheel import kafka, metrics
 from cronwheel.config import Processed as ProcessedSettings
 from cronwheel.config import ProducerRenewal
 from cronwheel.consumer import RECORD_HEADER, ConsumerService, Poison, expect_owned, produce
+from cronwheel.consuming import FIRST_OFFSET
 from cronwheel.core.clock import now_ms
 from cronwheel.core.runs import NORMAL_RANK, PRIORITY_RANK, priority_rank
 from cronwheel.dozing import NUDGE, Dozing, wake_in_ms
@@ -581,8 +582,11 @@ class Dispatcher(ConsumerService):
                 self._classes.pop((topic, p), None)
         for tp in partitions:
             # Where the group left off, so a class's waiting records are seen
-            # before the first one is read (_prioritise).
-            if tp.offset >= 0:
+            # before the first one is read (_prioritise). None committed
+            # (FIRST_OFFSET): unknown until the first record, as librdkafka's
+            # own position is; a log whose start retention moved past 0 has
+            # no record there, and the fetch watch would judge it stuck.
+            if tp.offset > FIRST_OFFSET:
                 self._next.setdefault((tp.topic, tp.partition), tp.offset)
 
     def give_up(self, partitions: list[TopicPartition]) -> None:

@@ -7,10 +7,11 @@ the real broker, with the services' principals."""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, TopicPartition
 
 from cronwheel import kafka
-from cronwheel.consuming import starting_points
+from cronwheel.consuming import FIRST_OFFSET, starting_points
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ def test_starting_points__committed_else_beginning__a_given_offset_kept(
     try:
         asked = [
             TopicPartition(topic, 0),  # OFFSET_INVALID: the committed one
-            TopicPartition(topic, 1),  # none committed: the beginning
+            TopicPartition(topic, 1),  # none committed: offset 0
             TopicPartition(topic, 2, 3),  # its own
         ]
         assert asked[0].offset == OFFSET_INVALID
@@ -43,9 +44,45 @@ def test_starting_points__committed_else_beginning__a_given_offset_kept(
         assert got is not None
         assert [(tp.topic, tp.partition, tp.offset) for tp in got] == [
             (topic, 0, 7),
-            (topic, 1, OFFSET_BEGINNING),
+            (topic, 1, FIRST_OFFSET),
             (topic, 2, 3),
         ]
+    finally:
+        consumer.close()
+
+
+def test_starting_points__none_committed__the_log_start_moved__read_from_where_it_is_now(
+    kafka_bootstrap, topic_prefix, topic
+):
+    """Nothing committed starts at offset 0, not OFFSET_BEGINNING, whose
+    lookup waits behind the fetch outstanding on the leader's connection.
+    Where retention moved the log's start past 0 (here records deleted, as
+    the admin would), the fetch at 0 is out of range and the consumer resets
+    to the earliest record: none skipped, no error, and its position unknown
+    until the first record (the fetch watch judges nothing before it)."""
+    producer = kafka.producer(kafka_bootstrap, principal="relay")
+    for i in range(5):
+        producer.produce(topic, key=f"k{i}".encode(), value=b"v", partition=2)
+    assert producer.flush(30) == 0
+    admin = kafka.admin(kafka_bootstrap, principal="admin")
+    for future in admin.delete_records([TopicPartition(topic, 2, 3)]).values():
+        assert future.result(timeout=30).low_watermark == 3  # the log now starts at 3
+    consumer = kafka.consumer(f"{topic_prefix}.dispatcher", kafka_bootstrap, principal="dispatcher")
+    try:
+        got = starting_points(consumer, [TopicPartition(topic, 2)])
+        assert got is not None and [tp.offset for tp in got] == [FIRST_OFFSET]
+        consumer.assign(got)
+        assert consumer.position([TopicPartition(topic, 2)])[0].offset == OFFSET_INVALID
+        read: list = []
+
+        def two() -> bool:
+            m = consumer.poll(0.2)
+            if m is not None:
+                read.append(m.error() or (m.key(), m.offset()))
+            return len(read) >= 2
+
+        wait_for(two, timeout=30, what="the records left")
+        assert read == [(b"k3", 3), (b"k4", 4)]
     finally:
         consumer.close()
 
