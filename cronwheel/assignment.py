@@ -83,13 +83,18 @@ class LeasedAssignment:
         leases: Leases,
         prefix: str,
         placement: Placement,
+        before_assign: Callable[[list[TopicPartition]], None] | None = None,
     ):
         """`prefix`: the topics' common start, `<p>.<kind>.`; what follows is
         the tenant id. `placement` tells each topic's partition count, through
-        a client other than the consumer being assigned (cronwheel.consuming)."""
+        a client other than the consumer being assigned (cronwheel.consuming).
+        `before_assign(partitions)`: called before the consumer is asked
+        anything about partitions it is to be assigned (the dispatcher ends
+        its outstanding fetch there, which those asks would queue behind)."""
         self.leases = leases
         self.prefix = prefix
         self.placement = placement
+        self.before_assign = before_assign
         self.names: set[str] = set()
         self.owned: frozenset[int] = frozenset()
         self.assigned: set[Where] = set()
@@ -198,7 +203,7 @@ class LeasedAssignment:
         Partitions to give up go to `before_unassign` first (settle, commit,
         forget them), then are unassigned. New ones are assigned at the
         group's committed offsets (consuming.starting_points), which are
-        returned (OFFSET_BEGINNING: none committed). If the group's
+        returned (FIRST_OFFSET: none committed). If the group's
         coordinator does not answer, none is assigned, and the next apply,
         a second later, asks again."""
         if not self._stale or time.monotonic() < self._not_before:
@@ -225,6 +230,8 @@ class LeasedAssignment:
                 unknown, new = True, []  # none assigned yet: asked again
             else:
                 new = start
+                if self.before_assign is not None:
+                    self.before_assign(new)
                 learn_leaders(consumer, {tp.topic for tp in new})
                 consumer.incremental_assign(new)
                 # librdkafka keeps a partition's application pause across

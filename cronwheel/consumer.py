@@ -400,7 +400,10 @@ class ConsumerService:
         prefix = f"{self.topics.prefix}.{kind}."
         self.watch = TopicWatch(self.dsn, self.producer, prefix, **watch)
         self.assignment = LeasedAssignment(
-            Leases(self.group_id, ttl_ms=ttl_ms), prefix, placement or Placement(self.producer)
+            Leases(self.group_id, ttl_ms=ttl_ms),
+            prefix,
+            placement or Placement(self.producer),
+            before_assign=self.before_assign,
         )
 
     def watch_delivery(self) -> None:
@@ -566,6 +569,10 @@ class ConsumerService:
             return False
         self.assigned(added)
         return True
+
+    def before_assign(self, partitions: list[TopicPartition]) -> None:
+        """These partitions are about to be assigned; the consumer has not
+        been asked anything about them yet (their leaders, their offsets)."""
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """These partitions were just assigned, at these (committed) offsets."""

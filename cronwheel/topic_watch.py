@@ -63,19 +63,23 @@ class TopicWatch:
         tenant_topic: Callable[[str], str] | None = None,
         ensure: Callable[[list[str]], None] | None = None,
         on_destinations: Callable[[list[tuple[str, str, str]]], None] | None = None,
+        on_change: Callable[[], None] | None = None,
         scan_every_s: float = 30.0,
         check_every_s: float = 0.05,
     ):
         """`metadata_client`: a producer or admin client to scan the broker with,
         never the consumer that subscribes: the scan runs on the watch's thread,
         and a consumer's calls belong to its own. `ensure` and `on_destinations`
-        run on that thread too."""
+        run on that thread too. `on_change()`: called on that thread when it
+        changed the list, for the consumer's loop to call poll() at once
+        rather than at the end of its wait for records."""
         self.dsn = dsn
         self.client = metadata_client
         self.prefix = prefix
         self.tenant_topic = tenant_topic
         self.ensure = ensure
         self.on_destinations = on_destinations
+        self.on_change = on_change
         self.scan_every_s = scan_every_s
         self.check_every_s = check_every_s
         self.names: set[str] = set()
@@ -96,14 +100,14 @@ class TopicWatch:
     def poll(self) -> list[str] | None:
         """The whole sorted list when it changed since the last call, else None."""
         now = time.monotonic()
-        if now < self._next_check:
-            return None
-        self._next_check = now + self.check_every_s
-        self._read_notifications()
-        if now >= self._next_scan and not self._scanning:
-            self._scanning = True
-            self._next_scan = now + self.scan_every_s
-            self._submit(self._scan)
+        if now >= self._next_check:  # the sources, every check_every_s
+            self._next_check = now + self.check_every_s
+            self._read_notifications()
+            if now >= self._next_scan and not self._scanning:
+                self._scanning = True
+                self._next_scan = now + self.scan_every_s
+                self._submit(self._scan)
+        # What the worker added: at once (`on_change` may have just woken the loop).
         with self._lock:
             if not self._changed:
                 return None
@@ -235,7 +239,7 @@ class TopicWatch:
         finally:
             with self._lock:
                 self._pending.difference_update(names)
-        self._add(names)
+        self._changed_here(self._add(names))
 
     def _scan(self) -> None:
         """On the worker: every topic of this prefix the broker has."""
@@ -249,11 +253,19 @@ class TopicWatch:
         counts = {t: len(m.partitions) for t, m in found.items() if t.startswith(self.prefix)}
         grown = {t for t, n in counts.items() if self._counts.get(t, n) < n}
         self._counts = counts
-        self._add(list(counts), grown)
+        self._changed_here(self._add(list(counts), grown))
 
-    def _add(self, names: list[str], grown: set[str] | frozenset[str] = frozenset()) -> None:
+    def _changed_here(self, changed: bool) -> None:
+        if changed and self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception as exc:  # the loop's next poll() finds the change anyway
+                log.warning("on_change failed: %s", exc)
+
+    def _add(self, names: list[str], grown: set[str] | frozenset[str] = frozenset()) -> bool:
         """New names join the list; `grown` ones already on it are reported
-        by take_grown (with the list, so poll() says something changed)."""
+        by take_grown (with the list, so poll() says something changed).
+        Whether either came."""
         with self._lock:
             new = set(names) - self.names
             grown = grown & self.names
@@ -263,3 +275,4 @@ class TopicWatch:
                 self._grown |= grown
             if new or grown:
                 self._changed = True
+        return bool(new or grown)

@@ -244,6 +244,9 @@ class Dispatcher(ConsumerService):
                 names, partitions=kafka.RUN_PARTITIONS, client=self._admin
             ),
             on_destinations=self._new_destinations,
+            # A new tenant's topic made: the loop's wait for records ends (a
+            # nudge on the wake topic, which only a dozing dispatcher reads).
+            on_change=self._nudge_from_watch if self.dozing is not None else None,
             scan_every_s=topic_scan_s,
         )
         # A consumer librdkafka stopped fetching for, or a producer it stopped
@@ -572,8 +575,31 @@ class Dispatcher(ConsumerService):
         except KafkaException as exc:  # the fetch then ends at fetch.wait.max.ms
             log.warning("could not nudge the wake topic: %s", exc)
 
+    def _nudge_from_watch(self) -> None:
+        """The topic watch's `on_change`, on its thread: the nudge, without
+        serving the producer's callbacks there (the batches' acknowledgements
+        are the loop's) and skipped on a full local queue (the loop then sees
+        the change after its wait)."""
+        try:
+            self.producer.produce(topic=self.topics.wake, key=NUDGE, value=b"")
+        except (BufferError, KafkaException) as exc:
+            log.warning("could not nudge the wake topic: %s", exc)
+
+    def before_assign(self, partitions: list[TopicPartition]) -> None:
+        """A new tenant's first run may be due now. The consumer's ask for
+        its partition's leader (learn_leaders) goes on the connection of the
+        fetch outstanding, and the broker answers a connection's requests in
+        order, so it waited for that fetch to end (up to fetch.wait.max.ms):
+        the nudge ends it. The fetch sent next does not name the partition
+        either: `assigned` nudges again. Without dozing no fetch names the
+        wake topic, and there is nothing to nudge."""
+        if self.dozing is not None and partitions:
+            self._nudge()
+
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self.dozing is not None:
+            if partitions:
+                self._nudge()  # the next fetch names them (before_assign)
             self.dozing.assigned((tp.topic, tp.partition) for tp in partitions)
         for topic in {tp.topic for tp in partitions}:
             # New, or grown from one lane to a partition per class: the
