@@ -59,22 +59,26 @@ UNKNOWN_RETRY_S = 1.0  # a topic's partition count or committed offsets not give
 LEARN_LEADERS_UP_TO = 8
 
 
-def learn_leaders(consumer: Consumer, topics: set[str]) -> None:
+def learn_leaders(consumer: Consumer, topics: set[str], end_fetch: Callable[[], bool]) -> None:
     """The consumer's metadata for these topics, asked now. A partition of a
     topic the consumer has not met is assigned without a leader, and
-    librdkafka then waits for its next metadata refresh and retries its
-    offset lookup on a 500 ms timer: a new tenant's first run was read
-    1.8 s after its topic was assigned (librdkafka's debug log: leader
-    unknown for 0.8 s, then the timer). Asked first, the cache has the
-    leader when the topic is made local at assign, and the lookup goes out
-    at once. A failed ask changes nothing: the refresh still comes."""
+    librdkafka waits for its next metadata refresh (up to a second) before
+    it fetches it. Asked first, the cache has the leader when the topic is
+    made local at the assignment. Each ask goes on the connection of the
+    fetch outstanding, which the broker answers first (up to
+    fetch.wait.max.ms), and it blocks the caller's loop: `end_fetch()` ends
+    that fetch before each ask, and one that cannot (False) stops the asks.
+    So does a failed ask; the rest are left to the refresh."""
     if len(topics) > LEARN_LEADERS_UP_TO:
         return
     for topic in sorted(topics):
+        if not end_fetch():
+            return
         try:
             consumer.list_topics(topic, timeout=2)
         except KafkaException as exc:
             log.warning("no metadata for %s before assigning it: %s", topic, exc)
+            return
 
 
 class LeasedAssignment:
@@ -83,18 +87,18 @@ class LeasedAssignment:
         leases: Leases,
         prefix: str,
         placement: Placement,
-        before_assign: Callable[[list[TopicPartition]], None] | None = None,
+        end_fetch: Callable[[], bool] | None = None,
     ):
         """`prefix`: the topics' common start, `<p>.<kind>.`; what follows is
         the tenant id. `placement` tells each topic's partition count, through
         a client other than the consumer being assigned (cronwheel.consuming).
-        `before_assign(partitions)`: called before the consumer is asked
-        anything about partitions it is to be assigned (the dispatcher ends
-        its outstanding fetch there, which those asks would queue behind)."""
+        `end_fetch()`: ends the consumer's outstanding fetch, whether it
+        could (the dispatcher's nudge); given, new topics' leaders are asked
+        before they are assigned (learn_leaders), else left to the refresh."""
         self.leases = leases
         self.prefix = prefix
         self.placement = placement
-        self.before_assign = before_assign
+        self.end_fetch = end_fetch
         self.names: set[str] = set()
         self.owned: frozenset[int] = frozenset()
         self.assigned: set[Where] = set()
@@ -230,9 +234,8 @@ class LeasedAssignment:
                 unknown, new = True, []  # none assigned yet: asked again
             else:
                 new = start
-                if self.before_assign is not None:
-                    self.before_assign(new)
-                learn_leaders(consumer, {tp.topic for tp in new})
+                if self.end_fetch is not None:
+                    learn_leaders(consumer, {tp.topic for tp in new}, self.end_fetch)
                 consumer.incremental_assign(new)
                 # librdkafka keeps a partition's application pause across
                 # unassign and assign: one given up while paused (a class

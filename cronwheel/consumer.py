@@ -403,7 +403,7 @@ class ConsumerService:
             Leases(self.group_id, ttl_ms=ttl_ms),
             prefix,
             placement or Placement(self.producer),
-            before_assign=self.before_assign,
+            end_fetch=self.end_fetch,
         )
 
     def watch_delivery(self) -> None:
@@ -570,9 +570,14 @@ class ConsumerService:
         self.assigned(added)
         return True
 
-    def before_assign(self, partitions: list[TopicPartition]) -> None:
-        """These partitions are about to be assigned; the consumer has not
-        been asked anything about them yet (their leaders, their offsets)."""
+    def end_fetch(self) -> bool:
+        """End the consumer's outstanding fetch now, so that a request queued
+        behind it on the same connection is answered at once; whether it
+        could. Here it cannot (no fetch of a service names a topic it
+        writes to), and the consumer is not asked new topics' leaders
+        (cronwheel.assignment.learn_leaders), which would hold the loop up to
+        fetch.wait.max.ms each."""
+        return False
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """These partitions were just assigned, at these (committed) offsets."""

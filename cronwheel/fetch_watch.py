@@ -13,7 +13,9 @@ What holds:
 - Only partitions the service reads are judged: assigned, not paused (for a
   class, a quota or a full executor) and not dozing (cronwheel.dozing); and
   only those whose position the service knows (`position` gives None for one
-  assigned at the beginning and not read yet: nothing to compare).
+  with nothing committed, assigned at offset 0, and not read yet: nothing to
+  compare; librdkafka's own position is unknown until its first record, even
+  after a reset where retention moved the log's start).
 - A partition is stuck when, at two looks `every_s` apart, its position was
   the same and the broker's end was past it at the first look: records that
   were there the whole interval were not read. A backlog being worked moves

@@ -246,7 +246,7 @@ class Dispatcher(ConsumerService):
             on_destinations=self._new_destinations,
             # A new tenant's topic made: the loop's wait for records ends (a
             # nudge on the wake topic, which only a dozing dispatcher reads).
-            on_change=self._nudge_from_watch if self.dozing is not None else None,
+            on_change=self._nudge_from_watch,
             scan_every_s=topic_scan_s,
         )
         # A consumer librdkafka stopped fetching for, or a producer it stopped
@@ -564,28 +564,34 @@ class Dispatcher(ConsumerService):
                 self.dozing = None
         return consumer
 
-    def _nudge(self) -> None:
+    def _nudge(self) -> bool:
         """A record on the wake topic, which every fetch of this instance
         names: it ends the fetch outstanding now, which does not name what
         was just resumed (cronwheel.dozing), so the next one does at once
-        rather than after up to fetch.wait.max.ms (500 ms)."""
+        rather than after up to fetch.wait.max.ms (500 ms). Whether it was
+        written."""
         try:
             produce(self.producer, topic=self.topics.wake, key=NUDGE, value=b"")
             self.producer.poll(0)
+            return True
         except KafkaException as exc:  # the fetch then ends at fetch.wait.max.ms
             log.warning("could not nudge the wake topic: %s", exc)
+            return False
 
     def _nudge_from_watch(self) -> None:
         """The topic watch's `on_change`, on its thread: the nudge, without
         serving the producer's callbacks there (the batches' acknowledgements
         are the loop's) and skipped on a full local queue (the loop then sees
-        the change after its wait)."""
+        the change after its wait). One made while the loop renews its
+        producer may go to the old one and be lost with it: the same wait."""
+        if self.dozing is None:  # off, or turned off at open() without a wake topic
+            return
         try:
             self.producer.produce(topic=self.topics.wake, key=NUDGE, value=b"")
         except (BufferError, KafkaException) as exc:
             log.warning("could not nudge the wake topic: %s", exc)
 
-    def before_assign(self, partitions: list[TopicPartition]) -> None:
+    def end_fetch(self) -> bool:
         """A new tenant's first run may be due now. The consumer's ask for
         its partition's leader (learn_leaders) goes on the connection of the
         fetch outstanding, and the broker answers a connection's requests in
@@ -593,13 +599,12 @@ class Dispatcher(ConsumerService):
         the nudge ends it. The fetch sent next does not name the partition
         either: `assigned` nudges again. Without dozing no fetch names the
         wake topic, and there is nothing to nudge."""
-        if self.dozing is not None and partitions:
-            self._nudge()
+        return self.dozing is not None and self._nudge()
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self.dozing is not None:
             if partitions:
-                self._nudge()  # the next fetch names them (before_assign)
+                self._nudge()  # the next fetch names them (end_fetch)
             self.dozing.assigned((tp.topic, tp.partition) for tp in partitions)
         for topic in {tp.topic for tp in partitions}:
             # New, or grown from one lane to a partition per class: the
@@ -821,8 +826,8 @@ class Dispatcher(ConsumerService):
         which wakes it once the broker's end is past that. librdkafka resumes
         it from its consumed position. Neither read nor given an offset since
         it was assigned (`_next` holds the committed offset it was assigned
-        at) means it was assigned at the beginning, none committed
-        (consuming.starting_points): that is its start."""
+        at) means none was committed (assigned at offset 0,
+        consuming.starting_points): the log's start is where it stands."""
         tps = [TopicPartition(t, p) for t, p in keys]
         self.offsets.give_up(consumer, tps)
         # librdkafka is asked only where this instance does not know (each

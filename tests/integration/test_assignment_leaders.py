@@ -36,7 +36,7 @@ def test_learn_leaders__a_topic_made_after_the_consumer_met_the_cluster__assigne
         name = topics.runs("acme")
         kafka.ensure_topics([name], partitions=1, principal="dispatcher")
 
-        learn_leaders(consumer, {name})
+        learn_leaders(consumer, {name}, end_fetch=lambda: True)  # none outstanding here
         consumer.incremental_assign([TopicPartition(name, 0, OFFSET_BEGINNING)])
 
         # The first statistics that know the topic: librdkafka makes it
@@ -52,12 +52,13 @@ def test_learn_leaders__a_topic_made_after_the_consumer_met_the_cluster__assigne
         consumer.close()
 
 
-def test_learn_leaders__more_topics_than_it_asks_for__left_to_the_refresh(
+def test_learn_leaders__the_fetch_ended_before_each_ask__none_past_a_few_or_when_it_cannot_be(
     kafka_bootstrap, topic_prefix
 ):
-    """A start with thousands of tenants assigns them all at once: one
-    metadata request each would hold the loop, so past LEARN_LEADERS_UP_TO
-    none is asked (and none fails)."""
+    """Each ask blocks the loop behind the consumer's outstanding fetch: the
+    fetch is ended before each one, and none is asked when it cannot be, nor
+    past LEARN_LEADERS_UP_TO (a start with thousands of tenants: their
+    leaders come with the refresh)."""
     from cronwheel.assignment import LEARN_LEADERS_UP_TO
 
     consumer = kafka.consumer(f"{topic_prefix}.dispatcher", kafka_bootstrap, principal="dispatcher")
@@ -70,11 +71,17 @@ def test_learn_leaders__more_topics_than_it_asks_for__left_to_the_refresh(
                 asked.append(topic)
                 return real(topic, timeout=timeout)
 
+        def ended() -> bool:
+            asked.append("ended")
+            return True
+
         many = {f"{topic_prefix}.runs.t{i}" for i in range(LEARN_LEADERS_UP_TO + 1)}
-        learn_leaders(Watching(), many)
+        learn_leaders(Watching(), many, ended)
         assert asked == []
         few = sorted(many)[:2]
-        learn_leaders(Watching(), set(few))
-        assert asked == few
+        learn_leaders(Watching(), set(few), lambda: False)
+        assert asked == []
+        learn_leaders(Watching(), set(few), ended)
+        assert asked == ["ended", few[0], "ended", few[1]]
     finally:
         consumer.close()

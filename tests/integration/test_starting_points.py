@@ -6,6 +6,8 @@ the real broker, with the services' principals."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from confluent_kafka import OFFSET_INVALID, KafkaError, TopicPartition
 
@@ -16,6 +18,29 @@ from tests.support.wait import wait_for
 pytestmark = pytest.mark.integration
 
 
+def _records_then_retention(
+    bootstrap: str, topic: str, *, partition: int, records: int, deleted_below: int
+):
+    """`records` records k0, k1, ... in the partition, then those below
+    `deleted_below` deleted, as retention would (the admin's delete-records:
+    the log starts there now). The producer, to write more."""
+    producer = kafka.producer(bootstrap, principal="relay")
+    for i in range(records):
+        producer.produce(topic, key=f"k{i}".encode(), value=b"v", partition=partition)
+    assert producer.flush(30) == 0
+    admin = kafka.admin(bootstrap, principal="admin")
+    for future in admin.delete_records([TopicPartition(topic, partition, deleted_below)]).values():
+        assert future.result(timeout=30).low_watermark == deleted_below
+    return producer
+
+
+def _poll_into(consumer, read: list) -> None:
+    """One poll; what came (a record's key and offset, or an error) into `read`."""
+    m = consumer.poll(0.1)
+    if m is not None:
+        read.append(m.error() or (m.key(), m.offset()))
+
+
 @pytest.fixture
 def topic(kafka_bootstrap, topic_prefix) -> str:
     name = f"{topic_prefix}.runs.starting"
@@ -23,7 +48,7 @@ def topic(kafka_bootstrap, topic_prefix) -> str:
     return name
 
 
-def test_starting_points__committed_else_beginning__a_given_offset_kept(
+def test_starting_points__committed_else_offset_0__a_given_offset_kept(
     kafka_bootstrap, topic_prefix, topic
 ):
     group = f"{topic_prefix}.dispatcher"
@@ -60,29 +85,67 @@ def test_starting_points__none_committed__the_log_start_moved__read_from_where_i
     the admin would), the fetch at 0 is out of range and the consumer resets
     to the earliest record: none skipped, no error, and its position unknown
     until the first record (the fetch watch judges nothing before it)."""
-    producer = kafka.producer(kafka_bootstrap, principal="relay")
-    for i in range(5):
-        producer.produce(topic, key=f"k{i}".encode(), value=b"v", partition=2)
-    assert producer.flush(30) == 0
-    admin = kafka.admin(kafka_bootstrap, principal="admin")
-    for future in admin.delete_records([TopicPartition(topic, 2, 3)]).values():
-        assert future.result(timeout=30).low_watermark == 3  # the log now starts at 3
+    _records_then_retention(kafka_bootstrap, topic, partition=2, records=5, deleted_below=3)
     consumer = kafka.consumer(f"{topic_prefix}.dispatcher", kafka_bootstrap, principal="dispatcher")
     try:
         got = starting_points(consumer, [TopicPartition(topic, 2)])
         assert got is not None and [tp.offset for tp in got] == [FIRST_OFFSET]
         consumer.assign(got)
-        assert consumer.position([TopicPartition(topic, 2)])[0].offset == OFFSET_INVALID
         read: list = []
 
         def two() -> bool:
-            m = consumer.poll(0.2)
-            if m is not None:
-                read.append(m.error() or (m.key(), m.offset()))
+            _poll_into(consumer, read)
             return len(read) >= 2
 
         wait_for(two, timeout=30, what="the records left")
         assert read == [(b"k3", 3), (b"k4", 4)]
+    finally:
+        consumer.close()
+
+
+def test_starting_points__none_committed__every_record_gone__position_unknown_until_one_comes(
+    kafka_bootstrap, topic_prefix, topic
+):
+    """Assigned at 0 where retention left nothing (the log starts and ends at
+    2): reset and fetched, its position stays unknown, as the fetch watch
+    and the dozing read it (a 0 there would be a partition behind records
+    it never reads); the next record is read at 2."""
+    producer = _records_then_retention(
+        kafka_bootstrap, topic, partition=0, records=2, deleted_below=2
+    )
+    stats: list[dict] = []
+    consumer = kafka.consumer(
+        f"{topic_prefix}.dispatcher",
+        kafka_bootstrap,
+        principal="dispatcher",
+        **{"statistics.interval.ms": 100, "stats_cb": lambda s: stats.append(json.loads(s))},
+    )
+    tp = TopicPartition(topic, 0)
+    try:
+        got = starting_points(consumer, [tp])
+        assert got is not None and [t.offset for t in got] == [FIRST_OFFSET]
+        consumer.assign(got)
+        read: list = []
+
+        def reset() -> bool:
+            _poll_into(consumer, read)
+            # librdkafka's own account: fetching, from 2 (the reset done).
+            if not stats:
+                return False
+            part = stats[-1].get("topics", {}).get(topic, {}).get("partitions", {}).get("0", {})
+            return part.get("fetch_state") == "active" and part.get("next_offset") == 2
+
+        wait_for(reset, timeout=30, what="the fetch reset to the log's start")
+        assert read == [] and consumer.position([tp])[0].offset == OFFSET_INVALID
+        producer.produce(topic, key=b"k2", value=b"v", partition=0)
+        assert producer.flush(30) == 0
+
+        def one() -> bool:
+            _poll_into(consumer, read)
+            return bool(read)
+
+        wait_for(one, timeout=30, what="the next record")
+        assert read == [(b"k2", 2)] and consumer.position([tp])[0].offset == 3
     finally:
         consumer.close()
 
