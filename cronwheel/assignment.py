@@ -106,6 +106,7 @@ class LeasedAssignment:
         self._next_renewal = 0.0
         self._stale = False  # names or leases changed since the last apply
         self._not_before = 0.0  # a topic's count was unknown: when to ask again
+        self._meanwhile: list[TopicPartition] = []  # assigned while leases were released
 
     @property
     def pending(self) -> bool:
@@ -145,7 +146,8 @@ class LeasedAssignment:
 
         def releasing(partitions: list[int]) -> None:
             self._own(self.owned - set(partitions))
-            self.apply(consumer, before_unassign)
+            # New topics may be assigned here too: the next apply returns them.
+            self._meanwhile += self.apply(consumer, before_unassign)
 
         self._own(frozenset(self.leases.tick(conn, on_release=releasing)))
         self._next_renewal = time.monotonic() + self.leases.ttl_ms / 3000
@@ -209,9 +211,12 @@ class LeasedAssignment:
         group's committed offsets (consuming.starting_points), which are
         returned (FIRST_OFFSET: none committed). If the group's
         coordinator does not answer, none is assigned, and the next apply,
-        a second later, asks again."""
+        a second later, asks again. What a renewal's release assigned
+        (`renew`) is returned with it, so the caller hears of every partition
+        assigned once."""
+        meanwhile, self._meanwhile = self._meanwhile, []
         if not self._stale or time.monotonic() < self._not_before:
-            return []
+            return meanwhile
         wanted: set[Where] = set()
         unknown = False
         mine = [t for t in self.names if self.mine(t)]
@@ -248,4 +253,6 @@ class LeasedAssignment:
         self._stale = unknown
         # Not on every pass: each ask is a metadata request of its own.
         self._not_before = time.monotonic() + UNKNOWN_RETRY_S if unknown else 0.0
-        return new
+        # One a renewal's release assigned and this apply gave up is not news.
+        meanwhile = [tp for tp in meanwhile if (tp.topic, tp.partition) in self.assigned]
+        return meanwhile + new
