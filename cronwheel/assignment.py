@@ -146,8 +146,9 @@ class LeasedAssignment:
 
         def releasing(partitions: list[int]) -> None:
             self._own(self.owned - set(partitions))
-            # New topics may be assigned here too: the next apply returns them.
-            self._meanwhile += self.apply(consumer, before_unassign)
+            # New topics may be assigned here too: the next apply returns them
+            # (with any still held from before, which this apply took).
+            self._meanwhile = self.apply(consumer, before_unassign)
 
         self._own(frozenset(self.leases.tick(conn, on_release=releasing)))
         self._next_renewal = time.monotonic() + self.leases.ttl_ms / 3000
