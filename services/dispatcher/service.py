@@ -837,8 +837,13 @@ class Dispatcher(ConsumerService):
         for tp in consumer.position(unknown) if unknown else ():
             at[(tp.topic, tp.partition)] = tp.offset
         for key, offset in at.items():
-            ok = offset is not None and offset >= 0
-            self._dozed_at[key] = offset if ok else OFFSET_BEGINNING
+            if offset is None or offset < 0:
+                # Nothing read: it stands at its log's start, as `caught_up`
+                # found it (the fetch brought it); 0 would be wrong where
+                # retention moved that start, and every sweep would wake it.
+                low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                offset = low if low is not None and low >= 0 else OFFSET_BEGINNING
+            self._dozed_at[key] = offset
         consumer.pause(tps)
 
     def _resume_dozed(self, consumer: Consumer, keys: list[tuple[str, int]]) -> None:

@@ -236,6 +236,35 @@ def test_relay_publishes_a_row_late__it_wakes_the_topic_again__forwarded_without
         assert d.dozing.missed_total == 0
 
 
+def test_records_deleted_unread__dozes_at_its_logs_start__the_sweep_wakes_it_for_a_new_one_only(
+    database_url, kafka_bootstrap, topics
+):
+    """Nothing committed and every record deleted before it was read (a
+    dispatcher away longer than the topic's retention; here the admin's
+    delete-records): assigned at 0, reset to the log's start (2), it dozes
+    there. Kept as 0, each sweep found the end past it and woke it, a missed
+    wake counted every time. A record that comes without a wake is still
+    found by the sweep and forwarded once."""
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    kafka.ensure_topics([run_topic], partitions=kafka.RUN_PARTITIONS, principal="dispatcher")
+    produce(
+        kafka_bootstrap,
+        run_topic,
+        [(f"gone-{i}".encode(), ready(tenant, f"gone-{i}")) for i in range(2)],
+    )
+    admin = kafka.admin(kafka_bootstrap, principal="admin")
+    for future in admin.delete_records([TopicPartition(run_topic, 0, 2)]).values():
+        assert future.result(timeout=30).low_watermark == 2
+    with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=1_000)) as d:
+        wait_for(lambda: (run_topic, 0) in d.dozing.dozing, timeout=30, what="the partition dozes")
+        assert d._dozed_at[(run_topic, 0)] == 2, _state(d, run_topic)
+        produce(kafka_bootstrap, run_topic, [(b"r-2", ready(tenant, "r-2"))])  # no wake
+        got = drain(kafka_bootstrap, topics.queue(tenant, "billing"), want=1, timeout=30)
+        assert [datum["run_id"] for _t, _k, _n, datum, _m in got] == ["r-2"]
+        assert d.dozing.missed_total == 1 and d.forwarded_total == 1, _state(d, run_topic)
+
+
 def test_leases_move_while_partitions_doze__handed_over__every_run_forwarded_once(
     database_url, kafka_bootstrap, topics
 ):
