@@ -37,6 +37,7 @@ them, so a crash reads them again.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -246,7 +247,7 @@ class Dispatcher(ConsumerService):
             on_destinations=self._new_destinations,
             # A new tenant's topic made: the loop's wait for records ends (a
             # nudge on the wake topic, which only a dozing dispatcher reads).
-            on_change=self._nudge_from_watch,
+            on_change=functools.partial(self._nudge, on_loop=False),
             scan_every_s=topic_scan_s,
         )
         # A consumer librdkafka stopped fetching for, or a producer it stopped
@@ -564,32 +565,31 @@ class Dispatcher(ConsumerService):
                 self.dozing = None
         return consumer
 
-    def _nudge(self) -> bool:
-        """A record on the wake topic, which every fetch of this instance
-        names: it ends the fetch outstanding now, which does not name what
-        was just resumed (cronwheel.dozing), so the next one does at once
-        rather than after up to fetch.wait.max.ms (500 ms). Whether it was
-        written."""
+    def _nudge(self, *, on_loop: bool = True) -> bool:
+        """A record on the wake topic, which every fetch of a dozing
+        dispatcher names: it ends the fetch outstanding now, which does not
+        name what was just resumed or assigned (cronwheel.dozing), so the
+        next one does at once rather than after up to fetch.wait.max.ms
+        (500 ms). Whether it was written; without dozing (off, or turned off
+        at open() without a wake topic) no fetch names the topic, and none is.
+        Off the loop (`on_loop=False`: the topic watch's `on_change`, on its
+        thread) the producer's callbacks are not served (the batches'
+        acknowledgements are the loop's) and a full local queue skips it
+        (the loop then sees the change after its wait); one made while the
+        loop renews its producer may go to the old one and be lost with it,
+        at the same cost."""
+        if self.dozing is None:
+            return False
         try:
-            produce(self.producer, topic=self.topics.wake, key=NUDGE, value=b"")
-            self.producer.poll(0)
+            if on_loop:
+                produce(self.producer, topic=self.topics.wake, key=NUDGE, value=b"")
+                self.producer.poll(0)
+            else:
+                self.producer.produce(topic=self.topics.wake, key=NUDGE, value=b"")
             return True
-        except KafkaException as exc:  # the fetch then ends at fetch.wait.max.ms
+        except (BufferError, KafkaException) as exc:  # the fetch ends at fetch.wait.max.ms
             log.warning("could not nudge the wake topic: %s", exc)
             return False
-
-    def _nudge_from_watch(self) -> None:
-        """The topic watch's `on_change`, on its thread: the nudge, without
-        serving the producer's callbacks there (the batches' acknowledgements
-        are the loop's) and skipped on a full local queue (the loop then sees
-        the change after its wait). One made while the loop renews its
-        producer may go to the old one and be lost with it: the same wait."""
-        if self.dozing is None:  # off, or turned off at open() without a wake topic
-            return
-        try:
-            self.producer.produce(topic=self.topics.wake, key=NUDGE, value=b"")
-        except (BufferError, KafkaException) as exc:
-            log.warning("could not nudge the wake topic: %s", exc)
 
     def end_fetch(self) -> bool:
         """A new tenant's first run may be due now. The consumer's ask for
@@ -597,9 +597,8 @@ class Dispatcher(ConsumerService):
         fetch outstanding, and the broker answers a connection's requests in
         order, so it waited for that fetch to end (up to fetch.wait.max.ms):
         the nudge ends it. The fetch sent next does not name the partition
-        either: `assigned` nudges again. Without dozing no fetch names the
-        wake topic, and there is nothing to nudge."""
-        return self.dozing is not None and self._nudge()
+        either: `assigned` nudges again."""
+        return self._nudge()
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self.dozing is not None:
