@@ -115,6 +115,11 @@ DOZING = Gauge(
     "cronwheel_dispatcher_dozing_partitions",
     "Idle run-topic partitions the dispatcher leaves out of its fetches until a wake",
 )
+UNPLACED_ACKS = Counter(
+    "cronwheel_dispatcher_unplaced_acks_total",
+    "Forwards the broker acknowledged without an offset (librdkafka's duplicate-sequence"
+    " success: written by an earlier send, at an offset not known)",
+)
 MISSED_WAKES = Counter(
     "cronwheel_dispatcher_missed_wakes_total",
     "Dozing partitions found with records by the sweep rather than woken by the relay",

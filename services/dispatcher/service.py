@@ -191,6 +191,7 @@ class Dispatcher(ConsumerService):
         self._placement = Placement(self.producer)
         self.forwarded_total = 0
         self.duplicates_total = 0
+        self.unplaced_acks_total = 0  # acknowledged without an offset (_produce)
         self._batches: deque[_Batch] = deque()  # produced, not yet settled, oldest first
         self._on_way: set[str] = set()  # their done keys (not yet in `processed`)
         self._known_topics: set[str] = set()  # destinations known to exist
@@ -526,9 +527,22 @@ class Dispatcher(ConsumerService):
         return _Out(r["topic"], r["key"], r["value"], r["headers"], _DEAD_LETTER_RANK, poison=p)
 
     def _produce(self, batch: _Batch, o: _Out) -> None:
-        def on_delivery(err, _msg, o=o):
+        def on_delivery(err, msg, o=o):
             batch.unacked -= 1
             self.delivery_reports += 1
+            if err is None and msg.offset() < 0:
+                # librdkafka's "delivered" for a retry the broker called a
+                # duplicate (DUPLICATE_SEQUENCE_NUMBER): written by an earlier
+                # send, it says, at an offset it does not know. Counted and
+                # named, so that a forward the queue lacks can be traced here.
+                self.unplaced_acks_total += 1
+                metrics.UNPLACED_ACKS.inc()
+                run_id, attempt = run_of(o.done_key or "") or (None, None)
+                log.warning(
+                    "delivery to %s acknowledged without an offset",
+                    o.topic,
+                    extra=run_fields(run_id=run_id, attempt=attempt),
+                )
             if err is not None:
                 run_id, attempt = run_of(o.done_key or "") or (None, None)  # a forward's run
                 log.warning(
