@@ -15,7 +15,10 @@ What holds:
   only those whose position the service knows (`position` gives None for one
   with nothing committed, assigned at offset 0, and not read yet: nothing to
   compare; librdkafka's own position is unknown until its first record, even
-  after a reset where retention moved the log's start).
+  after a reset where retention moved the log's start). A position is one
+  the consumer can be at: one assigned at a commit that the log's start
+  has since passed is given as the start, where librdkafka reads from
+  (the dispatcher's `_consumed_to`; docs/reliability.md).
 - A partition is stuck when, at two looks `every_s` apart, its position was
   the same and the broker's end was past it at the first look: records that
   were there the whole interval were not read. A backlog being worked moves
@@ -59,6 +62,7 @@ class FetchWatch:
         self._last = 0.0  # when the last look was
         self._seen: dict[Where, tuple[int, int]] = {}  # (position, broker end) at the last look
         self.stuck_total = 0  # partitions found stuck
+        self.looks = 0
 
     def due(self) -> bool:
         return self._clock() >= self._next
@@ -76,6 +80,7 @@ class FetchWatch:
         self._next = now + self.every_s
         fresh = now - self._last <= 2 * self.every_s
         self._last = now
+        self.looks += 1
         known = {key: at for key in watched if (at := position(key)) is not None and at >= 0}
         got = ends(sorted(known)) if known else {}
         if got is None:

@@ -202,6 +202,10 @@ class Dispatcher(ConsumerService):
         self.stall_ms = stall_ms
         self._classes: dict[tuple[str, int], int | None] = {}  # _class_of's answers
         self._next: dict[tuple[str, int], int] = {}
+        # Those whose `_next` is still the committed offset they were assigned
+        # at, nothing read since: retention may have moved the log's start
+        # past it, and librdkafka then reads from the start (_consumed_to).
+        self._at_commit: set[tuple[str, int]] = set()
         self._class_paused: set[tuple[str, int]] = set()
         self._waiting_since: dict[int, float] = {}
         self._progress: dict[int, float] = {}
@@ -292,8 +296,35 @@ class Dispatcher(ConsumerService):
 
     def position(self, consumer: Consumer, keys: list[tuple[str, int]]) -> dict:
         """Where each was consumed to, or assigned at (`_next`) before its
-        first record."""
-        return {key: self._next[key] for key in keys if key in self._next}
+        first record (_consumed_to)."""
+        at = {key: self._consumed_to(consumer, key) for key in keys}
+        return {key: offset for key, offset in at.items() if offset is not None}
+
+    def _consumed_to(self, consumer: Consumer, key: tuple[str, int], low: int | None = None):
+        """`_next[key]`, None where unknown. One assigned at its committed
+        offset and not read since stands at the log's start if that is
+        further on: retention moved it past the commit (the dispatcher was
+        away longer than the topic keeps records), librdkafka's fetch there
+        was out of range and reset to the start. Kept at the commit, the
+        partition never looked caught up, so it never dozed, and the fetch
+        watch saw it stand still behind the broker's end and replaced the
+        clients again and again while no record came. `low`: the cached
+        low watermark, where the caller has it; else it is looked up (only
+        for such a partition: each lookup walks every topic the client knows)."""
+        at = self._next.get(key)
+        if at is None or key not in self._at_commit:
+            return at
+        if low is None:
+            low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+        if low is not None and low > at:
+            self._next[key] = at = low
+        return at
+
+    def _reached(self, consumer: Consumer, key: tuple[str, int], low: int | None) -> int:
+        """Where it was consumed to; where that is unknown (nothing committed,
+        nothing read), its log's start, the cached low watermark `low`."""
+        at = self._consumed_to(consumer, key, low)
+        return at if at is not None else max(low or 0, 0)
 
     def describe(self, consumer: Consumer) -> dict:
         """ConsumerService's, and what this dispatcher holds back: batches on
@@ -344,6 +375,8 @@ class Dispatcher(ConsumerService):
             good = wakes(self.take(consumer, wait_ms, first=wakes))
         for m in good:
             self._next[(m.topic(), m.partition())] = m.offset() + 1
+            if self._at_commit:
+                self._at_commit.discard((m.topic(), m.partition()))
             rank = self._class_of(m.topic(), m.partition())
             if rank is not None:
                 self._progress[rank] = time.monotonic()
@@ -630,8 +663,10 @@ class Dispatcher(ConsumerService):
             # (FIRST_OFFSET): unknown until the first record, as librdkafka's
             # own position is; a log whose start retention moved past 0 has
             # no record there, and the fetch watch would judge it stuck.
-            if tp.offset > FIRST_OFFSET:
-                self._next.setdefault((tp.topic, tp.partition), tp.offset)
+            key = (tp.topic, tp.partition)
+            if tp.offset > FIRST_OFFSET and key not in self._next:
+                self._next[key] = tp.offset
+                self._at_commit.add(key)
 
     def give_up(self, partitions: list[TopicPartition]) -> None:
         """Hand over cleanly (a lease moved): settle what is on its way first,
@@ -646,6 +681,7 @@ class Dispatcher(ConsumerService):
         if self.dozing is not None:
             self.dozing.forget(where)
         self._next.pop(where, None)
+        self._at_commit.discard(where)
         self._dozed_at.pop(where, None)
         self._class_paused.discard(where)
         self._held.pop(where, None)  # its new owner reads them again
@@ -759,7 +795,7 @@ class Dispatcher(ConsumerService):
             low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             if high is None or high < 0:
                 continue
-            if high > self._next.get(key, max(low or 0, 0)):
+            if high > self._reached(consumer, key, low):
                 return True
         return False
 
@@ -809,15 +845,15 @@ class Dispatcher(ConsumerService):
             low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             if high is None or high < 0:
                 return False  # not fetched yet: nothing known
-            return high <= self._next.get(key, max(low or 0, 0))
+            return high <= self._reached(consumer, key, low)
 
         def busy(key: tuple[str, int]) -> bool:
             return key in self._class_paused or key in self._held
 
         def position(key: tuple[str, int]) -> int | None:
             # Where it was consumed to; else its start, as `caught_up` reads it.
-            if key in self._next:
-                return self._next[key]
+            if (at := self._consumed_to(consumer, key)) is not None:
+                return at
             low, _high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             return low
 

@@ -236,6 +236,24 @@ def test_relay_publishes_a_row_late__it_wakes_the_topic_again__forwarded_without
         assert d.dozing.missed_total == 0
 
 
+def _deleted_unread(database_url, kafka_bootstrap, topics, *, records: int) -> tuple[str, str]:
+    """A new tenant whose run topic got `records` records, all deleted before
+    any was read, as retention would (the admin's delete-records): its log
+    starts where it ends, at `records`. The tenant and its run topic."""
+    tenant = _tenant(database_url)
+    run_topic = topics.runs(tenant)
+    kafka.ensure_topics([run_topic], partitions=kafka.RUN_PARTITIONS, principal="dispatcher")
+    produce(
+        kafka_bootstrap,
+        run_topic,
+        [(f"gone-{i}".encode(), ready(tenant, f"gone-{i}")) for i in range(records)],
+    )
+    admin = kafka.admin(kafka_bootstrap, principal="admin")
+    for future in admin.delete_records([TopicPartition(run_topic, 0, records)]).values():
+        assert future.result(timeout=30).low_watermark == records
+    return tenant, run_topic
+
+
 def test_records_deleted_unread__dozes_at_its_logs_start__the_sweep_wakes_it_for_a_new_one_only(
     database_url, kafka_bootstrap, topics
 ):
@@ -245,17 +263,7 @@ def test_records_deleted_unread__dozes_at_its_logs_start__the_sweep_wakes_it_for
     there. Kept as 0, each sweep found the end past it and woke it, a missed
     wake counted every time. A record that comes without a wake is still
     found by the sweep and forwarded once."""
-    tenant = _tenant(database_url)
-    run_topic = topics.runs(tenant)
-    kafka.ensure_topics([run_topic], partitions=kafka.RUN_PARTITIONS, principal="dispatcher")
-    produce(
-        kafka_bootstrap,
-        run_topic,
-        [(f"gone-{i}".encode(), ready(tenant, f"gone-{i}")) for i in range(2)],
-    )
-    admin = kafka.admin(kafka_bootstrap, principal="admin")
-    for future in admin.delete_records([TopicPartition(run_topic, 0, 2)]).values():
-        assert future.result(timeout=30).low_watermark == 2
+    tenant, run_topic = _deleted_unread(database_url, kafka_bootstrap, topics, records=2)
     with running(_dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=1_000)) as d:
         wait_for(lambda: (run_topic, 0) in d.dozing.dozing, timeout=30, what="the partition dozes")
         assert d._dozed_at[(run_topic, 0)] == 2, _state(d, run_topic)
@@ -263,6 +271,57 @@ def test_records_deleted_unread__dozes_at_its_logs_start__the_sweep_wakes_it_for
         got = drain(kafka_bootstrap, topics.queue(tenant, "billing"), want=1, timeout=30)
         assert [datum["run_id"] for _t, _k, _n, datum, _m in got] == ["r-2"]
         assert d.dozing.missed_total == 1 and d.forwarded_total == 1, _state(d, run_topic)
+
+
+def _committed_behind_the_logs_start(database_url, kafka_bootstrap, topics) -> str:
+    """A tenant whose group committed offset 2 of its run topic, whose five
+    records were then deleted unread: the log starts at 5, past the commit.
+    Its run topic."""
+    _tenant_id, run_topic = _deleted_unread(database_url, kafka_bootstrap, topics, records=5)
+    committer = kafka.consumer(
+        f"{topics.prefix}.dispatcher", kafka_bootstrap, principal="dispatcher"
+    )
+    try:
+        committer.commit(offsets=[TopicPartition(run_topic, 0, 2)], asynchronous=False)
+    finally:
+        committer.close()
+    return run_topic
+
+
+def test_committed_behind_the_logs_start__nothing_left__dozes_at_the_start(
+    database_url, kafka_bootstrap, topics
+):
+    """Assigned at its commit (2), reset by librdkafka to the log's start (5),
+    nothing to read: the partition is caught up there and dozes. Kept at 2,
+    it never looked caught up, never dozed, and the fetch watch (1 s here)
+    replaced the clients as stuck behind records that are not there."""
+    run_topic = _committed_behind_the_logs_start(database_url, kafka_bootstrap, topics)
+    d = _dozing_dispatcher(database_url, kafka_bootstrap, topics, sweep_ms=1_000, fetch_watch_s=1)
+    with running(d):
+        wait_for(lambda: (run_topic, 0) in d.dozing.dozing, timeout=30, what="the partition dozes")
+        assert d._dozed_at[(run_topic, 0)] == 5, _state(d, run_topic)
+        assert d.fetch_watch.stuck_total == 0
+
+
+def test_committed_behind_the_logs_start__no_dozing__the_fetch_watch_finds_nothing_stuck(
+    database_url, kafka_bootstrap, topics
+):
+    """Without dozing the partition stays fetched, and the fetch watch judges
+    it: at the log's start (5), where the broker's end is, it is not stuck.
+    At its commit (2) it was, at every second look."""
+    run_topic = _committed_behind_the_logs_start(database_url, kafka_bootstrap, topics)
+    d = Dispatcher(
+        database_url, kafka_bootstrap, topics, topic_scan_s=3600, doze_after_ms=0, fetch_watch_s=1
+    )
+    with running(d):
+        wait_for(
+            lambda: d._next.get((run_topic, 0)) == 5,  # as the watch's looks judge it
+            timeout=30,
+            what="the position at the log's start",
+        )
+        looked = d.fetch_watch.looks
+        wait_for(lambda: d.fetch_watch.looks >= looked + 3, timeout=30, what="three more looks")
+        assert d.fetch_watch.stuck_total == 0
 
 
 def test_leases_move_while_partitions_doze__handed_over__every_run_forwarded_once(
