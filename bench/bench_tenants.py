@@ -13,7 +13,10 @@ job every minute each (at second i % 60: 50 runs a second at 3,000), waits
 until their topics exist and each has fired once, then creates the
 new tenants among them, and prints the runs of the N over the same seconds
 beside the first runs: a new tenant on a platform that already holds
-thousands, against the steady lateness of that platform.
+thousands, against the steady lateness of that platform. `--target webhook`:
+the new tenants' jobs are webhook jobs, the webhook service runs too and
+delivers to a local receiver (bench_webhook.Receiver); printed besides, each
+first run's delivery (the receiver got it) minus its scheduled instant.
 
 `--idle N[,N...]`: for each N, a fresh database and prefix with every
 service but the gateway running (timer, relay, dispatcher, workflow, webhook,
@@ -59,6 +62,7 @@ It prints figures and asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import uuid
 from pathlib import Path
@@ -93,15 +97,20 @@ from cronwheel.kafka import Topics
 from cronwheel.store.jobs import Jobs, create_tenant
 
 
-def first_run(tenants: int, pace_ms: int, due_ms: int, beside: int = 0) -> None:
+def first_run(
+    tenants: int, pace_ms: int, due_ms: int, beside: int = 0, target: str = "queue"
+) -> None:
     """`beside`: that many tenants registered first, each with a queue job
     every minute at its own second (i % 60: 50 runs a second at 3,000), their
     topics made and each fired once, so the
     new tenants arrive on a platform that already holds them; their runs of
-    the same minute are the steady p99 the first runs are set against."""
+    the same minute are the steady p99 the first runs are set against.
+    `target` "webhook": the new tenants' jobs are webhook jobs, delivered by
+    the webhook service to a local receiver (bench_webhook.Receiver), and
+    the lateness of the delivery is printed too."""
     header(
-        f"first runs of {tenants} new tenants, each job due {due_ms} ms after its tenant"
-        + (f", beside {beside} tenants with a job a minute each" if beside else "")
+        f"first runs of {tenants} new tenants, each {target} job due {due_ms} ms after its"
+        " tenant" + (f", beside {beside} tenants with a job a minute each" if beside else "")
     )
     prefix = f"bt{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
@@ -109,10 +118,19 @@ def first_run(tenants: int, pace_ms: int, due_ms: int, beside: int = 0) -> None:
         wait_deletions_done()  # an earlier run's thousands of topics, removed while idle
     grant(prefix)
     made: list[tuple[str, int]] = []  # (tenant_id, scheduled_ms)
+    names: tuple[str, ...] = ("timer", "relay", "dispatcher")
+    receiver = None
+    if target == "webhook":
+        from bench_webhook import Receiver
+
+        receiver = Receiver()
+        os.environ["CRONWHEEL_WEBHOOK_ALLOW_CIDRS"] = "127.0.0.0/8"  # the receiver's address
+        names += ("webhook",)
+    delivered: list[float] = []
     try:
         with (
             fresh_database() as url,
-            Services(url, prefix, ("timer", "relay", "dispatcher")) as svc,
+            Services(url, prefix, names) as svc,
         ):
             old, made_s = _minutely_tenants(url, topics, svc, beside, True) if beside else ([], 0)
             if old:
@@ -127,13 +145,20 @@ def first_run(tenants: int, pace_ms: int, due_ms: int, beside: int = 0) -> None:
                     body = {
                         "name": "first",
                         "schedule": {"at": iso(at)},
-                        "target": {"type": "queue", "queue": "q"},
+                        "target": (
+                            {"type": "queue", "queue": "q"}
+                            if receiver is None
+                            else {"type": "webhook", "url": f"http://127.0.0.1:{receiver.port}/h"}
+                        ),
                     }
                     with conn.transaction():
                         jobs.create(conn, t, body, now_ms())
                     made.append((t["tenant_id"], at))
                     time.sleep(pace_ms / 1000)  # the pace of tenant creation, not a wait
-            queue_late, relay_late = _read(topics, made, timeout_s=due_ms / 1000 + 30)
+            dest = topics.webhook if receiver is not None else lambda t: topics.queue(t, "q")
+            queue_late, relay_late, runs = _read(topics, made, due_ms / 1000 + 30, dest)
+            if receiver is not None:
+                delivered = _delivered(receiver, runs, timeout_s=30)
             steady: list[float] = []
             if old:
                 # The runs of the tenants beside, over the same seconds: each
@@ -148,18 +173,23 @@ def first_run(tenants: int, pace_ms: int, due_ms: int, beside: int = 0) -> None:
                 steady, _runs = _herd(topics, fired)
             svc.check_alive()
     finally:
+        if receiver is not None:
+            receiver.close()
         if mine := prefix_topics(prefix):
             delete_topics(mine)
-    say(f"queue records {len(queue_late)}/{tenants}; run-topic records {len(relay_late)}")
+    say(f"{target} records {len(queue_late)}/{tenants}; run-topic records {len(relay_late)}")
     say(f"due -> relay produce() (ms): {describe(relay_late)}")
     say(f"due -> dispatcher produce() (ms): {describe(queue_late)}")
+    if receiver is not None:
+        say(f"due -> the receiver got the webhook (ms): {describe(delivered)}")
     if old:
         say(
             f"the {len(steady)} runs of the tenants beside over the same seconds,"
             f" due -> dispatcher produce() (ms): {describe(steady) if steady else 'none'}"
         )
-    target = f"the steady p99, {_p99(steady)} ms" if steady else "the steady p99"
-    say(f"RESULT first-run lateness p99 {_p99(queue_late)} ms (target: {target})")
+    goal = f"the steady p99, {_p99(steady)} ms" if steady else "the steady p99"
+    late = delivered if receiver is not None else queue_late
+    say(f"RESULT first-run lateness ({target}) p99 {_p99(late)} ms (target: {goal})")
 
 
 def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = False) -> None:
@@ -497,13 +527,16 @@ def _p99(values: list[float]) -> str:
     return f"{percentile(values, 99):.0f}" if values else "n/a"
 
 
-def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float):
-    """Each tenant's first record on its queue topic and on its run topic:
-    their timestamps minus the scheduled instant."""
+def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest):
+    """Each tenant's first record on its destination topic (`dest(tenant)`)
+    and on its run topic: their timestamps minus the scheduled instant; and
+    the destination records' (run id, scheduled instant) by topic."""
     c = kafka.consumer(observer_group(), principal="observer")
     decode = default_registry().decode
-    wanted = {topics.queue(t, "q"): at for t, at in made} | {topics.runs(t): at for t, at in made}
+    dests = {dest(t) for t, _at in made}
+    wanted = {dest(t): at for t, at in made} | {topics.runs(t): at for t, at in made}
     got: dict[str, float] = {}
+    runs: dict[str, tuple[str, int]] = {}
     deadline = time.monotonic() + timeout_s
     try:
         while len(got) < len(wanted) and time.monotonic() < deadline:
@@ -524,11 +557,26 @@ def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float):
                     if m.error() is None and m.topic() not in got:
                         _n, d = decode(m.value())
                         got[m.topic()] = m.timestamp()[1] - d["scheduled_at"]
+                        runs[m.topic()] = (d["run_id"], d["scheduled_at"])
     finally:
         c.close()
-    queue = [v for k, v in got.items() if ".q." in k]
-    runs = [v for k, v in got.items() if ".runs." in k]
-    return queue, runs
+    forwarded = [v for k, v in got.items() if k in dests]
+    fired = [v for k, v in got.items() if k not in dests]
+    return forwarded, fired, {k: v for k, v in runs.items() if k in dests}
+
+
+def _delivered(receiver, runs: dict[str, tuple[str, int]], timeout_s: float) -> list[float]:
+    """When the receiver got each run's webhook, minus its scheduled instant
+    (ms), polled until all came or `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        receiver.collect()
+        if all(r in receiver.arrived for r, _at in runs.values()):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # a poll of the receiver, bounded by the deadline
+    return [1000 * receiver.arrived[r] - at for r, at in runs.values() if r in receiver.arrived]
 
 
 def main() -> None:
@@ -536,6 +584,12 @@ def main() -> None:
     ap.add_argument("--tenants", type=int, default=20)
     ap.add_argument("--pace-ms", type=int, default=500)
     ap.add_argument("--due-ms", type=int, default=3000)
+    ap.add_argument(
+        "--target",
+        choices=("queue", "webhook"),
+        default="queue",
+        help="the new tenants' jobs' target (first-run case)",
+    )
     ap.add_argument(
         "--beside",
         type=int,
@@ -563,7 +617,7 @@ def main() -> None:
         return
     if min(args.tenants, args.pace_ms, args.due_ms) < 1 or args.beside < 0:
         ap.error("--tenants, --pace-ms and --due-ms must be at least 1, --beside at least 0")
-    first_run(args.tenants, args.pace_ms, args.due_ms, args.beside)
+    first_run(args.tenants, args.pace_ms, args.due_ms, args.beside, args.target)
 
 
 if __name__ == "__main__":
