@@ -574,9 +574,9 @@ class ConsumerService:
         """End the consumer's outstanding fetch now, so that a request queued
         behind it on the same connection is answered at once; whether it
         could. Here it cannot (no fetch of a service names a topic it
-        writes to), and the consumer is not asked new topics' leaders
-        (cronwheel.assignment.learn_leaders), which would hold the loop up to
-        fetch.wait.max.ms each."""
+        writes to): new topics' leaders are asked and not waited for
+        (cronwheel.assignment.ask_unwaited), as a waited ask would hold the
+        loop up to fetch.wait.max.ms each."""
         return False
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
