@@ -93,10 +93,8 @@ def ask_unwaited(consumer: Consumer, topics: list[str]) -> None:
     whose outstanding fetch nobody can end (the webhook service's, the
     executor's). The answer comes once that fetch is answered, and fills
     the consumer's cache all the same: the leader is known within the
-    fetch's wait (up to fetch.wait.max.ms), not at the next refresh (a new
-    webhook tenant's first run, due 200 ms after it, was delivered 0.6-0.9 s
-    late at p50, 1.2-1.4 s at p99; 37 ms and 0.53 s with these asks,
-    bench_tenants.py --target webhook)."""
+    fetch's wait (up to fetch.wait.max.ms), not at the next refresh
+    (docs/dispatcher.md, "New tenants and new destinations")."""
     for topic in topics:
         with contextlib.suppress(KafkaException):  # timed out, as meant
             consumer.list_topics(topic, timeout=UNWAITED_S)

@@ -300,7 +300,9 @@ class Dispatcher(ConsumerService):
         at = {key: self._consumed_to(consumer, key) for key in keys}
         return {key: offset for key, offset in at.items() if offset is not None}
 
-    def _consumed_to(self, consumer: Consumer, key: tuple[str, int], low: int | None = None):
+    def _consumed_to(
+        self, consumer: Consumer, key: tuple[str, int], low: int | None = None
+    ) -> int | None:
         """`_next[key]`, None where unknown. One assigned at its committed
         offset and not read since stands at the log's start if that is
         further on: retention moved it past the commit (the dispatcher was
