@@ -565,28 +565,23 @@ class Dispatcher(ConsumerService):
         def on_delivery(err, msg, o=o):
             batch.unacked -= 1
             self.delivery_reports += 1
-            if err is None and msg.offset() < 0:
+            if err is None and msg.offset() >= 0:
+                return
+            if err is None:
                 # librdkafka's "delivered" for a retry the broker called a
                 # duplicate (DUPLICATE_SEQUENCE_NUMBER): written by an earlier
                 # send, it says, at an offset it does not know. Counted and
                 # named, so that a forward the queue lacks can be traced here.
                 self.unplaced_acks_total += 1
                 metrics.UNPLACED_ACKS.inc()
-                run_id, attempt = run_of(o.done_key or "") or (None, None)
-                log.warning(
-                    "delivery to %s acknowledged without an offset",
-                    o.topic,
-                    extra=run_fields(run_id=run_id, attempt=attempt),
-                )
-            if err is not None:
-                run_id, attempt = run_of(o.done_key or "") or (None, None)  # a forward's run
-                log.warning(
-                    "delivery to %s failed: %s",
-                    o.topic,
-                    err,
-                    extra=run_fields(run_id=run_id, attempt=attempt),
-                )
+                what = "acknowledged without an offset"
+            else:
                 batch.failed.append(o)
+                what = f"failed: {err}"
+            run_id, attempt = run_of(o.done_key or "") or (None, None)  # a forward's run
+            log.warning(
+                "delivery to %s %s", o.topic, what, extra=run_fields(run_id=run_id, attempt=attempt)
+            )
 
         batch.unacked += 1
         # After _ensure_topics: the topic exists, its partition count is known.
