@@ -15,12 +15,15 @@ effect once.
 
 Landed: runs were executed by several of the storm's worker processes (the
 effect log's `pid`), and the dispatchers' partition leases were held by
-several instances during the storm.
+several instances during the storm. The storm lasts down_s and then until it
+landed (at most 300 s more): on a loaded machine processes start slowly, and a
+group that rebalances on every join may start no run for a long stretch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import subprocess
 import time
@@ -63,6 +66,28 @@ def _executors(platform: Platform, since_ms: int) -> set[int]:
         if e["phase"] == "start" and e["at"] >= since_ms and "pid" in e:
             pids.add(e["pid"])
     return pids
+
+
+def _landed(came_up: dict[str, int], ran: set[int], owners: set[str]) -> bool:
+    """The storm landed: HANDOVERS processes of each kind came up and left,
+    runs were executed by more than one worker process (the queue partition
+    moved between them) and the dispatchers' leases were held by more than
+    one instance."""
+    return min(came_up.values()) >= HANDOVERS and len(ran) >= 2 and len(owners) >= 2
+
+
+def _longest_pause_s(platform: Platform, since_ms: int) -> float:
+    """The longest stretch since `since_ms` in which no run was started: how
+    long the rebalances held the worker group still."""
+    starts = sorted(
+        [since_ms]
+        + [
+            e["at"]
+            for e in effect_log.read(platform.effect_log)
+            if e["phase"] == "start" and e["at"] >= since_ms
+        ]
+    )
+    return max((b - a for a, b in itertools.pairwise(starts)), default=0) / 1000
 
 
 def _reap(leaving: list[subprocess.Popen], timeout: float = 0.0) -> list[subprocess.Popen]:
@@ -130,10 +155,12 @@ def storm(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -
     since_ms = time.time_ns() // 1_000_000
     t0 = time.monotonic()
     try:
-        # At least down_s, and until HANDOVERS of each kind came up and left:
-        # on a loaded machine a process can take longer than down_s to start.
+        # At least down_s, and until the storm landed: on a loaded machine a
+        # process can take longer than down_s to start, and a worker group
+        # rebalancing on every join may start nothing for many seconds.
         while time.monotonic() - t0 < plan.down_s or (
-            min(came_up.values()) < HANDOVERS and time.monotonic() - t0 < plan.down_s + 300
+            not _landed(came_up, _executors(platform, since_ms), owners)
+            and time.monotonic() - t0 < plan.down_s + 300
         ):
             tick = time.monotonic()
             ticks += 1
@@ -162,8 +189,6 @@ def storm(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -
     if crashed := {rc: n for rc, n in exits.items() if rc not in (0, -signal.SIGTERM)}:
         report.problems.append(f"processes that left in the storm crashed: {crashed}")
     ran = _executors(platform, since_ms)
-    # Landed: the queue partition moved between worker processes, and the
-    # dispatchers' leases between instances, while they came and went.
     assert min(came_up.values()) >= HANDOVERS, f"processes that came up and left: {came_up}"
     assert len(ran) >= 2, f"runs executed by {len(ran)} worker process(es) during the storm"
     assert len(owners) >= 2, f"dispatcher leases held by {len(owners)} instance(s)"
@@ -171,5 +196,6 @@ def storm(stack: PrivateStack, platform: Platform, plan: Plan, report: Report) -
         f"{ticks} s of storm: {came_up['worker']} workers and {came_up['dispatcher']}"
         f" dispatchers came up and left ({len(left)} processes told to leave);"
         f" runs executed by {len(ran)} worker processes, dispatcher leases held by"
-        f" {len(owners)} instances; exit codes of those that left: {dict(exits)}"
+        f" {len(owners)} instances; exit codes of those that left: {dict(exits)};"
+        f" longest stretch with no run started: {_longest_pause_s(platform, since_ms):.1f} s"
     )
