@@ -107,7 +107,9 @@ def first_run(
     the same minute are the steady p99 the first runs are set against.
     `target` "webhook": the new tenants' jobs are webhook jobs, delivered by
     the webhook service to a local receiver (bench_webhook.Receiver), and
-    the lateness of the delivery is printed too."""
+    the lateness of the delivery is printed too; "managed": managed jobs
+    (`true`, sandboxed), started by the executor, and the lateness of the
+    run's start (its `started_at`, the database's clock on this host)."""
     header(
         f"first runs of {tenants} new tenants, each {target} job due {due_ms} ms after its"
         " tenant" + (f", beside {beside} tenants with a job a minute each" if beside else "")
@@ -126,6 +128,8 @@ def first_run(
         receiver = Receiver()
         os.environ["CRONWHEEL_WEBHOOK_ALLOW_CIDRS"] = "127.0.0.0/8"  # the receiver's address
         names += ("webhook",)
+    elif target == "managed":
+        names += ("executor",)
     delivered: list[float] = []
     try:
         with (
@@ -145,20 +149,21 @@ def first_run(
                     body = {
                         "name": "first",
                         "schedule": {"at": iso(at)},
-                        "target": (
-                            {"type": "queue", "queue": "q"}
-                            if receiver is None
-                            else {"type": "webhook", "url": f"http://127.0.0.1:{receiver.port}/h"}
-                        ),
+                        "target": _target(target, receiver),
                     }
                     with conn.transaction():
                         jobs.create(conn, t, body, now_ms())
                     made.append((t["tenant_id"], at))
                     time.sleep(pace_ms / 1000)  # the pace of tenant creation, not a wait
-            dest = topics.webhook if receiver is not None else lambda t: topics.queue(t, "q")
+            dest = {
+                "webhook": topics.webhook,
+                "managed": topics.managed,
+            }.get(target, lambda t: topics.queue(t, "q"))
             queue_late, relay_late, runs = _read(topics, made, due_ms / 1000 + 30, dest)
             if receiver is not None:
                 delivered = _delivered(receiver, runs, timeout_s=30)
+            elif target == "managed":
+                delivered = _started(url, runs, timeout_s=30)
             steady: list[float] = []
             if old:
                 # The runs of the tenants beside, over the same seconds: each
@@ -182,13 +187,15 @@ def first_run(
     say(f"due -> dispatcher produce() (ms): {describe(queue_late)}")
     if receiver is not None:
         say(f"due -> the receiver got the webhook (ms): {describe(delivered)}")
+    elif target == "managed":
+        say(f"due -> the executor started the run (ms): {describe(delivered)}")
     if old:
         say(
             f"the {len(steady)} runs of the tenants beside over the same seconds,"
             f" due -> dispatcher produce() (ms): {describe(steady) if steady else 'none'}"
         )
     goal = f"the steady p99, {_p99(steady)} ms" if steady else "the steady p99"
-    late = delivered if receiver is not None else queue_late
+    late = delivered if target != "queue" else queue_late
     say(f"RESULT first-run lateness ({target}) p99 {_p99(late)} ms (target: {goal})")
 
 
@@ -565,6 +572,34 @@ def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest):
     return forwarded, fired, {k: v for k, v in runs.items() if k in dests}
 
 
+def _target(target: str, receiver) -> dict:
+    if target == "webhook":
+        return {"type": "webhook", "url": f"http://127.0.0.1:{receiver.port}/h"}
+    if target == "managed":
+        return {"type": "managed", "command": ["true"]}
+    return {"type": "queue", "queue": "q"}
+
+
+def _started(url: str, runs: dict[str, tuple[str, int]], timeout_s: float) -> list[float]:
+    """When the executor started each run (`started_at`), minus its scheduled
+    instant (ms), polled until all started or `timeout_s` passed."""
+    ids = [r for r, _at in runs.values()]
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            started = dict(
+                conn.execute(
+                    "SELECT run_id, (extract(epoch FROM started_at) * 1000)::bigint"
+                    " FROM runs_daily WHERE run_id::text = ANY(%s) AND started_at IS NOT NULL",
+                    [ids],
+                ).fetchall()
+            )
+            if len(started) == len(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)  # a poll of the database, bounded by the deadline
+    return [started[r] - at for r, at in runs.values() if r in started]
+
+
 def _delivered(receiver, runs: dict[str, tuple[str, int]], timeout_s: float) -> list[float]:
     """When the receiver got each run's webhook, minus its scheduled instant
     (ms), polled until all came or `timeout_s` passed."""
@@ -586,7 +621,7 @@ def main() -> None:
     ap.add_argument("--due-ms", type=int, default=3000)
     ap.add_argument(
         "--target",
-        choices=("queue", "webhook"),
+        choices=("queue", "webhook", "managed"),
         default="queue",
         help="the new tenants' jobs' target (first-run case)",
     )

@@ -90,11 +90,12 @@ def learn_leaders(
 
 def ask_unwaited(consumer: Consumer, topics: list[str]) -> None:
     """Each topic's metadata asked, the answer not waited for: a consumer
-    whose outstanding fetch nobody can end (the webhook service's, the
-    executor's). The answer comes once that fetch is answered, and fills
-    the consumer's cache all the same: the leader is known within the
-    fetch's wait (up to fetch.wait.max.ms), not at the next refresh
-    (docs/dispatcher.md, "New tenants and new destinations")."""
+    whose outstanding fetch nobody can end (a webhook service or executor
+    without its nudge topic, cronwheel.fetch_nudge). The answer comes once
+    that fetch is answered, and fills the consumer's cache all the same:
+    the leader is known within the fetch's wait (up to fetch.wait.max.ms),
+    not at the next refresh (docs/dispatcher.md, "New tenants and new
+    destinations")."""
     for topic in topics:
         with contextlib.suppress(KafkaException):  # timed out, as meant
             consumer.list_topics(topic, timeout=UNWAITED_S)
@@ -112,9 +113,10 @@ class LeasedAssignment:
         the tenant id. `placement` tells each topic's partition count, through
         a client other than the consumer being assigned (cronwheel.consuming).
         `end_fetch()`: ends the consumer's outstanding fetch, whether it
-        could (the dispatcher's nudge). New topics' leaders are asked before
-        they are assigned (learn_leaders): waited for where the fetch was
-        ended, else sent and not waited for."""
+        could (the dispatcher's nudge on its wake topic; the other services'
+        on their own, cronwheel.fetch_nudge). New topics' leaders are asked
+        before they are assigned (learn_leaders): waited for where the fetch
+        was ended, else sent and not waited for."""
         self.leases = leases
         self.prefix = prefix
         self.placement = placement

@@ -41,6 +41,7 @@ from cronwheel import consuming, kafka, metrics, runtime
 from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
+from cronwheel.fetch_nudge import FetchNudge
 from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.producer_shards import HOT_RATE, ShardedProducer, produce
@@ -372,6 +373,7 @@ class ConsumerService:
         self._stop = threading.Event()
         self.assignment: LeasedAssignment | None = None
         self.watch: TopicWatch | None = None
+        self.fetch_nudge: FetchNudge | None = None  # lease_tenant_topics'
         # Hand-assigned consumers: partitions librdkafka stopped fetching
         # (cronwheel.fetch_watch), asked of the broker through `asker`, a
         # client of the watch's own (made when first asked, renewed when it
@@ -391,13 +393,23 @@ class ConsumerService:
         return self.dead_letters.total
 
     def lease_tenant_topics(
-        self, kind: str, *, ttl_ms: int = 10_000, placement: Placement | None = None, **watch
+        self,
+        kind: str,
+        *,
+        ttl_ms: int = 10_000,
+        placement: Placement | None = None,
+        nudge: bool = True,
+        **watch,
     ) -> None:
         """Read the per-tenant topics `<prefix>.<kind>.<tenant>` by name, those
         of the tenants whose partitions this instance leases
         (cronwheel.assignment), rather than by a group's rebalance. `watch`:
-        TopicWatch's options."""
+        TopicWatch's options. `nudge`: end the consumer's fetch when topics
+        are assigned through a topic of the service's own
+        (cronwheel.fetch_nudge); False for a service that has another."""
         prefix = f"{self.topics.prefix}.{kind}."
+        if nudge:
+            self.fetch_nudge = FetchNudge(self.topics.nudge(self.name), self.producer)
         self.watch = TopicWatch(self.dsn, self.producer, prefix, **watch)
         self.assignment = LeasedAssignment(
             Leases(self.group_id, ttl_ms=ttl_ms),
@@ -492,13 +504,19 @@ class ConsumerService:
             # subscribers) it asked for every tenant's topic: at 3,000 tenants
             # most of an idle dispatcher's CPU, in librdkafka's main thread.
             overrides["topic.metadata.refresh.interval.ms"] = ASSIGNED_METADATA_REFRESH_MS
-        return kafka.consumer(
+        consumer = kafka.consumer(
             self.group_id,
             self.bootstrap,
             principal=self.name,
             on_commit=self.offsets.on_commit,
             **overrides,
         )
+        if self.fetch_nudge is not None:
+            self.fetch_nudge.start(consumer, self._ensure_nudge_topic)
+        return consumer
+
+    def _ensure_nudge_topic(self, names: list[str]) -> None:
+        kafka.ensure_topics(names, partitions=1, bootstrap=self.bootstrap, principal=self.name)
 
     def describe(self, consumer: Consumer) -> dict:
         """What this service reads and holds, for a diagnosis (SIGUSR2,
@@ -573,14 +591,18 @@ class ConsumerService:
     def end_fetch(self) -> bool:
         """End the consumer's outstanding fetch now, so that a request queued
         behind it on the same connection is answered at once; whether it
-        could. Here it cannot (no fetch of a service names a topic it
-        writes to): new topics' leaders are asked and not waited for
+        could: a nudge (cronwheel.fetch_nudge). Where it could not, new
+        topics' leaders are asked and not waited for
         (cronwheel.assignment.ask_unwaited), as a waited ask would hold the
         loop up to fetch.wait.max.ms each."""
-        return False
+        return self.fetch_nudge is not None and self.fetch_nudge.nudge()
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
-        """These partitions were just assigned, at these (committed) offsets."""
+        """These partitions were just assigned, at these (committed) offsets.
+        The fetch outstanding does not name them, and would hold them until
+        fetch.wait.max.ms: a nudge ends it."""
+        if partitions and self.fetch_nudge is not None:
+            self.fetch_nudge.nudge()
 
     def give_up(self, partitions: list[TopicPartition]) -> None:
         """Hand these over (their lease moved, or they were revoked): commit
@@ -603,7 +625,8 @@ class ConsumerService:
             consumer, self.batch, wait_ms / 1000, self.max_wait_ms / 1000, QUIET, first
         )
 
-    @staticmethod
-    def records(msgs: Iterable[Message]) -> list[Message]:
-        """The records among what was consumed; error events handled."""
-        return consuming.records(msgs, QUIET)
+    def records(self, msgs: Iterable[Message]) -> list[Message]:
+        """The records among what was consumed, without nudges; error events
+        handled."""
+        got = consuming.records(msgs, QUIET)
+        return self.fetch_nudge.drop(got) if self.fetch_nudge is not None else got

@@ -83,7 +83,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
+
+from cronwheel.fetch_nudge import assign_from_end
 
 log = logging.getLogger("cronwheel.dozing")
 
@@ -264,13 +266,7 @@ class Dozing:
         resolves it only when it first fetches the partition: on a busy
         machine or a topic just made that can be after a wake was written,
         and the wake would be skipped (to the sweep's cost, `sweep_ms`)."""
-        wake = TopicPartition(self.wake_topic, 0)
-        try:
-            _low, wake.offset = consumer.get_watermark_offsets(wake, timeout=timeout_s)
-        except KafkaException as exc:
-            log.warning("wake topic's end unknown (%s): read from where librdkafka finds it", exc)
-            wake.offset = OFFSET_END
-        consumer.incremental_assign([wake])
+        assign_from_end(consumer, self.wake_topic, timeout_s)
 
     def is_wake(self, topic: str) -> bool:
         return topic == self.wake_topic

@@ -70,6 +70,10 @@ class Topics:
         """The relay's wakes for dozing run-topic partitions (cronwheel.dozing)."""
         return f"{self.prefix}.wake"
 
+    def nudge(self, service: str) -> str:
+        """A service's own topic for ending its consumer's fetch (cronwheel.fetch_nudge)."""
+        return f"{self.prefix}.nudge.{service}"
+
 
 # Partitions a tenant's topics start with. An idle tenant costs the broker and
 # every consumer per partition (bench_tenants.py --idle), so they start small:

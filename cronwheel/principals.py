@@ -116,8 +116,20 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         _DEAD_LETTERS,
         _group("{P}.workflow"),
     ),
-    "webhook": (_topics("{P}.webhook.", R, D), _DEAD_LETTERS, _group("{P}.webhook")),
-    "executor": (_topics("{P}.managed.", R, D), _DEAD_LETTERS, _group("{P}.executor")),
+    # Each also reads and writes a topic of its own, read whole and never
+    # committed, written to end its consumer's fetch (cronwheel.fetch_nudge).
+    "webhook": (
+        _topics("{P}.webhook.", R, D),
+        _topics("{P}.nudge.webhook", R, W, D, C, pattern=LITERAL),
+        _DEAD_LETTERS,
+        _group("{P}.webhook"),
+    ),
+    "executor": (
+        _topics("{P}.managed.", R, D),
+        _topics("{P}.nudge.executor", R, W, D, C, pattern=LITERAL),
+        _DEAD_LETTERS,
+        _group("{P}.executor"),
+    ),
     # Grows a tenant's queue topics (PUT .../queues/{q}/partitions) and creates
     # tenants' principals and ACLs (ALTER and DESCRIBE on the cluster).
     # For the operator's GET /v1/system (services/gateway/system.py): the

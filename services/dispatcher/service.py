@@ -244,6 +244,7 @@ class Dispatcher(ConsumerService):
         self.lease_tenant_topics(
             "runs",
             ttl_ms=lease_ttl_ms,
+            nudge=False,  # it ends its fetches with the wake topic (end_fetch)
             placement=self._placement,
             tenant_topic=self.topics.runs,
             ensure=lambda names: kafka.ensure_topics(

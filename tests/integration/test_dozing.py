@@ -445,10 +445,10 @@ def test_start__the_end_unknown__read_from_where_librdkafka_finds_it_and_said(
     )
     missing = f"{topics.prefix}.nosuch.wake"  # no such topic: the broker cannot say its end
     try:
-        with caplog.at_level(logging.WARNING, "cronwheel.dozing"):
+        with caplog.at_level(logging.WARNING, "cronwheel.fetch_nudge"):  # assign_from_end's
             Dozing(missing, after_ms=1_000, sweep_ms=600_000).start(consumer, timeout_s=2)
         assert [(tp.topic, tp.offset) for tp in consumer.assignment()] == [(missing, OFFSET_END)]
-        assert any("wake topic's end unknown" in m for m in caplog.messages)
+        assert any(f"{missing}'s end unknown" in m for m in caplog.messages)
     finally:
         consumer.close()
 

@@ -46,6 +46,9 @@ def test_platform__writers_of_each_topic_kind():
         "cw.webhook.": {"dispatcher"},
         "cw.managed.": {"dispatcher"},
         "cw.dead-letter": {"dispatcher", "workflow", "webhook", "executor"},
+        # Each written by its service alone, to end its own fetches.
+        "cw.nudge.webhook": {"webhook"},
+        "cw.nudge.executor": {"executor"},
     }
 
 

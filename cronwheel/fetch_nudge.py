@@ -1,0 +1,98 @@
+"""A topic of a service's own that its consumer always fetches and that it
+writes to, to end the fetch outstanding: `<p>.nudge.<service>`, one partition.
+
+Why: a fetch names the partitions assigned when it was sent, and the broker
+holds it until a record arrives for one of them or `fetch.wait.max.ms` (500
+ms) passes. A partition assigned meanwhile (a new tenant's topic) is fetched
+only by the next fetch, and a request queued on the same connection (the
+new topic's metadata, `assignment.learn_leaders`) is answered only after
+that fetch. So a new tenant's first run waited up to a whole fetch wait: the
+webhook service's first deliveries, p99 ~520 ms (docs/dispatcher.md, "New
+tenants and new destinations"). A record on a partition the outstanding
+fetch names ends it at once. The dispatcher writes its nudges to the wake
+topic it reads anyway (cronwheel.dozing); a service without one reads this.
+
+What holds:
+
+- The partition is read from its end as it was when the consumer started
+  (asked of the broker, `assign_from_end`), never paused, never committed:
+  a nudge carries nothing, and one missed costs at most one fetch wait.
+- A nudge ends the fetch of every instance of the service (they all read
+  the topic); each then sends the next fetch at once: one fetch more each,
+  per assignment that added partitions anywhere.
+- Nudge records never reach a service's handling (`drop`); they are neither
+  decoded nor dead-lettered.
+- Without the topic (the broker away at the start, a deployment whose ACLs
+  predate it) the service runs as before: new topics' leaders are asked and
+  not waited for (assignment.ask_unwaited), first runs wait up to one fetch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, Message, Producer, TopicPartition
+
+log = logging.getLogger("cronwheel.fetch_nudge")
+
+
+def assign_from_end(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> None:
+    """Add partition 0 of `topic` to the assignment at its end as it is now.
+    The end is asked of the broker here, not left to librdkafka (OFFSET_END),
+    which resolves it only when it first fetches the partition: on a busy
+    machine or a topic just made that can be after a record meant for this
+    instance was written, and the record would be skipped."""
+    where = TopicPartition(topic, 0)
+    try:
+        _low, where.offset = consumer.get_watermark_offsets(where, timeout=timeout_s)
+    except KafkaException as exc:
+        log.warning("%s's end unknown (%s): read from where librdkafka finds it", topic, exc)
+        where.offset = OFFSET_END
+    consumer.incremental_assign([where])
+
+
+class FetchNudge:
+    def __init__(self, topic: str, producer: Producer):
+        self.topic = topic
+        self.producer = producer
+        self.active = False  # started: the consumer fetches the topic
+        self.sent_total = 0
+
+    def start(self, consumer: Consumer, ensure: Callable[[list[str]], None]) -> bool:
+        """Make the topic where it does not exist (`ensure`, the service's
+        principal) and read it from its end; whether nudges can now end
+        this consumer's fetches. A failure is logged and leaves the service
+        without nudges."""
+        try:
+            ensure([self.topic])
+            assign_from_end(consumer, self.topic)
+        except Exception as exc:  # KafkaException, RuntimeError: no nudges, as before
+            log.warning("no fetch nudges: %s is unavailable (%s)", self.topic, exc)
+            self.active = False
+            return False
+        self.active = True
+        return True
+
+    def nudge(self) -> bool:
+        """End the consumer's outstanding fetch (and every other instance's):
+        whether a nudge was sent. Thread-safe, as producing is; the delivery
+        is not waited for, and a full local queue skips it (the fetch then
+        ends at fetch.wait.max.ms). Not polled here: the producer's
+        callbacks stay on the thread that serves them."""
+        if not self.active:
+            return False
+        try:
+            self.producer.produce(topic=self.topic, value=b"")
+        except (BufferError, KafkaException) as exc:
+            log.warning("could not nudge %s: %s", self.topic, exc)
+            return False
+        self.sent_total += 1
+        return True
+
+    def is_nudge(self, m: Message) -> bool:
+        return m.topic() == self.topic
+
+    def drop(self, msgs: Iterable[Message]) -> list[Message]:
+        """What was consumed, without the nudges."""
+        return [m for m in msgs if m.topic() != self.topic]

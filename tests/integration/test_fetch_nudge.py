@@ -1,0 +1,111 @@
+"""A service's nudge topic (cronwheel.fetch_nudge) ends its consumer's
+outstanding fetch, so a partition assigned meanwhile is fetched at once
+rather than after fetch.wait.max.ms. As the services assign a new topic
+(cronwheel.assignment): a nudge before the ask for its leader (waited for,
+learn_leaders), the assignment, a nudge after it. Against the real broker,
+as the executor's and the webhook service's principals."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from cronwheel import kafka
+from cronwheel.assignment import learn_leaders
+from cronwheel.fetch_nudge import FetchNudge
+from cronwheel.kafka import Topics
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+# Far longer than the test waits for the record: only the nudge can end the
+# fetch outstanding before the record arrives.
+LONG_FETCH_MS = 30_000
+
+
+def _consumer(topic_prefix: str, kafka_bootstrap: str, principal: str):
+    return kafka.consumer(
+        f"{topic_prefix}.{principal}",
+        kafka_bootstrap,
+        principal=principal,
+        **{"fetch.wait.max.ms": LONG_FETCH_MS, "socket.timeout.ms": LONG_FETCH_MS + 30_000},
+    )
+
+
+def _ensure(kafka_bootstrap: str, principal: str):
+    return lambda names: kafka.ensure_topics(
+        names, partitions=1, bootstrap=kafka_bootstrap, principal=principal
+    )
+
+
+def _polled(consumer, seconds: float) -> list:
+    got, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        m = consumer.poll(0.1)
+        if m is not None and m.error() is None:
+            got.append(m)
+    return got
+
+
+@pytest.mark.parametrize("service,kind", [("executor", "managed"), ("webhook", "webhook")])
+def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_nudged(
+    kafka_bootstrap, topic_prefix, service, kind
+):
+    topics = Topics(topic_prefix)
+    first, second = f"{topic_prefix}.{kind}.acme", f"{topic_prefix}.{kind}.globex"
+    kafka.ensure_topics([first, second], partitions=1, principal="dispatcher")
+    producer = kafka.producer(kafka_bootstrap, principal=service)
+    writer = kafka.producer(kafka_bootstrap, principal="dispatcher")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, service)
+    try:
+        nudge = FetchNudge(topics.nudge(service), producer)
+        # A nudge written before the start is not read: read from its end.
+        kafka.ensure_topics([nudge.topic], partitions=1, principal=service)
+        producer.produce(topic=nudge.topic, value=b"")
+        assert producer.flush(10) == 0
+        assert nudge.start(consumer, _ensure(kafka_bootstrap, service))
+        consumer.incremental_assign([TopicPartition(first, 0, 0)])
+        assert _polled(consumer, 1.0) == []  # nothing anywhere; a fetch now waits
+
+        # Ended, so the ask is answered at once (it would wait behind the
+        # fetch); the fetch sent next does not name the new partition.
+        learn_leaders(consumer, {second}, nudge.nudge)
+        assert nudge.sent_total == 1
+        consumer.incremental_assign([TopicPartition(second, 0, 0)])
+        writer.produce(topic=second, key=b"run-1", value=b"x")
+        assert writer.flush(10) == 0
+        # The fetch outstanding does not name the new partition: its record
+        # waits (this is what the nudge is for, and that it would wait here).
+        got = _polled(consumer, 2.0)
+        assert [m.topic() for m in got] == [nudge.topic]  # the first nudge
+
+        assert nudge.nudge() and nudge.sent_total == 2
+        got = []
+        wait_for(
+            lambda: got.extend(_polled(consumer, 0.2)) or any(m.topic() == second for m in got),
+            timeout=10,
+            what="the new partition's record, after the nudge",
+        )
+        assert [m.topic() for m in nudge.drop(got)] == [second]
+        assert [m.topic() for m in got if nudge.is_nudge(m)] == [nudge.topic]  # only the new one
+    finally:
+        consumer.close()
+
+
+def test_nudge__a_principal_without_the_topic__no_nudges_and_the_service_runs_as_before(
+    kafka_bootstrap, topic_prefix
+):
+    """The workflow service's principal has no nudge topic: the start fails
+    with a warning, nudges are refused, and the consumer reads as before."""
+    topics = Topics(topic_prefix)
+    producer = kafka.producer(kafka_bootstrap, principal="workflow")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, "workflow")
+    try:
+        nudge = FetchNudge(topics.nudge("executor"), producer)
+        assert not nudge.start(consumer, _ensure(kafka_bootstrap, "workflow"))
+        assert not nudge.nudge() and nudge.sent_total == 0
+        assert consumer.assignment() == []
+    finally:
+        consumer.close()
