@@ -621,9 +621,10 @@ class ConsumerService:
         for one, then take what else arrives within `max_wait_ms`
         (`first`: consuming.take's)."""
         wait_ms = self.idle_ms if wait_ms is None else wait_ms
-        return consuming.take(
+        got = consuming.take(
             consumer, self.batch, wait_ms / 1000, self.max_wait_ms / 1000, QUIET, first
         )
+        return self.fetch_nudge.drop(got) if self.fetch_nudge is not None else got
 
     def records(self, msgs: Iterable[Message]) -> list[Message]:
         """The records among what was consumed, without nudges; error events

@@ -25,16 +25,24 @@ What holds:
 - Without the topic (the broker away at the start, a deployment whose ACLs
   predate it) the service runs as before: new topics' leaders are asked and
   not waited for (assignment.ask_unwaited), first runs wait up to one fetch.
+  The start is tried again at a nudge `RETRY_S` later, on the consumer's
+  thread (a nudge is made there), warned of once.
+- One broker: a nudge ends the fetch on the connection to the nudge topic's
+  leader. With several brokers a new topic's leader may be another, whose
+  fetch it does not end (the dispatcher's wake topic has the same limit).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Message, Producer, TopicPartition
 
 log = logging.getLogger("cronwheel.fetch_nudge")
+
+RETRY_S = 60.0  # a failed start is tried again this long after, at a nudge
 
 
 def assign_from_end(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> None:
@@ -53,25 +61,35 @@ def assign_from_end(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> 
 
 
 class FetchNudge:
-    def __init__(self, topic: str, producer: Producer):
+    def __init__(self, topic: str, producer: Producer, clock: Callable[[], float] = time.monotonic):
         self.topic = topic
         self.producer = producer
         self.active = False  # started: the consumer fetches the topic
         self.sent_total = 0
+        self._clock = clock
+        self._retry: tuple[Consumer, Callable[[list[str]], None]] | None = None
+        self._retry_at = 0.0
+        self._warned = False
 
     def start(self, consumer: Consumer, ensure: Callable[[list[str]], None]) -> bool:
         """Make the topic where it does not exist (`ensure`, the service's
         principal) and read it from its end; whether nudges can now end
-        this consumer's fetches. A failure is logged and leaves the service
-        without nudges."""
+        this consumer's fetches. A failure is warned of (once) and tried
+        again at a nudge RETRY_S later; meanwhile no nudges."""
         try:
             ensure([self.topic])
             assign_from_end(consumer, self.topic)
         except Exception as exc:  # KafkaException, RuntimeError: no nudges, as before
-            log.warning("no fetch nudges: %s is unavailable (%s)", self.topic, exc)
+            if not self._warned:
+                log.warning("no fetch nudges: %s is unavailable (%s); tried again every"
+                            " %.0f s", self.topic, exc, RETRY_S)  # fmt: skip
+                self._warned = True
             self.active = False
+            self._retry, self._retry_at = (consumer, ensure), self._clock() + RETRY_S
             return False
-        self.active = True
+        if self._warned:
+            log.info("fetch nudges through %s from now on", self.topic)
+        self.active, self._retry = True, None
         return True
 
     def nudge(self) -> bool:
@@ -81,7 +99,10 @@ class FetchNudge:
         ends at fetch.wait.max.ms). Not polled here: the producer's
         callbacks stay on the thread that serves them."""
         if not self.active:
-            return False
+            if self._retry is None or self._clock() < self._retry_at:
+                return False
+            if not self.start(*self._retry):
+                return False
         try:
             self.producer.produce(topic=self.topic, value=b"")
         except (BufferError, KafkaException) as exc:

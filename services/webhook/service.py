@@ -615,7 +615,7 @@ class WebhookService:
             consumer.resume([TopicPartition(t, p) for t, p in resume])
         self._producer.poll(0)
         self._offsets.commit(consumer, asynchronous=True, assigned=self._assignment.assigned)
-        self._offsets.report_lag(consumer)
+        self._offsets.report_lag(consumer, assigned=self._assignment.assigned)
         if self._fetch_watch is not None and self._fetch_watch.due():
             watched = [key for key in self._assignment.assigned if key not in self._paused]
             watch_fetching(

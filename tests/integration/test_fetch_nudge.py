@@ -7,6 +7,7 @@ as the executor's and the webhook service's principals."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from confluent_kafka import TopicPartition
 
 from cronwheel import kafka
 from cronwheel.assignment import learn_leaders
-from cronwheel.fetch_nudge import FetchNudge
+from cronwheel.fetch_nudge import RETRY_S, FetchNudge
 from cronwheel.kafka import Topics
 from tests.support.wait import wait_for
 
@@ -94,18 +95,68 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
         consumer.close()
 
 
-def test_nudge__a_principal_without_the_topic__no_nudges_and_the_service_runs_as_before(
-    kafka_bootstrap, topic_prefix
+def test_nudge__a_principal_without_the_topic__no_nudges__tried_again_later__warned_once(
+    kafka_bootstrap, topic_prefix, caplog
 ):
     """The workflow service's principal has no nudge topic: the start fails
-    with a warning, nudges are refused, and the consumer reads as before."""
+    with a warning, nudges are refused, the consumer reads as before; a
+    nudge RETRY_S later tries the start again (refused again: no second
+    warning)."""
     topics = Topics(topic_prefix)
     producer = kafka.producer(kafka_bootstrap, principal="workflow")
     consumer = _consumer(topic_prefix, kafka_bootstrap, "workflow")
+    now = [0.0]
+    asked: list[list[str]] = []
+
+    def ensure(names: list[str]) -> None:
+        asked.append(names)
+        _ensure(kafka_bootstrap, "workflow")(names)
+
     try:
-        nudge = FetchNudge(topics.nudge("executor"), producer)
-        assert not nudge.start(consumer, _ensure(kafka_bootstrap, "workflow"))
-        assert not nudge.nudge() and nudge.sent_total == 0
-        assert consumer.assignment() == []
+        nudge = FetchNudge(topics.nudge("executor"), producer, clock=lambda: now[0])
+        with caplog.at_level(logging.WARNING, "cronwheel.fetch_nudge"):
+            assert not nudge.start(consumer, ensure)
+            assert not nudge.nudge() and len(asked) == 1  # too soon to try again
+            now[0] += RETRY_S
+            assert not nudge.nudge() and len(asked) == 2  # tried, refused again
+        assert nudge.sent_total == 0 and consumer.assignment() == []
+        warned = [r for r in caplog.records if r.name == "cronwheel.fetch_nudge"]
+        assert len(warned) == 1 and "no fetch nudges" in warned[0].getMessage()
+    finally:
+        consumer.close()
+
+
+def test_nudge__the_start_failed__started_at_a_nudge_later__nudges_from_then_on(
+    kafka_bootstrap, topic_prefix, caplog
+):
+    """The broker away at the start (here: the first ensure raises): no
+    nudges; a nudge RETRY_S later starts it, and is sent."""
+    topics = Topics(topic_prefix)
+    producer = kafka.producer(kafka_bootstrap, principal="executor")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, "executor")
+    now = [0.0]
+    calls = [0]
+
+    def ensure(names: list[str]) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("the broker is away")
+        _ensure(kafka_bootstrap, "executor")(names)
+
+    try:
+        nudge = FetchNudge(topics.nudge("executor"), producer, clock=lambda: now[0])
+        assert not nudge.start(consumer, ensure) and not nudge.nudge()
+        now[0] += RETRY_S
+        with caplog.at_level(logging.INFO, "cronwheel.fetch_nudge"):
+            assert nudge.nudge() and nudge.sent_total == 1 and nudge.active
+        assert [tp.topic for tp in consumer.assignment()] == [nudge.topic]
+        assert any("from now on" in m for m in caplog.messages)
+        got: list = []
+        wait_for(
+            lambda: got.extend(_polled(consumer, 0.2)) or got,
+            timeout=10,
+            what="the nudge, read back",
+        )
+        assert [m.topic() for m in got] == [nudge.topic]
     finally:
         consumer.close()
