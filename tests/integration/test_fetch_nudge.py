@@ -80,17 +80,16 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
         # The fetch outstanding does not name the new partition: its record
         # waits (this is what the nudge is for, and that it would wait here).
         got = _polled(consumer, 2.0)
-        assert [m.topic() for m in got] == [nudge.topic]  # the first nudge
+        assert not any(m.topic() == second for m in got)
 
         assert nudge.nudge() and nudge.sent_total == 2
-        got = []
         wait_for(
             lambda: got.extend(_polled(consumer, 0.2)) or any(m.topic() == second for m in got),
             timeout=10,
             what="the new partition's record, after the nudge",
         )
-        assert [m.topic() for m in nudge.drop(got)] == [second]
-        assert [m.topic() for m in got if nudge.is_nudge(m)] == [nudge.topic]  # only the new one
+        assert [m.topic() for m in nudge.drop(got)] == [second]  # the nudges left out
+        assert 1 <= sum(nudge.is_nudge(m) for m in got) <= 2  # none from before the start
     finally:
         consumer.close()
 
