@@ -116,7 +116,8 @@ class LeasedAssignment:
         could (the dispatcher's nudge on its wake topic; the other services'
         on their own, cronwheel.fetch_nudge). New topics' leaders are asked
         before they are assigned (learn_leaders): waited for where the fetch
-        was ended, else sent and not waited for."""
+        was ended, else sent and not waited for; after the assignment the
+        fetch is ended again, so the next one names them."""
         self.leases = leases
         self.prefix = prefix
         self.placement = placement
@@ -270,6 +271,10 @@ class LeasedAssignment:
                 # back to this instance never fetched.
                 consumer.resume([TopicPartition(tp.topic, tp.partition) for tp in new])
                 self.assigned.update((tp.topic, tp.partition) for tp in new)
+                # The fetch outstanding does not name them and would hold
+                # their first records up to fetch.wait.max.ms: ended.
+                if self.end_fetch is not None:
+                    self.end_fetch()
         if gone or new:
             self.version += 1
         self._stale = unknown

@@ -41,7 +41,7 @@ from cronwheel import consuming, kafka, metrics, runtime
 from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
-from cronwheel.fetch_nudge import FetchNudge
+from cronwheel.fetch_nudge import FetchNudge, ensurer
 from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.producer_shards import HOT_RATE, ShardedProducer, produce
@@ -409,7 +409,11 @@ class ConsumerService:
         (cronwheel.fetch_nudge); False for a service that has another."""
         prefix = f"{self.topics.prefix}.{kind}."
         if nudge:
-            self.fetch_nudge = FetchNudge(self.topics.nudge(self.name), self.producer)
+            self.fetch_nudge = FetchNudge(
+                self.topics.nudge(self.name),
+                self.producer,
+                ensurer(self.bootstrap, self.name),
+            )
         self.watch = TopicWatch(self.dsn, self.producer, prefix, **watch)
         self.assignment = LeasedAssignment(
             Leases(self.group_id, ttl_ms=ttl_ms),
@@ -512,11 +516,8 @@ class ConsumerService:
             **overrides,
         )
         if self.fetch_nudge is not None:
-            self.fetch_nudge.start(consumer, self._ensure_nudge_topic)
+            self.fetch_nudge.start(consumer)
         return consumer
-
-    def _ensure_nudge_topic(self, names: list[str]) -> None:
-        kafka.ensure_topics(names, partitions=1, bootstrap=self.bootstrap, principal=self.name)
 
     def describe(self, consumer: Consumer) -> dict:
         """What this service reads and holds, for a diagnosis (SIGUSR2,
@@ -598,11 +599,7 @@ class ConsumerService:
         return self.fetch_nudge is not None and self.fetch_nudge.nudge()
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
-        """These partitions were just assigned, at these (committed) offsets.
-        The fetch outstanding does not name them, and would hold them until
-        fetch.wait.max.ms: a nudge ends it."""
-        if partitions and self.fetch_nudge is not None:
-            self.fetch_nudge.nudge()
+        """These partitions were just assigned, at these (committed) offsets."""
 
     def give_up(self, partitions: list[TopicPartition]) -> None:
         """Hand these over (their lease moved, or they were revoked): commit

@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Message, Producer, TopicPartition
 
+from cronwheel.kafka import ensure_topics
+
 log = logging.getLogger("cronwheel.fetch_nudge")
 
 RETRY_S = 60.0  # a failed start is tried again this long after, at a nudge
@@ -60,24 +62,39 @@ def assign_from_end(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> 
     consumer.incremental_assign([where])
 
 
+def ensurer(bootstrap: str, principal: str) -> Callable[[list[str]], None]:
+    """Makes nudge topics (one partition) as `principal`, where they do not exist."""
+    return lambda names: ensure_topics(
+        names, partitions=1, bootstrap=bootstrap, principal=principal
+    )
+
+
 class FetchNudge:
-    def __init__(self, topic: str, producer: Producer, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        topic: str,
+        producer: Producer,
+        ensure: Callable[[list[str]], None],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """`ensure`: makes the topic where it does not exist (`ensurer`)."""
         self.topic = topic
         self.producer = producer
+        self.ensure = ensure
         self.active = False  # started: the consumer fetches the topic
         self.sent_total = 0
         self._clock = clock
-        self._retry: tuple[Consumer, Callable[[list[str]], None]] | None = None
+        self._retry: Consumer | None = None  # the consumer a failed start is tried again for
         self._retry_at = 0.0
         self._warned = False
 
-    def start(self, consumer: Consumer, ensure: Callable[[list[str]], None]) -> bool:
-        """Make the topic where it does not exist (`ensure`, the service's
-        principal) and read it from its end; whether nudges can now end
-        this consumer's fetches. A failure is warned of (once) and tried
-        again at a nudge RETRY_S later; meanwhile no nudges."""
+    def start(self, consumer: Consumer) -> bool:
+        """Make the topic where it does not exist and read it from its end;
+        whether nudges can now end this consumer's fetches. A failure is
+        warned of (once) and tried again at a nudge RETRY_S later; meanwhile
+        no nudges."""
         try:
-            ensure([self.topic])
+            self.ensure([self.topic])
             assign_from_end(consumer, self.topic)
         except Exception as exc:  # KafkaException, RuntimeError: no nudges, as before
             if not self._warned:
@@ -85,7 +102,7 @@ class FetchNudge:
                             " %.0f s", self.topic, exc, RETRY_S)  # fmt: skip
                 self._warned = True
             self.active = False
-            self._retry, self._retry_at = (consumer, ensure), self._clock() + RETRY_S
+            self._retry, self._retry_at = consumer, self._clock() + RETRY_S
             return False
         if self._warned:
             log.info("fetch nudges through %s from now on", self.topic)
@@ -101,7 +118,7 @@ class FetchNudge:
         if not self.active:
             if self._retry is None or self._clock() < self._retry_at:
                 return False
-            if not self.start(*self._retry):
+            if not self.start(self._retry):
                 return False
         try:
             self.producer.produce(topic=self.topic, value=b"")

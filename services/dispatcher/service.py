@@ -642,13 +642,11 @@ class Dispatcher(ConsumerService):
         fetch outstanding, and the broker answers a connection's requests in
         order, so it waited for that fetch to end (up to fetch.wait.max.ms):
         the nudge ends it. The fetch sent next does not name the partition
-        either: `assigned` nudges again."""
+        either: the assignment ends it again, once assigned."""
         return self._nudge()
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self.dozing is not None:
-            if partitions:
-                self._nudge()  # the next fetch names them (end_fetch)
             self.dozing.assigned((tp.topic, tp.partition) for tp in partitions)
         for topic in {tp.topic for tp in partitions}:
             # New, or grown from one lane to a partition per class: the

@@ -69,7 +69,7 @@ from cronwheel.core.errors import Conflict, NotFound
 from cronwheel.core.events import traceparent
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network
-from cronwheel.fetch_nudge import FetchNudge
+from cronwheel.fetch_nudge import FetchNudge, ensurer
 from cronwheel.fetch_watch import FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.logs import run_fields
@@ -222,7 +222,9 @@ class WebhookService:
         self._watch = TopicWatch(self.dsn, self._producer, f"{self.topics.prefix}.webhook.")
         # Ends the consumer's fetch around an assignment, so a new tenant's
         # first record is fetched at once (cronwheel.fetch_nudge).
-        self._fetch_nudge = FetchNudge(self.topics.nudge(CONSUMER), self._producer)
+        self._fetch_nudge = FetchNudge(
+            self.topics.nudge(CONSUMER), self._producer, ensurer(self.bootstrap, CONSUMER)
+        )
         self._assignment = LeasedAssignment(
             Leases(self.group_id),
             f"{self.topics.prefix}.webhook.",
@@ -282,23 +284,18 @@ class WebhookService:
         self._consumer = kafka.consumer(
             self.group_id, self.bootstrap, principal=CONSUMER, on_commit=self._offsets.on_commit
         )
-        self._fetch_nudge.start(
-            self._consumer,
-            lambda names: kafka.ensure_topics(
-                names, partitions=1, bootstrap=self.bootstrap, principal=CONSUMER
-            ),
-        )
+        self._fetch_nudge.start(self._consumer)
         return self._consumer
 
     def _consume(self, consumer: Consumer) -> list[Message]:
         """Block briefly for one record, then take what else is there; first,
         bring the assignment up to date (new webhook topics, moved leases)."""
         give_up = self._give_up
-        added = self._assignment.follow(consumer, self._watch, self._lease_db, self._stop, give_up)
-        if added is None:
+        if (
+            self._assignment.follow(consumer, self._watch, self._lease_db, self._stop, give_up)
+            is None
+        ):
             return []  # stopping while the database is away
-        if added:
-            self._fetch_nudge.nudge()  # the fetch outstanding does not name them
         return self._fetch_nudge.drop(
             consuming.take(consumer, self.settings.batch, 0.1, 0.002, QUIET)
         )

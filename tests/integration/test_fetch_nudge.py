@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 
 from cronwheel import kafka
 from cronwheel.assignment import learn_leaders
-from cronwheel.fetch_nudge import RETRY_S, FetchNudge
+from cronwheel.fetch_nudge import RETRY_S, FetchNudge, ensurer
 from cronwheel.kafka import Topics
 from tests.support.wait import wait_for
 
@@ -32,12 +32,6 @@ def _consumer(topic_prefix: str, kafka_bootstrap: str, principal: str):
         kafka_bootstrap,
         principal=principal,
         **{"fetch.wait.max.ms": LONG_FETCH_MS, "socket.timeout.ms": LONG_FETCH_MS + 30_000},
-    )
-
-
-def _ensure(kafka_bootstrap: str, principal: str):
-    return lambda names: kafka.ensure_topics(
-        names, partitions=1, bootstrap=kafka_bootstrap, principal=principal
     )
 
 
@@ -61,12 +55,12 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
     writer = kafka.producer(kafka_bootstrap, principal="dispatcher")
     consumer = _consumer(topic_prefix, kafka_bootstrap, service)
     try:
-        nudge = FetchNudge(topics.nudge(service), producer)
+        nudge = FetchNudge(topics.nudge(service), producer, ensurer(kafka_bootstrap, service))
         # A nudge written before the start is not read: read from its end.
         kafka.ensure_topics([nudge.topic], partitions=1, principal=service)
         producer.produce(topic=nudge.topic, value=b"")
         assert producer.flush(10) == 0
-        assert nudge.start(consumer, _ensure(kafka_bootstrap, service))
+        assert nudge.start(consumer)
         consumer.incremental_assign([TopicPartition(first, 0, 0)])
         assert _polled(consumer, 1.0) == []  # nothing anywhere; a fetch now waits
 
@@ -109,12 +103,12 @@ def test_nudge__a_principal_without_the_topic__no_nudges__tried_again_later__war
 
     def ensure(names: list[str]) -> None:
         asked.append(names)
-        _ensure(kafka_bootstrap, "workflow")(names)
+        ensurer(kafka_bootstrap, "workflow")(names)
 
     try:
-        nudge = FetchNudge(topics.nudge("executor"), producer, clock=lambda: now[0])
+        nudge = FetchNudge(topics.nudge("executor"), producer, ensure, clock=lambda: now[0])
         with caplog.at_level(logging.WARNING, "cronwheel.fetch_nudge"):
-            assert not nudge.start(consumer, ensure)
+            assert not nudge.start(consumer)
             assert not nudge.nudge() and len(asked) == 1  # too soon to try again
             now[0] += RETRY_S
             assert not nudge.nudge() and len(asked) == 2  # tried, refused again
@@ -140,11 +134,11 @@ def test_nudge__the_start_failed__started_at_a_nudge_later__nudges_from_then_on(
         calls[0] += 1
         if calls[0] == 1:
             raise RuntimeError("the broker is away")
-        _ensure(kafka_bootstrap, "executor")(names)
+        ensurer(kafka_bootstrap, "executor")(names)
 
     try:
-        nudge = FetchNudge(topics.nudge("executor"), producer, clock=lambda: now[0])
-        assert not nudge.start(consumer, ensure) and not nudge.nudge()
+        nudge = FetchNudge(topics.nudge("executor"), producer, ensure, clock=lambda: now[0])
+        assert not nudge.start(consumer) and not nudge.nudge()
         now[0] += RETRY_S
         with caplog.at_level(logging.INFO, "cronwheel.fetch_nudge"):
             assert nudge.nudge() and nudge.sent_total == 1 and nudge.active
