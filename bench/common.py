@@ -664,7 +664,8 @@ class Services:
                 p.kill()
                 p.wait(5)
                 clean = False
-        if clean and exc[0] is None:
+        # CW_BENCH_KEEP_LOGS=1 keeps them after a clean run too (to read them).
+        if clean and exc[0] is None and not os.environ.get("CW_BENCH_KEEP_LOGS"):
             shutil.rmtree(self.logdir, ignore_errors=True)
         else:
             say(f"service logs kept in {self.logdir}")
