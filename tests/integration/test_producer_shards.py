@@ -46,7 +46,9 @@ def test_sharded__topics_spread_over_shards__each_partition_in_order_all_reporte
     for i in range(PER_TOPIC):  # interleaved: every topic's i-th record, then the next
         for name in names:
             producer.produce(name, key=b"k", value=b"%d" % i, on_delivery=on_delivery)
-    assert len(producer) == PER_TOPIC * len(names)  # every shard's, counted
+    # Every shard's, counted (librdkafka's count includes protocol requests
+    # in flight, such as a metadata refresh: one more was seen under load).
+    assert len(producer) >= PER_TOPIC * len(names)
     held = [len(shard) for shard in producer.shards]
     assert sum(1 for n in held if n) == len(used)
     assert producer.flush(30) == 0
