@@ -60,6 +60,21 @@ UNKNOWN_RETRY_S = 1.0  # a topic's partition count or committed offsets not give
 LEARN_LEADERS_UP_TO = 8
 UNWAITED_S = 0.001  # an ask sent and not waited for (ask_unwaited)
 
+# A nudge after an assignment can be read by a fetch sent before librdkafka
+# put the new partitions into its fetches, and the fetch sent next may not
+# name them either: it waits fetch.wait.max.ms (500 ms). Made on purpose in
+# tests/integration/test_fetch_nudge.py; a first webhook record fetched 439
+# ms after it was written, its partition assigned and nudged before, looked
+# like it. So while none of a sample of the new partitions has had a fetch
+# answered (its cached watermark unknown), the fetch is ended again at a pass
+# of the loop, at most FOLLOW_UPS times, FOLLOW_UP_GAP_S apart. A partition
+# with no record yet (or paused, dozing) keeps its watermark unknown until a
+# fetch of it is answered: that costs at most FOLLOW_UPS fetches more, per
+# assignment that added partitions.
+FOLLOW_UPS = 3
+FOLLOW_UP_GAP_S = 0.05
+FOLLOW_UP_SAMPLE = 16  # new partitions looked at (a start assigns thousands)
+
 
 def learn_leaders(
     consumer: Consumer, topics: set[str], end_fetch: Callable[[], bool] | None
@@ -101,6 +116,42 @@ def ask_unwaited(consumer: Consumer, topics: list[str]) -> None:
             consumer.list_topics(topic, timeout=UNWAITED_S)
 
 
+class FollowUp:
+    """Ends the fetch again after an assignment's nudge that may have come
+    too early (FOLLOW_UPS, above): `arm(new)` once the nudge after assigning
+    `new` was sent, `tick(consumer, assigned)` at every pass of the loop."""
+
+    def __init__(self, end_fetch: Callable[[], bool] | None, clock=time.monotonic):
+        self.end_fetch = end_fetch
+        self.clock = clock
+        self.sent = 0  # follow-up nudges, in all
+        self._unfetched: list[TopicPartition] = []
+        self._done = 0
+        self._at = 0.0
+
+    def arm(self, new: list[TopicPartition]) -> None:
+        self._unfetched = [TopicPartition(tp.topic, tp.partition) for tp in new[:FOLLOW_UP_SAMPLE]]
+        self._done = 0
+        self._at = self.clock() + FOLLOW_UP_GAP_S
+
+    def tick(self, consumer: Consumer, assigned: set[Where]) -> None:
+        if not self._unfetched or self.clock() < self._at:
+            return
+        mine = [tp for tp in self._unfetched if (tp.topic, tp.partition) in assigned]
+        if (
+            not mine
+            or self._done >= FOLLOW_UPS
+            or self.end_fetch is None
+            or any(consumer.get_watermark_offsets(tp, cached=True)[1] >= 0 for tp in mine)
+        ):
+            self._unfetched = []  # a fetch named them (or they are gone): done
+            return
+        self._done += 1
+        self._at = self.clock() + FOLLOW_UP_GAP_S
+        if self.end_fetch():
+            self.sent += 1
+
+
 class LeasedAssignment:
     def __init__(
         self,
@@ -130,6 +181,7 @@ class LeasedAssignment:
         self._stale = False  # names or leases changed since the last apply
         self._not_before = 0.0  # a topic's count was unknown: when to ask again
         self._meanwhile: list[TopicPartition] = []  # assigned while leases were released
+        self._follow_up = FollowUp(end_fetch)
 
     @property
     def pending(self) -> bool:
@@ -239,6 +291,7 @@ class LeasedAssignment:
         (`renew`) is returned with it, so the caller hears of every partition
         assigned once."""
         meanwhile, self._meanwhile = self._meanwhile, []
+        self._follow_up.tick(consumer, self.assigned)
         if not self._stale or time.monotonic() < self._not_before:
             return meanwhile
         wanted: set[Where] = set()
@@ -273,8 +326,8 @@ class LeasedAssignment:
                 self.assigned.update((tp.topic, tp.partition) for tp in new)
                 # The fetch outstanding does not name them and would hold
                 # their first records up to fetch.wait.max.ms: ended.
-                if self.end_fetch is not None:
-                    self.end_fetch()
+                if self.end_fetch is not None and self.end_fetch():
+                    self._follow_up.arm(new)
         if gone or new:
             self.version += 1
         self._stale = unknown

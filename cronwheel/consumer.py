@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Container, Iterable
 from typing import Protocol
 
+import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cronwheel import consuming, kafka, metrics, runtime
@@ -414,6 +415,9 @@ class ConsumerService:
                 self.producer,
                 ensurer(self.bootstrap, self.name),
             )
+            # An announced topic ends the wait for records at once (TopicWatch).
+            watch.setdefault("on_change", self.fetch_nudge.wake)
+            watch.setdefault("wake_on_announce", True)
         self.watch = TopicWatch(self.dsn, self.producer, prefix, **watch)
         self.assignment = LeasedAssignment(
             Leases(self.group_id, ttl_ms=ttl_ms),
@@ -443,6 +447,7 @@ class ConsumerService:
         self._dead_letter_topic()
         consumer = self._consumer = self.open()
         try:
+            self._warm()
             while not stop.is_set():
                 if self.assignment is not None and not self._follow(consumer, stop):
                     break  # stopping while the database is away
@@ -518,6 +523,16 @@ class ConsumerService:
         if self.fetch_nudge is not None:
             self.fetch_nudge.start(consumer)
         return consumer
+
+    def warm(self, conn: psycopg.Connection) -> None:
+        """Run once on the service's connection as it starts: the statements
+        its first record will need (a subclass's; none here)."""
+
+    def _warm(self) -> None:
+        try:
+            self._db.call(self.warm, None, tries=1)
+        except Exception as exc:  # the database away: the first record pays instead
+            self.log.info("statements not warmed at the start: %s", exc)
 
     def describe(self, consumer: Consumer) -> dict:
         """What this service reads and holds, for a diagnosis (SIGUSR2,

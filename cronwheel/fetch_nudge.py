@@ -128,6 +128,12 @@ class FetchNudge:
         self.sent_total += 1
         return True
 
+    def wake(self) -> None:
+        """A nudge from another thread (a topic watch's, on an announcement):
+        only when started, since a start is made on the consumer's thread."""
+        if self.active:
+            self.nudge()
+
     def is_nudge(self, m: Message) -> bool:
         return m.topic() == self.topic
 

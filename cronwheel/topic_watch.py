@@ -22,7 +22,15 @@ waited 2-5 s. A topic must exist before it is assigned, so:
   connection was down. After a reconnect the tenants are read again too.
 
 `poll()` is cheap and never waits for the broker: called on every pass of a
-consumer loop, it checks the listening socket without blocking. Creating
+consumer loop, it checks the listening socket without blocking. A loop
+blocked in its wait for records (up to 200 ms for the executor) would see a
+notification only after that wait: with `wake_on_announce`, a thread of the
+watch listens on cw_topics on a connection of its own and calls
+`on_change()` for an announced topic of the prefix not known yet, which ends
+the loop's wait (a fetch nudge), and the next poll() reads it at once.
+Measured: a managed job due 50 ms after it was made started 76-236 ms late,
+the executor's wait being most of it (docs/dispatcher.md). Only those
+announcements wake it: cw_destinations comes with every job created. Creating
 topics, `on_destinations` and the broker scans run on one thread of the
 watch's own, so a run due while another tenant's topics are being created is
 not held up behind them (measured: first runs 56-522 ms late at p99 while the
@@ -44,6 +52,7 @@ from cronwheel.store.db import RECONNECT_FIRST_S, RECONNECT_MAX_S, link
 from cronwheel.store.sql_loader import queries
 
 log = logging.getLogger("cronwheel.topic_watch")
+WAKE_WAIT_S = 0.5  # the wake thread's longest wait for a notification (then: closing?)
 Q = queries("topics")
 
 
@@ -66,13 +75,16 @@ class TopicWatch:
         on_change: Callable[[], None] | None = None,
         scan_every_s: float = 30.0,
         check_every_s: float = 0.05,
+        wake_on_announce: bool = False,
     ):
         """`metadata_client`: a producer or admin client to scan the broker with,
         never the consumer that subscribes: the scan runs on the watch's thread,
         and a consumer's calls belong to its own. `ensure` and `on_destinations`
         run on that thread too. `on_change()`: called on that thread when it
         changed the list, for the consumer's loop to call poll() at once
-        rather than at the end of its wait for records."""
+        rather than at the end of its wait for records; with
+        `wake_on_announce`, also on the wake thread, for each announced topic
+        of the prefix not known yet (thread-safe, quick)."""
         self.dsn = dsn
         self.client = metadata_client
         self.prefix = prefix
@@ -92,15 +104,25 @@ class TopicWatch:
         self._changed = False
         self._grown: set[str] = set()  # known topics announced again or seen grown
         self._counts: dict[str, int] = {}  # partitions per topic, as the last scan saw
+        self.woken_total = 0  # on_change calls for notifications that came
         self._lock = threading.Lock()  # names, _changed, _grown, _pending: both threads
         self._pending: set[str] = set()  # being created by the worker
         self._scanning = False
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="topic-watch")
+        self._closing = threading.Event()
+        self.wake_listening = threading.Event()  # the wake thread listens now
+        self._waker: threading.Thread | None = None
+        if wake_on_announce:
+            assert on_change is not None, "a wake is an on_change call"
+            self._waker = threading.Thread(
+                target=self._wake_on_notifications, name="topic-watch-wake", daemon=True
+            )
+            self._waker.start()
 
     def poll(self) -> list[str] | None:
         """The whole sorted list when it changed since the last call, else None."""
         now = time.monotonic()
-        if now >= self._next_check:  # the sources, every check_every_s
+        if now >= self._next_check:  # the sources, every check_every_s (or when woken)
             self._next_check = now + self.check_every_s
             self._read_notifications()
             if now >= self._next_scan and not self._scanning:
@@ -137,6 +159,9 @@ class TopicWatch:
             self._announcer = None
 
     def close(self) -> None:
+        self._closing.set()
+        if self._waker is not None:
+            self._waker.join(timeout=WAKE_WAIT_S * 2)
         self._worker.shutdown(wait=True, cancel_futures=True)
         for conn in (self._listen, self._announcer):
             if conn is not None:
@@ -152,6 +177,47 @@ class TopicWatch:
 
         with contextlib.suppress(RuntimeError):  # shut down: the consumer is stopping
             self._worker.submit(run)
+
+    def _wake_on_notifications(self) -> None:
+        """On a thread of its own, with a connection of its own listening on
+        cw_topics: `on_change()` for each announced topic of the prefix that
+        is not known yet (poll() reads it on the loop's connection, which got
+        the same notification). The database away: tried again after the
+        services' backoff, meanwhile poll() finds the topics as before."""
+        assert self.on_change is not None
+        conn: psycopg.Connection | None = None
+        delay = RECONNECT_FIRST_S
+        while not self._closing.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = link(self.dsn)
+                    conn.execute(Q["listen_topics"])
+                    delay = RECONNECT_FIRST_S
+                    self.wake_listening.set()
+                fresh = False
+                for note in conn.notifies(timeout=WAKE_WAIT_S, stop_after=1):
+                    with self._lock:
+                        fresh = fresh or (
+                            note.payload.startswith(self.prefix) and note.payload not in self.names
+                        )
+            except psycopg.Error as exc:
+                self.wake_listening.clear()
+                log.debug("topic announcements not watched (%s): again in %.1fs", exc, delay)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self._closing.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            if fresh:
+                self._next_check = 0.0  # the next poll() reads the socket, however soon
+                try:
+                    self.on_change()
+                    self.woken_total += 1
+                except Exception as exc:  # the loop's next pass reads it anyway
+                    log.warning("on_change failed: %s", exc)
+        if conn is not None:
+            conn.close()
 
     # -- sources --------------------------------------------------------------
 

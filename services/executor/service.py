@@ -163,6 +163,9 @@ class Executor(ConsumerService):
     def stopping(self, stop: threading.Event) -> None:
         self._wait_for_runners()
 
+    def warm(self, conn: psycopg.Connection) -> None:
+        self.lifecycle.warm(conn, self.worker_id, now_ms())
+
     def held_back(self) -> set[tuple[str, int]]:
         """Partitions parked at a cap (paused): not read on purpose."""
         return set(self._held)

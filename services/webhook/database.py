@@ -95,16 +95,41 @@ class Database:
     def _call(self, fn, args):
         return self._with_connection(lambda conn: fn(conn, *args))
 
-    def _with_connection(self, work: Callable[[psycopg.Connection], Any]) -> Any:
-        """`work(conn)` on this thread's connection, under the services'
-        reconnect policy (cronwheel.store.db); Stopping if `stop` came while
-        the database was away."""
+    def warm(self, prime: Callable[[psycopg.Connection], Any]) -> None:
+        """Opens every thread's connection now, in the background, and runs
+        `prime(conn)` on it: opening one (authentication included) and a
+        backend's first statements on the runs' tables were ~10 and ~5 ms of
+        the first delivery after a start, which is a new tenant's first run
+        on a fresh instance (docs/dispatcher.md). The threads meet at a barrier
+        first, so each opens its own; a failure is left to the first call
+        that needs it."""
+        n = self.workers + 1
+        met = threading.Barrier(n)
+
+        def one() -> None:
+            try:
+                met.wait(timeout=5)
+                self._connection_here().call(prime, None, tries=1)
+            except Exception as exc:  # the database away: the calls reconnect
+                log.debug("a connection not opened ahead: %s", exc)
+
+        for _ in range(n):
+            self.pool.submit(one)
+
+    def _connection_here(self) -> Reconnecting:
+        """This thread's connection (not opened until used)."""
         db = getattr(self._local, "db", None)
         if db is None:
             db = self._local.db = Reconnecting(self.dsn, log)
             with self._lock:
                 self._all.append(db)
-        got = db.call(work, self.stop, _STOPPED)
+        return db
+
+    def _with_connection(self, work: Callable[[psycopg.Connection], Any]) -> Any:
+        """`work(conn)` on this thread's connection, under the services'
+        reconnect policy (cronwheel.store.db); Stopping if `stop` came while
+        the database was away."""
+        got = self._connection_here().call(work, self.stop, _STOPPED)
         if got is _STOPPED:
             raise Stopping()
         return got

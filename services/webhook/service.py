@@ -76,7 +76,7 @@ from cronwheel.logs import run_fields
 from cronwheel.store import webhooks
 from cronwheel.store.db import Reconnecting
 from cronwheel.store.leases import Leases
-from cronwheel.store.lifecycle import CompleteCall, Lifecycle, StartCall
+from cronwheel.store.lifecycle import NO_RUN, CompleteCall, Lifecycle, StartCall
 from cronwheel.store.webhooks import DeliveryTarget
 from cronwheel.topic_watch import TopicWatch
 from services.webhook import delivery, signing
@@ -194,6 +194,7 @@ class WebhookService:
         self._loop = asyncio.get_running_loop()
         self._kafka_thread = ThreadPoolExecutor(1, thread_name_prefix="webhook-kafka")
         self._db = Database(self.dsn, s.db_workers, stop, s.db_group)
+        self._db.warm(self._warm)
         self.endpoints = Endpoints(
             s.per_endpoint,
             s.breaker_failures,
@@ -219,11 +220,18 @@ class WebhookService:
         # leases (cronwheel.assignment), renewed on the Kafka thread through a
         # connection of its own.
         self._stop = stop
-        self._watch = TopicWatch(self.dsn, self._producer, f"{self.topics.prefix}.webhook.")
         # Ends the consumer's fetch around an assignment, so a new tenant's
-        # first record is fetched at once (cronwheel.fetch_nudge).
+        # first record is fetched at once (cronwheel.fetch_nudge), and when a
+        # topic is announced, so it is assigned at once.
         self._fetch_nudge = FetchNudge(
             self.topics.nudge(CONSUMER), self._producer, ensurer(self.bootstrap, CONSUMER)
+        )
+        self._watch = TopicWatch(
+            self.dsn,
+            self._producer,
+            f"{self.topics.prefix}.webhook.",
+            on_change=self._fetch_nudge.wake,
+            wake_on_announce=True,
         )
         self._assignment = LeasedAssignment(
             Leases(self.group_id),
@@ -337,6 +345,11 @@ class WebhookService:
 
     def _decode(self, m: Message) -> dict:
         return expect_owned(m, "RunReady", self.topics.webhook)
+
+    def _warm(self, conn) -> None:
+        """A delivery's statements, once on each new connection (Database.warm)."""
+        webhooks.delivery_targets(conn, [NO_RUN], now_ms())
+        self.lifecycle.warm(conn, self.worker_id, now_ms())
 
     def _dead_letter(self, m: Message, where: tuple[str, int, int], p: Poison) -> None:
         self._dead_letters.count(p)

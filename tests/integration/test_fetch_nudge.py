@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from cronwheel import kafka
-from cronwheel.assignment import learn_leaders
+from cronwheel.assignment import FOLLOW_UP_GAP_S, FOLLOW_UPS, FollowUp, learn_leaders
 from cronwheel.fetch_nudge import RETRY_S, FetchNudge, ensurer
 from cronwheel.kafka import Topics
 from tests.support.wait import wait_for
@@ -84,6 +84,92 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
         )
         assert [m.topic() for m in nudge.drop(got)] == [second]  # the nudges left out
         assert 1 <= sum(nudge.is_nudge(m) for m in got) <= 2  # none from before the start
+    finally:
+        consumer.close()
+
+
+def test_follow_up__the_nudge_ended_a_fetch_before_the_partition_joined__ended_again(
+    kafka_bootstrap, topic_prefix
+):
+    """The race a follow-up is for: the nudge after an assignment is read
+    by a fetch that does not name the new partition yet, and the next fetch
+    is sent before it does. Made here by assigning only after that nudge was
+    read; the record then waits the whole fetch, until the follow-up's nudge."""
+    topics = Topics(topic_prefix)
+    first, second = f"{topic_prefix}.webhook.acme", f"{topic_prefix}.webhook.globex"
+    kafka.ensure_topics([first, second], partitions=1, principal="dispatcher")
+    producer = kafka.producer(kafka_bootstrap, principal="webhook")
+    writer = kafka.producer(kafka_bootstrap, principal="dispatcher")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, "webhook")
+    now = [0.0]
+    try:
+        nudge = FetchNudge(topics.nudge("webhook"), producer, ensurer(kafka_bootstrap, "webhook"))
+        assert nudge.start(consumer)
+        consumer.incremental_assign([TopicPartition(first, 0, 0)])
+        assert _polled(consumer, 1.0) == []  # nothing anywhere; a fetch now waits
+        learn_leaders(consumer, {second}, nudge.nudge)
+        assert nudge.nudge()  # the nudge "after the assignment", come too early:
+        got: list = []
+        wait_for(
+            lambda: got.extend(_polled(consumer, 0.2)) or sum(map(nudge.is_nudge, got)) == 2,
+            timeout=10,
+            what="both nudges read: the fetch outstanding now was sent after them",
+        )
+        new = [TopicPartition(second, 0, 0)]
+        consumer.incremental_assign(new)
+        writer.produce(topic=second, key=b"run-1", value=b"x")
+        assert writer.flush(10) == 0
+        follow = FollowUp(nudge.nudge, clock=lambda: now[0])
+        follow.arm(new)
+        assigned = {(second, 0), (first, 0)}
+        follow.tick(consumer, assigned)  # too soon
+        assert follow.sent == 0
+        got = _polled(consumer, 2.0)
+        assert not any(m.topic() == second for m in got)  # the record waits
+
+        now[0] += FOLLOW_UP_GAP_S
+        follow.tick(consumer, assigned)
+        assert follow.sent == 1
+        wait_for(
+            lambda: got.extend(_polled(consumer, 0.2)) or any(m.topic() == second for m in got),
+            timeout=10,
+            what="the new partition's record, after the follow-up",
+        )
+        now[0] += FOLLOW_UP_GAP_S
+        follow.tick(consumer, assigned)  # a fetch named it: no more
+        now[0] += FOLLOW_UP_GAP_S
+        follow.tick(consumer, assigned)
+        assert follow.sent == 1
+    finally:
+        consumer.close()
+
+
+def test_follow_up__no_fetch_ever_answered__at_most_follow_ups_nudges(
+    kafka_bootstrap, topic_prefix
+):
+    """An end_fetch that ends nothing (a stand-in for nudges that keep coming
+    too early): the partition's watermark stays unknown, and the follow-ups
+    stop after FOLLOW_UPS; a partition given up meanwhile ends them too."""
+    topic = f"{topic_prefix}.webhook.acme"
+    kafka.ensure_topics([topic], partitions=1, principal="dispatcher")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, "webhook")
+    now = [0.0]
+    try:
+        consumer.poll(0.1)
+        new = [TopicPartition(topic, 0, 0)]
+        consumer.incremental_assign(new)
+        follow = FollowUp(lambda: True, clock=lambda: now[0])
+        follow.arm(new)
+        for _ in range(FOLLOW_UPS + 2):
+            now[0] += FOLLOW_UP_GAP_S
+            follow.tick(consumer, {(topic, 0)})
+        assert follow.sent == FOLLOW_UPS
+        follow.arm(new)
+        now[0] += FOLLOW_UP_GAP_S
+        follow.tick(consumer, set())  # given up before its first fetch
+        now[0] += FOLLOW_UP_GAP_S
+        follow.tick(consumer, {(topic, 0)})
+        assert follow.sent == FOLLOW_UPS
     finally:
         consumer.close()
 

@@ -318,3 +318,23 @@ def test_start_and_retry__timers_take_the_runs_class__scalar_and_batch_alike(con
             "SELECT kind, priority FROM timers WHERE owner_id = ANY(%s)", [started]
         ).fetchall()
         assert got == [("retry", PRIORITY_RANK[cls])] * 3
+
+
+def test_warm__runs_the_start_and_spec_statements__writes_nothing(conn, world):
+    """Lifecycle.warm (a service's start) touches no run, attempt, timer or
+    record: the database's rows are the same before and after."""
+    topics, life, acme, _other, job, runs = world
+    run = runs(acme, job(acme), 1)[0]
+
+    def everything() -> tuple:
+        return tuple(
+            conn.execute(
+                f"SELECT count(*), md5(string_agg(t::text, ',' ORDER BY t::text)) FROM {name} t"
+            ).fetchone()
+            for name in ("runs_daily", "run_attempts_daily", "timers", "outbox")
+        )
+
+    before = everything()
+    life.warm(conn, "w1", NOW)
+    assert everything() == before
+    assert effects(conn, topics, run)[0][0] == "PENDING"

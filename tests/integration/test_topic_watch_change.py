@@ -16,7 +16,7 @@ import pytest
 
 from cronwheel import kafka
 from cronwheel.kafka import Topics
-from cronwheel.topic_watch import TopicWatch
+from cronwheel.topic_watch import TopicWatch, announce
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -60,3 +60,52 @@ def test_topic_watch__worker_adds_a_tenants_topic__on_change_on_its_thread__poll
         assert watch.poll() is None  # told once
     finally:
         watch.close()
+
+
+def test_topic_watch__wake_on_announce__an_announced_new_topic_of_the_prefix_wakes_the_loop(
+    database_url, kafka_bootstrap, topic_prefix
+):
+    """The executor's and webhook's loops wait up to 200 ms for records: an
+    announced topic wakes them (on_change, the fetch nudge), on the wake
+    thread, while nobody calls poll(); poll() then reads it (on its own
+    connection, which the same notification reached). A topic of another
+    prefix, or one already known, wakes nothing."""
+    prefix = f"{topic_prefix}.managed."
+    woken = threading.Event()
+    threads: list[str] = []
+
+    def on_change() -> None:
+        threads.append(threading.current_thread().name)
+        woken.set()
+
+    watch = TopicWatch(
+        database_url,
+        kafka.admin(kafka_bootstrap, principal="executor"),
+        prefix,
+        on_change=on_change,
+        scan_every_s=3600,
+        wake_on_announce=True,
+    )
+    try:
+        assert watch.poll() is None  # listening; the broker has none of ours
+        assert watch.wake_listening.wait(10)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            announce(conn, [f"{topic_prefix}.webhook.acme"])  # another kind's
+            announce(conn, [f"{prefix}acme"])
+            wait_for(woken.is_set, timeout=10, what="the wake")
+            assert threads == ["topic-watch-wake"] and watch.woken_total == 1
+            assert _polled(watch) == [f"{prefix}acme"]
+            woken.clear()
+            announce(conn, [f"{prefix}acme"])  # known now: no wake
+            announce(conn, [f"{prefix}globex"])
+            wait_for(woken.is_set, timeout=10, what="the second wake")
+        assert watch.woken_total == 2
+        assert _polled(watch) == [f"{prefix}acme", f"{prefix}globex"]
+    finally:
+        watch.close()
+
+
+def _polled(watch: TopicWatch) -> list[str]:
+    got: list[list[str] | None] = [None]
+    wait_for(lambda: got.__setitem__(0, watch.poll()) or got[0], timeout=10, what="poll()")
+    return got[0]

@@ -70,6 +70,21 @@ def test_group__calls_of_one_turn_share_transactions__each_caller_gets_its_own_a
     assert ours == 69
 
 
+def test_warm__every_thread_opens_and_primes_its_connection__calls_then_use_them(database_url):
+    """A fresh instance's first delivery does not open connections: warm()
+    opened one per thread (groups' and the lookups'), each primed once."""
+    primed: list[int] = []
+    db = Database(database_url, 2, threading.Event())
+    try:
+        db.warm(lambda c: primed.append(c.info.backend_pid))
+        wait_for(lambda: len(primed) == 3, timeout=10, what="three connections primed")
+        assert len(set(primed)) == 3  # one each, on three threads
+        used = asyncio.run(db.call(lambda c: c.info.backend_pid))
+        assert used in primed and len(db._all) == 3  # no connection opened for it
+    finally:
+        db.close()
+
+
 def test_group__a_database_error_in_one_call__the_others_go_alone_and_land(
     database_url, topics, conn, tenant, receiver
 ):

@@ -19,3 +19,7 @@ SELECT DISTINCT tenant_id || ':' || (target->>'type') || ':' || coalesce(target-
 
 -- name: announce_topics
 SELECT pg_notify('cw_topics', t) FROM unnest(%(topics)s::text[]) AS t;
+
+-- name: listen_topics
+-- The wake thread's connection (TopicWatch, wake_on_announce): announced topics only.
+LISTEN cw_topics;
