@@ -157,8 +157,8 @@ def first_run(
                 "webhook": topics.webhook,
                 "managed": topics.managed,
             }.get(target, lambda t: topics.queue(t, "q"))
-            first = _outcome(url, topics, made, due_ms, dest, receiver, target, set())
-            queue_late, relay_late, delivered, runs = first
+            first = _outcome(url, topics, made, due_ms, dest, receiver, target)
+            queue_late, relay_late, delivered, _runs = first
             if again:
                 # The same tenants again, at the same pace and due: their
                 # topics assigned and every cache warm, so the same path's
@@ -168,8 +168,7 @@ def first_run(
                     again_made = _one_offs(
                         conn, jobs, body, due_ms, pace_ms, [t for t, _at in made]
                     )
-                seen = {r for r, _at in runs.values()}
-                second = _outcome(url, topics, again_made, due_ms, dest, receiver, target, seen)
+                second = _outcome(url, topics, again_made, due_ms, dest, receiver, target)
             steady: list[float] = []
             if old:
                 # The runs of the tenants beside, over the same seconds: each
@@ -213,9 +212,12 @@ def _print_outcome(what: str, receiver, target: str, queue_late, relay_late, del
         say(f"{what}due -> the executor started the run (ms): {describe(delivered)}")
     if len(queue_late) <= 20:  # which runs were slow: the earliest tenants'?
         for name, values in (("forwarded", queue_late), ("delivered/started", delivered)):
-            if values:
+            if values:  # a run missing shifts the rest: said so
                 each = " ".join(f"{v:.0f}" for v in values)
-                say(f"{what}{name}, each in the tenants' order (ms): {each}")
+                gaps = (
+                    "" if len(values) == len(queue_late) == len(relay_late) else " (runs missing)"
+                )
+                say(f"{what}{name}, each in the tenants' order{gaps} (ms): {each}")
 
 
 def _one_offs(
@@ -236,13 +238,12 @@ def _one_offs(
     return made
 
 
-def _outcome(url, topics, made, due_ms, dest, receiver, target, seen: set[str]):
+def _outcome(url, topics, made, due_ms, dest, receiver, target):
     """The runs of `made` (tenant, scheduled_ms): lateness on the destination
     topic, on the run topic, and delivered or started (empty for queue jobs),
-    and the destination records' runs; records of runs in `seen` are passed
-    over (an earlier pass's)."""
+    and the destination records' runs."""
     ids = [(t["tenant_id"], at) for t, at in made]
-    queue_late, relay_late, runs = _read(topics, ids, due_ms / 1000 + 30, dest, seen)
+    queue_late, relay_late, runs = _read(topics, ids, due_ms / 1000 + 30, dest)
     delivered: list[float] = []
     if receiver is not None:
         delivered = _delivered(receiver, runs, timeout_s=30)
@@ -586,10 +587,11 @@ def _p99(values: list[float]) -> str:
     return f"{percentile(values, 99):.0f}" if values else "n/a"
 
 
-def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest, seen=frozenset()):
+def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest):
     """Each tenant's first record on its destination topic (`dest(tenant)`)
-    and on its run topic, passing over runs in `seen`: their timestamps minus
-    the scheduled instant; and the destination records' (run id, scheduled
+    and on its run topic scheduled at or after the instant in `made`
+    (an earlier pass's runs are passed over): their timestamps minus the
+    scheduled instant; and the destination records' (run id, scheduled
     instant) by topic."""
     c = kafka.consumer(observer_group(), principal="observer")
     decode = default_registry().decode
@@ -615,7 +617,7 @@ def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest, s
                 for m in c.consume(500, timeout=0.2):
                     if m.error() is None and m.topic() not in got:
                         _n, d = decode(m.value())
-                        if d.get("run_id") in seen or "scheduled_at" not in d:
+                        if d.get("scheduled_at", -1) < wanted[m.topic()]:
                             continue  # an earlier pass's run, or not a run's record
                         got[m.topic()] = m.timestamp()[1] - d["scheduled_at"]
                         runs[m.topic()] = (d["run_id"], d["scheduled_at"])

@@ -129,8 +129,12 @@ class FollowUp:
         self._done = 0
         self._at = 0.0
 
-    def arm(self, new: list[TopicPartition]) -> None:
-        self._unfetched = [TopicPartition(tp.topic, tp.partition) for tp in new[:FOLLOW_UP_SAMPLE]]
+    def arm(self, consumer: Consumer, new: list[TopicPartition]) -> None:
+        """Only partitions this client has no watermark for yet are looked at:
+        librdkafka keeps a partition's cached watermark across unassign and
+        assign, so one whose lease came back would read as fetched at once."""
+        sample = [TopicPartition(tp.topic, tp.partition) for tp in new[:FOLLOW_UP_SAMPLE]]
+        self._unfetched = [tp for tp in sample if _watermark(consumer, tp) < 0]
         self._done = 0
         self._at = self.clock() + FOLLOW_UP_GAP_S
 
@@ -142,7 +146,7 @@ class FollowUp:
             not mine
             or self._done >= FOLLOW_UPS
             or self.end_fetch is None
-            or any(consumer.get_watermark_offsets(tp, cached=True)[1] >= 0 for tp in mine)
+            or any(_watermark(consumer, tp) >= 0 for tp in mine)
         ):
             self._unfetched = []  # a fetch named them (or they are gone): done
             return
@@ -150,6 +154,15 @@ class FollowUp:
         self._at = self.clock() + FOLLOW_UP_GAP_S
         if self.end_fetch():
             self.sent += 1
+
+
+def _watermark(consumer: Consumer, tp: TopicPartition) -> int:
+    """The partition's high watermark as the client's last fetch of it said
+    (< 0: no fetch of it answered yet)."""
+    try:
+        return consumer.get_watermark_offsets(tp, cached=True)[1]
+    except KafkaException:  # not a partition the client knows
+        return -1
 
 
 class LeasedAssignment:
@@ -327,7 +340,7 @@ class LeasedAssignment:
                 # The fetch outstanding does not name them and would hold
                 # their first records up to fetch.wait.max.ms: ended.
                 if self.end_fetch is not None and self.end_fetch():
-                    self._follow_up.arm(new)
+                    self._follow_up.arm(consumer, new)
         if gone or new:
             self.version += 1
         self._stale = unknown

@@ -120,6 +120,9 @@ class FetchNudge:
                 return False
             if not self.start(self._retry):
                 return False
+        return self._send()
+
+    def _send(self) -> bool:
         try:
             self.producer.produce(topic=self.topic, value=b"")
         except (BufferError, KafkaException) as exc:
@@ -132,7 +135,7 @@ class FetchNudge:
         """A nudge from another thread (a topic watch's, on an announcement):
         only when started, since a start is made on the consumer's thread."""
         if self.active:
-            self.nudge()
+            self._send()
 
     def is_nudge(self, m: Message) -> bool:
         return m.topic() == self.topic

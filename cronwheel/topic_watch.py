@@ -25,9 +25,9 @@ waited 2-5 s. A topic must exist before it is assigned, so:
 consumer loop, it checks the listening socket without blocking. A loop
 blocked in its wait for records (up to 200 ms for the executor) would see a
 notification only after that wait: with `wake_on_announce`, a thread of the
-watch listens on cw_topics on a connection of its own and calls
-`on_change()` for an announced topic of the prefix not known yet, which ends
-the loop's wait (a fetch nudge), and the next poll() reads it at once.
+watch listens on cw_topics on a connection of its own and, for an announced
+topic of the prefix not known yet, adds it and calls `on_change()`, which
+ends the loop's wait (a fetch nudge), so the next poll() returns it.
 Measured: a managed job due 50 ms after it was made started 76-236 ms late,
 the executor's wait being most of it (docs/dispatcher.md). Only those
 announcements wake it: cw_destinations comes with every job created. Creating
@@ -112,15 +112,22 @@ class TopicWatch:
         self._closing = threading.Event()
         self.wake_listening = threading.Event()  # the wake thread listens now
         self._waker: threading.Thread | None = None
+        self._wake_on_announce = wake_on_announce
         if wake_on_announce:
             assert on_change is not None, "a wake is an on_change call"
+        self._woke: set[str] = set()  # added by the wake thread; poll()'s copy is no news
+        self._wake_pending = False  # a wake poll() has not answered yet
+
+    def poll(self) -> list[str] | None:
+        """The whole sorted list when it changed since the last call, else None."""
+        if self._wake_on_announce and self._waker is None and not self._closing.is_set():
+            # Started by the loop's first poll, not at construction: a watch
+            # whose service never ran leaves no thread or connection behind.
             self._waker = threading.Thread(
                 target=self._wake_on_notifications, name="topic-watch-wake", daemon=True
             )
             self._waker.start()
-
-    def poll(self) -> list[str] | None:
-        """The whole sorted list when it changed since the last call, else None."""
+        self._wake_pending = False
         now = time.monotonic()
         if now >= self._next_check:  # the sources, every check_every_s (or when woken)
             self._next_check = now + self.check_every_s
@@ -180,10 +187,11 @@ class TopicWatch:
 
     def _wake_on_notifications(self) -> None:
         """On a thread of its own, with a connection of its own listening on
-        cw_topics: `on_change()` for each announced topic of the prefix that
-        is not known yet (poll() reads it on the loop's connection, which got
-        the same notification). The database away: tried again after the
-        services' backoff, meanwhile poll() finds the topics as before."""
+        cw_topics: an announced topic of the prefix not known yet is added to
+        the list and `on_change()` called (once until poll() runs again: a
+        burst of new topics ends the loop's wait once). The database away:
+        tried again after the services' backoff, meanwhile poll() finds the
+        topics as before."""
         assert self.on_change is not None
         conn: psycopg.Connection | None = None
         delay = RECONNECT_FIRST_S
@@ -194,12 +202,11 @@ class TopicWatch:
                     conn.execute(Q["listen_topics"])
                     delay = RECONNECT_FIRST_S
                     self.wake_listening.set()
-                fresh = False
-                for note in conn.notifies(timeout=WAKE_WAIT_S, stop_after=1):
-                    with self._lock:
-                        fresh = fresh or (
-                            note.payload.startswith(self.prefix) and note.payload not in self.names
-                        )
+                fresh = [
+                    note.payload
+                    for note in conn.notifies(timeout=WAKE_WAIT_S, stop_after=1)
+                    if note.payload.startswith(self.prefix)
+                ]
             except psycopg.Error as exc:
                 self.wake_listening.clear()
                 log.debug("topic announcements not watched (%s): again in %.1fs", exc, delay)
@@ -209,13 +216,19 @@ class TopicWatch:
                 self._closing.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
-            if fresh:
-                self._next_check = 0.0  # the next poll() reads the socket, however soon
-                try:
-                    self.on_change()
-                    self.woken_total += 1
-                except Exception as exc:  # the loop's next pass reads it anyway
-                    log.warning("on_change failed: %s", exc)
+            with self._lock:
+                new = [t for t in dict.fromkeys(fresh) if t not in self.names]
+                self._woke.update(new)
+            # Added here, so poll() returns it whatever its own connection has
+            # read by then; the loop is woken once until poll() has run.
+            if not self._add(new) or self._wake_pending or self._closing.is_set():
+                continue
+            self._wake_pending = True
+            self.woken_total += 1
+            try:
+                self.on_change()
+            except Exception as exc:  # the loop's next pass reads it anyway
+                log.warning("on_change failed: %s", exc)
         if conn is not None:
             conn.close()
 
@@ -261,7 +274,10 @@ class TopicWatch:
         if tenants and self.tenant_topic is not None:
             self._add_tenants(tenants)
         with self._lock:
-            again = {t for t in topics if t in self.names}
+            # A known topic announced again has grown, but not one the wake
+            # thread added from this very announcement.
+            again = {t for t in topics if t in self.names and t not in self._woke}
+            self._woke.difference_update(topics)
         self._add(topics, again)
         if self.on_destinations is not None and destinations:
             batch = []

@@ -120,7 +120,7 @@ def test_follow_up__the_nudge_ended_a_fetch_before_the_partition_joined__ended_a
         writer.produce(topic=second, key=b"run-1", value=b"x")
         assert writer.flush(10) == 0
         follow = FollowUp(nudge.nudge, clock=lambda: now[0])
-        follow.arm(new)
+        follow.arm(consumer, new)
         assigned = {(second, 0), (first, 0)}
         follow.tick(consumer, assigned)  # too soon
         assert follow.sent == 0
@@ -159,12 +159,12 @@ def test_follow_up__no_fetch_ever_answered__at_most_follow_ups_nudges(
         new = [TopicPartition(topic, 0, 0)]
         consumer.incremental_assign(new)
         follow = FollowUp(lambda: True, clock=lambda: now[0])
-        follow.arm(new)
+        follow.arm(consumer, new)
         for _ in range(FOLLOW_UPS + 2):
             now[0] += FOLLOW_UP_GAP_S
             follow.tick(consumer, {(topic, 0)})
         assert follow.sent == FOLLOW_UPS
-        follow.arm(new)
+        follow.arm(consumer, new)
         now[0] += FOLLOW_UP_GAP_S
         follow.tick(consumer, set())  # given up before its first fetch
         now[0] += FOLLOW_UP_GAP_S

@@ -334,7 +334,16 @@ def test_warm__runs_the_start_and_spec_statements__writes_nothing(conn, world):
             for name in ("runs_daily", "run_attempts_daily", "timers", "outbox")
         )
 
+    asked: list[str] = []
+    for name in ("start", "spec"):  # the statements run, not skipped
+        real = getattr(life, name)
+        setattr(
+            life,
+            name,
+            lambda *a, _real=real, _name=name, **k: asked.append(_name) or _real(*a, **k),
+        )
     before = everything()
     life.warm(conn, "w1", NOW)
     assert everything() == before
+    assert sorted(asked) == ["spec", "start"]
     assert effects(conn, topics, run)[0][0] == "PENDING"
