@@ -62,15 +62,15 @@ UNWAITED_S = 0.001  # an ask sent and not waited for (ask_unwaited)
 
 # A nudge after an assignment can be read by a fetch sent before librdkafka
 # put the new partitions into its fetches, and the fetch sent next may not
-# name them either: it waits fetch.wait.max.ms (500 ms). Made on purpose in
-# tests/integration/test_fetch_nudge.py; a first webhook record fetched 439
-# ms after it was written, its partition assigned and nudged before, looked
-# like it. So while none of a sample of the new partitions has had a fetch
-# answered (its cached watermark unknown), the fetch is ended again at a pass
-# of the loop, at most FOLLOW_UPS times, FOLLOW_UP_GAP_S apart. A partition
-# with no record yet (or paused, dozing) keeps its watermark unknown until a
-# fetch of it is answered: that costs at most FOLLOW_UPS fetches more, per
-# assignment that added partitions.
+# name them either: it waits fetch.wait.max.ms (500 ms; made on purpose in
+# tests/integration/test_fetch_nudge.py). So while none of a sample of the
+# new partitions has had a fetch answered (its cached watermark unknown), the
+# fetch is ended again at a pass of the loop, at most FOLLOW_UPS times,
+# FOLLOW_UP_GAP_S apart. A partition with no fetch of it answered for another
+# reason (no record yet, paused, dozing) costs at most FOLLOW_UPS fetches
+# more, per assignment that added partitions. (Waiting for every sampled
+# partition instead made first runs later: fetches of a topic just made,
+# sent sooner, failed more often; consumer.NEW_TOPIC_FETCH_ERROR_BACKOFF_MS.)
 FOLLOW_UPS = 3
 FOLLOW_UP_GAP_S = 0.05
 FOLLOW_UP_SAMPLE = 16  # new partitions looked at (a start assigns thousands)

@@ -56,6 +56,7 @@ except ImportError:  # pragma: no cover - a dependency; asyncio's loop does the 
 from cronwheel import consuming, kafka
 from cronwheel.assignment import LeasedAssignment
 from cronwheel.consumer import (
+    NEW_TOPIC_FETCH_ERROR_BACKOFF_MS,
     QUIET,
     DeadLetters,
     Poison,
@@ -290,7 +291,12 @@ class WebhookService:
 
     def _subscribe(self) -> Consumer:
         self._consumer = kafka.consumer(
-            self.group_id, self.bootstrap, principal=CONSUMER, on_commit=self._offsets.on_commit
+            self.group_id,
+            self.bootstrap,
+            principal=CONSUMER,
+            on_commit=self._offsets.on_commit,
+            # New tenants' topics are assigned as they are made (cronwheel.consumer).
+            **{"fetch.error.backoff.ms": NEW_TOPIC_FETCH_ERROR_BACKOFF_MS},
         )
         self._fetch_nudge.start(self._consumer)
         return self._consumer
