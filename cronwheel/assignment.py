@@ -59,6 +59,11 @@ UNKNOWN_RETRY_S = 1.0  # a topic's partition count or committed offsets not give
 # are left to the consumer's own refresh.
 LEARN_LEADERS_UP_TO = 8
 UNWAITED_S = 0.001  # an ask sent and not waited for (ask_unwaited)
+# New partitions' leaders asked until they serve them (until_served): the
+# whole apply's budget, one ask's wait, the pause after a refusal.
+READY_WAIT_S = 0.1
+READY_ASK_S = 0.02
+READY_RETRY_S = 0.005
 
 # A nudge after an assignment can be read by a fetch sent before librdkafka
 # put the new partitions into its fetches, and the fetch sent next may not
@@ -88,19 +93,54 @@ def learn_leaders(
     fetch.wait.max.ms), and a waited one blocks the caller's loop:
     `end_fetch()` ends that fetch before each ask. Where it cannot (None, or
     False) the asks left are sent and not waited for (`ask_unwaited`). A
-    failed ask stops the asks; the rest are left to the refresh."""
+    failed ask stops the asks; the rest are left to the refresh. Then each
+    new partition is asked until its leader serves it (`until_served`,
+    READY_WAIT_S in all)."""
     if len(topics) > LEARN_LEADERS_UP_TO:
         return
     ordered = sorted(topics)
+    served: list[TopicPartition] = []
     for i, topic in enumerate(ordered):
         if end_fetch is None or not end_fetch():
             ask_unwaited(consumer, ordered[i:])
             return
         try:
-            consumer.list_topics(topic, timeout=2)
+            meta = consumer.list_topics(topic, timeout=2).topics.get(topic)
         except KafkaException as exc:
             log.warning("no metadata for %s before assigning it: %s", topic, exc)
             return
+        if meta is not None and not meta.error:
+            served.extend(TopicPartition(topic, p) for p in sorted(meta.partitions))
+    until_served(consumer, served, end_fetch, time.monotonic() + READY_WAIT_S)
+
+
+def until_served(
+    consumer: Consumer,
+    partitions: list[TopicPartition],
+    end_fetch: Callable[[], bool],
+    deadline: float,
+) -> int:
+    """Ask each partition's offsets (ListOffsets) until its leader answers,
+    until `deadline`: a topic just made can refuse its first fetches ("leader
+    epoch is newer than broker epoch", "not leader") though the broker's
+    metadata names its leader, and librdkafka then leaves the partition out
+    of its fetches for fetch.error.backoff.ms and a metadata answer (~200
+    ms, docs/dispatcher.md). The broker refuses ListOffsets the same way
+    until it can serve the partition. Each ask ends the fetch outstanding
+    first and waits READY_ASK_S at most (an ask behind a fetch the nudge did
+    not end would hold the loop). Returns how many asks were refused."""
+    refused = 0
+    for tp in partitions:
+        while time.monotonic() < deadline:
+            if not end_fetch():
+                return refused
+            try:
+                consumer.get_watermark_offsets(tp, timeout=READY_ASK_S)
+                break
+            except KafkaException:
+                refused += 1
+                time.sleep(READY_RETRY_S)  # a refused ask, asked again shortly
+    return refused
 
 
 def ask_unwaited(consumer: Consumer, topics: list[str]) -> None:

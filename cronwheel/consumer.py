@@ -64,7 +64,9 @@ ASSIGNED_METADATA_REFRESH_MS = 60_000
 # by default: a new tenant's first run waited ~500 ms about once in 60-100
 # (librdkafka's debug log, docs/dispatcher.md). At 50 ms, a partition that
 # keeps failing (a topic deleted while still assigned) costs a fetch every
-# 50 ms until it is unassigned, where it cost one every 500 ms.
+# 50 ms until it is unassigned, where it cost one every 500 ms. (The
+# assignment also asks a new partition's leader until it serves it before
+# assigning it, assignment.until_served, so such errors are now rare.)
 NEW_TOPIC_FETCH_ERROR_BACKOFF_MS = 50
 # Closing a consumer librdkafka left stuck is waited on this long at most.
 CLOSE_WAIT_S = 10.0

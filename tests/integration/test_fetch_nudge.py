@@ -14,7 +14,13 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from cronwheel import kafka
-from cronwheel.assignment import FOLLOW_UP_GAP_S, FOLLOW_UPS, FollowUp, learn_leaders
+from cronwheel.assignment import (
+    FOLLOW_UP_GAP_S,
+    FOLLOW_UPS,
+    FollowUp,
+    learn_leaders,
+    until_served,
+)
 from cronwheel.fetch_nudge import RETRY_S, FetchNudge, ensurer
 from cronwheel.kafka import Topics
 from tests.support.wait import wait_for
@@ -66,8 +72,9 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
 
         # Ended, so the ask is answered at once (it would wait behind the
         # fetch); the fetch sent next does not name the new partition.
+        # (one nudge before the metadata ask, one before the offsets ask)
         learn_leaders(consumer, {second}, nudge.nudge)
-        assert nudge.sent_total == 1
+        assert nudge.sent_total == 2
         consumer.incremental_assign([TopicPartition(second, 0, 0)])
         writer.produce(topic=second, key=b"run-1", value=b"x")
         assert writer.flush(10) == 0
@@ -76,14 +83,14 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
         got = _polled(consumer, 2.0)
         assert not any(m.topic() == second for m in got)
 
-        assert nudge.nudge() and nudge.sent_total == 2
+        assert nudge.nudge() and nudge.sent_total == 3
         wait_for(
             lambda: got.extend(_polled(consumer, 0.2)) or any(m.topic() == second for m in got),
             timeout=10,
             what="the new partition's record, after the nudge",
         )
         assert [m.topic() for m in nudge.drop(got)] == [second]  # the nudges left out
-        assert 1 <= sum(nudge.is_nudge(m) for m in got) <= 2  # none from before the start
+        assert 1 <= sum(nudge.is_nudge(m) for m in got) <= 3  # none from before the start
     finally:
         consumer.close()
 
@@ -111,9 +118,9 @@ def test_follow_up__the_nudge_ended_a_fetch_before_the_partition_joined__ended_a
         assert nudge.nudge()  # the nudge "after the assignment", come too early:
         got: list = []
         wait_for(
-            lambda: got.extend(_polled(consumer, 0.2)) or sum(map(nudge.is_nudge, got)) == 2,
+            lambda: got.extend(_polled(consumer, 0.2)) or sum(map(nudge.is_nudge, got)) == 3,
             timeout=10,
-            what="both nudges read: the fetch outstanding now was sent after them",
+            what="all three nudges read: the fetch outstanding now was sent after them",
         )
         new = [TopicPartition(second, 0, 0)]
         consumer.incremental_assign(new)
@@ -237,5 +244,35 @@ def test_nudge__the_start_failed__started_at_a_nudge_later__nudges_from_then_on(
             what="the nudge, read back",
         )
         assert [m.topic() for m in got] == [nudge.topic]
+    finally:
+        consumer.close()
+
+
+def test_until_served__a_served_partition_asked_once__a_refused_one_until_the_deadline(
+    kafka_bootstrap, topic_prefix
+):
+    """until_served asks each partition's offsets, ending the fetch before
+    each ask: a partition its leader serves is answered at the first ask; one
+    that is refused (here: a partition the topic does not have) is asked
+    again until the deadline, and the loop goes on after it."""
+    topic = f"{topic_prefix}.webhook.acme"
+    kafka.ensure_topics([topic], partitions=1, principal="dispatcher")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, "webhook")
+    ended = [0]
+
+    def end_fetch() -> bool:
+        ended[0] += 1
+        return True
+
+    try:
+        consumer.list_topics(topic, timeout=10)
+        served = [TopicPartition(topic, 0)]
+        assert until_served(consumer, served, end_fetch, time.monotonic() + 10) == 0
+        assert ended[0] == 1
+        t0 = time.monotonic()
+        missing = [TopicPartition(topic, 7)]
+        refused = until_served(consumer, missing, end_fetch, t0 + 0.3)
+        assert refused >= 1 and ended[0] == 1 + refused
+        assert time.monotonic() - t0 < 5  # bounded by the deadline and one ask's wait
     finally:
         consumer.close()
