@@ -210,7 +210,9 @@ def _print_outcome(what: str, receiver, target: str, queue_late, relay_late, del
         say(f"{what}due -> the receiver got the webhook (ms): {describe(delivered)}")
     elif target == "managed":
         say(f"{what}due -> the executor started the run (ms): {describe(delivered)}")
-    if len(queue_late) <= 20:  # which runs were slow: the earliest tenants'?
+    # Which runs were slow (the earliest tenants'?): always for a few,
+    # on request (CW_BENCH_EACH=1) for more.
+    if len(queue_late) <= 20 or os.environ.get("CW_BENCH_EACH") == "1":
         for name, values in (("forwarded", queue_late), ("delivered/started", delivered)):
             if values:  # a run missing shifts the rest: said so
                 each = " ".join(f"{v:.0f}" for v in values)

@@ -527,6 +527,22 @@ class Dispatcher(ConsumerService):
         created = self._create_destinations(names)
         if created:
             self.watch.announce(sorted(created))
+        self._learn_destinations(names)
+
+    def _learn_destinations(self, names: set[str]) -> None:
+        """The producer asks for each destination's metadata now, on the
+        watch's thread: a run's first forward to a topic the producer has not
+        met asked for it in the loop (Placement.partitions, a round trip to
+        the broker before the produce), and an unplaced record waits for
+        librdkafka's own ask. Many at once (every job's, when the watch starts
+        listening) are one cluster-wide request. A topic the broker does not
+        know yet is asked again at its first forward, as before."""
+        missing = sorted(n for n in names if self._placement.known(n) is None)
+        if len(missing) >= kafka.BULK_TOPICS:
+            self._placement.learn(missing)
+            return
+        for name in missing:
+            self._placement.partitions(name)
 
     def _create_destinations(self, names: set[str]) -> set[str]:
         """Those of `names` not known to exist, created with their kind's

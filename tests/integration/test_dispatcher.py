@@ -290,6 +290,34 @@ def test_job_created__its_queue_topic_made_before_any_run__announced_destination
         assert len(meta.partitions) == kafka.QUEUE_PARTITIONS  # an idle tenant costs little
 
 
+def test_managed_job_created__its_topic_learned_by_the_producer_before_any_run(
+    database_url, kafka_bootstrap, topics
+):
+    """A webhook or managed forward is placed in its class's partition, which
+    needs the topic's partition count: asked of the broker when the job is
+    made (on the watch's thread), not by the first run's forward in the
+    dispatcher's loop."""
+    with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
+        wait_for(lambda: d._consumer is not None, what="started")
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            tenant = create_tenant(conn, f"t{uuid.uuid4().hex[:6]}")
+            body = {
+                "name": "nightly",
+                "schedule": {"cron": "0 3 * * *", "timezone": "UTC"},
+                "target": {"type": "managed", "command": ["true"]},
+            }
+            with conn.transaction():
+                Jobs(topics).create(conn, tenant, body, 1_700_000_000_000)
+        managed = topics.managed(tenant["tenant_id"])
+        wait_for(
+            lambda: d._placement.known(managed) is not None,
+            timeout=30,
+            what="the managed topic's partition count, before any run",
+        )
+        assert d._placement.known(managed) == topics.partitions(managed)
+        assert d.forwarded_total == 0
+
+
 def test_jobs_created_while_no_dispatcher_ran__their_topics_made_at_its_start(
     database_url, kafka_bootstrap, topics
 ):
