@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from cronwheel.consuming import starting_points
 from cronwheel.core.ids import partition_of
@@ -120,26 +120,33 @@ def until_served(
     end_fetch: Callable[[], bool],
     deadline: float,
 ) -> int:
-    """Ask each partition's offsets (ListOffsets) until its leader answers,
-    until `deadline`: a topic just made can refuse its first fetches ("leader
-    epoch is newer than broker epoch", "not leader") though the broker's
-    metadata names its leader, and librdkafka then leaves the partition out
-    of its fetches for fetch.error.backoff.ms and a metadata answer (~200
-    ms, docs/dispatcher.md). The broker refuses ListOffsets the same way
-    until it can serve the partition. Each ask ends the fetch outstanding
-    first and waits READY_ASK_S at most (an ask behind a fetch the nudge did
-    not end would hold the loop). Returns how many asks were refused."""
+    """Ask the partitions' end offsets (ListOffsets) until their leaders
+    answer, until `deadline`: a topic just made can refuse its first fetches
+    ("leader epoch is newer than broker epoch", "not leader") though the
+    broker's metadata names its leader, and librdkafka then leaves the
+    partition out of its fetches for fetch.error.backoff.ms and a metadata
+    answer (~200 ms, docs/dispatcher.md). The broker refuses ListOffsets the
+    same way until it can serve the partition. All of them in one ask (one
+    request per leader: the loop waits for it, so one round trip, where
+    `get_watermark_offsets` asked two requests per partition, partition
+    after partition; docs/dispatcher.md), which fails whole when any is
+    refused and is then asked again whole. Each ask ends the fetch
+    outstanding first and waits READY_ASK_S at most (an ask behind a fetch
+    the nudge did not end would hold the loop). Returns how many asks were
+    refused."""
+    if not partitions:
+        return 0
+    ask = [TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in partitions]
     refused = 0
-    for tp in partitions:
-        while time.monotonic() < deadline:
-            if not end_fetch():
-                return refused
-            try:
-                consumer.get_watermark_offsets(tp, timeout=READY_ASK_S)
-                break
-            except KafkaException:
-                refused += 1
-                time.sleep(READY_RETRY_S)  # a refused ask, asked again shortly
+    while time.monotonic() < deadline:
+        if not end_fetch():
+            return refused
+        try:
+            consumer.offsets_for_times(ask, timeout=READY_ASK_S)
+            return refused
+        except KafkaException:
+            refused += 1
+            time.sleep(READY_RETRY_S)  # a refused ask, asked again shortly
     return refused
 
 

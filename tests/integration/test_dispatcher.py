@@ -261,6 +261,20 @@ def test_new_tenant__row_committed__run_topic_created_and_read_without_waiting_f
     assert [d["run_id"] for _t, _k, _n, d, _m in got] == ["r-1"]
 
 
+def _tenant_with_a_job(database_url: str, topics: Topics, target: dict) -> dict:
+    """A new tenant with one nightly job of `target`, as the API makes them."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        tenant = create_tenant(conn, f"t{uuid.uuid4().hex[:6]}")
+        body = {
+            "name": "nightly",
+            "schedule": {"cron": "0 3 * * *", "timezone": "UTC"},
+            "target": target,
+        }
+        with conn.transaction():
+            Jobs(topics).create(conn, tenant, body, 1_700_000_000_000)
+    return tenant
+
+
 def test_job_created__its_queue_topic_made_before_any_run__announced_destination(
     database_url, kafka_bootstrap, topics
 ):
@@ -270,15 +284,7 @@ def test_job_created__its_queue_topic_made_before_any_run__announced_destination
     admin = kafka.admin(kafka_bootstrap, principal="observer")
     with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
         wait_for(lambda: d._consumer is not None, what="started")
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            tenant = create_tenant(conn, f"t{uuid.uuid4().hex[:6]}")
-            body = {
-                "name": "nightly",
-                "schedule": {"cron": "0 3 * * *", "timezone": "UTC"},
-                "target": {"type": "queue", "queue": "reports"},
-            }
-            with conn.transaction():
-                Jobs(topics).create(conn, tenant, body, 1_700_000_000_000)
+        tenant = _tenant_with_a_job(database_url, topics, {"type": "queue", "queue": "reports"})
         queue = topics.queue(tenant["tenant_id"], "reports")
         wait_for(
             lambda: queue in admin.list_topics(timeout=10).topics,
@@ -299,15 +305,7 @@ def test_managed_job_created__its_topic_learned_by_the_producer_before_any_run(
     dispatcher's loop."""
     with running(Dispatcher(database_url, kafka_bootstrap, topics, topic_scan_s=3600)) as d:
         wait_for(lambda: d._consumer is not None, what="started")
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            tenant = create_tenant(conn, f"t{uuid.uuid4().hex[:6]}")
-            body = {
-                "name": "nightly",
-                "schedule": {"cron": "0 3 * * *", "timezone": "UTC"},
-                "target": {"type": "managed", "command": ["true"]},
-            }
-            with conn.transaction():
-                Jobs(topics).create(conn, tenant, body, 1_700_000_000_000)
+        tenant = _tenant_with_a_job(database_url, topics, {"type": "managed", "command": ["true"]})
         managed = topics.managed(tenant["tenant_id"])
         wait_for(
             lambda: d._placement.known(managed) is not None,

@@ -287,3 +287,34 @@ def test_until_served__a_served_partition_asked_once__a_refused_one_until_the_de
         assert time.monotonic() - t0 < 5  # bounded by the deadline and one ask's wait
     finally:
         consumer.close()
+
+
+def test_until_served__the_partitions_of_new_topics_asked_together__one_ask_once_served(
+    kafka_bootstrap, topic_prefix
+):
+    """The executor's topics have a partition per class: all of them, of
+    every new topic, are asked in one ask (the loop waits for it), not one
+    ask per partition."""
+    names = [f"{topic_prefix}.managed.acme", f"{topic_prefix}.managed.globex"]
+    kafka.ensure_topics(names, partitions=4, principal="dispatcher")
+    consumer = _consumer(topic_prefix, kafka_bootstrap, "executor")
+    ended = [0]
+
+    def end_fetch() -> bool:
+        ended[0] += 1
+        return True
+
+    try:
+        for name in names:
+            consumer.list_topics(name, timeout=10)
+        served = [TopicPartition(name, p) for name in names for p in range(4)]
+        wait_for(
+            lambda: until_served(consumer, served, end_fetch, time.monotonic() + 10) == 0,
+            timeout=30,
+            what="every partition served",
+        )
+        before = ended[0]
+        assert until_served(consumer, served, end_fetch, time.monotonic() + 10) == 0
+        assert ended[0] == before + 1  # eight partitions, one ask
+    finally:
+        consumer.close()
