@@ -535,14 +535,20 @@ class Dispatcher(ConsumerService):
         met asked for it in the loop (Placement.partitions, a round trip to
         the broker before the produce), and an unplaced record waits for
         librdkafka's own ask. Many at once (every job's, when the watch starts
-        listening) are one cluster-wide request. A topic the broker does not
-        know yet is asked again at its first forward, as before."""
+        listening) are one cluster-wide request. The first that is not
+        answered (a broker away, a topic it does not know yet) stops the
+        asks, so a broker away holds the watch's thread one ask's timeout,
+        not one per job; the rest are asked at their first forward, as
+        before. (Asking the producer's metadata from this thread does not
+        wait for the loop's produce or poll: confluent-kafka serialises only
+        calls such as list_topics across threads.)"""
         missing = sorted(n for n in names if self._placement.known(n) is None)
         if len(missing) >= kafka.BULK_TOPICS:
             self._placement.learn(missing)
             return
         for name in missing:
-            self._placement.partitions(name)
+            if self._placement.partitions(name) is None:
+                return
 
     def _create_destinations(self, names: set[str]) -> set[str]:
         """Those of `names` not known to exist, created with their kind's
