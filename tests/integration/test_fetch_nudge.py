@@ -253,10 +253,21 @@ def test_nudge__the_start_failed__started_at_a_nudge_later__nudges_from_then_on(
         consumer.close()
 
 
+class _CountedEnds:
+    """An end_fetch that ends nothing and counts its calls: one per ask."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self) -> bool:
+        self.count += 1
+        return True
+
+
 def test_until_served__a_served_partition_asked_once__a_refused_one_until_the_deadline(
     kafka_bootstrap, topic_prefix
 ):
-    """until_served asks each partition's offsets, ending the fetch before
+    """until_served asks the partitions' offsets, ending the fetch before
     each ask: a partition its leader serves is answered at the first ask
     (once the new topic is served); one that is refused (here: a partition
     the topic does not have) is asked again until the deadline, and the
@@ -264,11 +275,7 @@ def test_until_served__a_served_partition_asked_once__a_refused_one_until_the_de
     topic = f"{topic_prefix}.webhook.acme"
     kafka.ensure_topics([topic], partitions=1, principal="dispatcher")
     consumer = _consumer(topic_prefix, kafka_bootstrap, "webhook")
-    ended = [0]
-
-    def end_fetch() -> bool:
-        ended[0] += 1
-        return True
+    end_fetch = _CountedEnds()
 
     try:
         consumer.list_topics(topic, timeout=10)
@@ -277,13 +284,13 @@ def test_until_served__a_served_partition_asked_once__a_refused_one_until_the_de
         served = [TopicPartition(topic, 0)]
         t0 = time.monotonic()
         early = until_served(consumer, served, end_fetch, t0 + 10)
-        assert ended[0] == early + 1 and time.monotonic() - t0 < 10
+        assert end_fetch.count == early + 1 and time.monotonic() - t0 < 10
         assert until_served(consumer, served, end_fetch, time.monotonic() + 10) == 0
-        assert ended[0] == early + 2  # served now: one ask
+        assert end_fetch.count == early + 2  # served now: one ask
         t0 = time.monotonic()
         missing = [TopicPartition(topic, 7)]
         refused = until_served(consumer, missing, end_fetch, t0 + 0.3)
-        assert refused >= 1 and ended[0] == early + 2 + refused
+        assert refused >= 1 and end_fetch.count == early + 2 + refused
         assert time.monotonic() - t0 < 5  # bounded by the deadline and one ask's wait
     finally:
         consumer.close()
@@ -298,11 +305,7 @@ def test_until_served__the_partitions_of_new_topics_asked_together__one_ask_once
     names = [f"{topic_prefix}.managed.acme", f"{topic_prefix}.managed.globex"]
     kafka.ensure_topics(names, partitions=4, principal="dispatcher")
     consumer = _consumer(topic_prefix, kafka_bootstrap, "executor")
-    ended = [0]
-
-    def end_fetch() -> bool:
-        ended[0] += 1
-        return True
+    end_fetch = _CountedEnds()
 
     try:
         for name in names:
@@ -313,8 +316,8 @@ def test_until_served__the_partitions_of_new_topics_asked_together__one_ask_once
             timeout=30,
             what="every partition served",
         )
-        before = ended[0]
+        before = end_fetch.count
         assert until_served(consumer, served, end_fetch, time.monotonic() + 10) == 0
-        assert ended[0] == before + 1  # eight partitions, one ask
+        assert end_fetch.count == before + 1  # eight partitions, one ask
     finally:
         consumer.close()
