@@ -243,7 +243,8 @@ class TopicWatch:
         try:
             if self._listen is None or self._listen.closed:
                 self._listen = link(self.dsn)
-                self._listen.execute(Q["listen"])
+                for channel in self._listen_to():
+                    self._listen.execute(Q[channel])
                 # What was missed while not listening.
                 if self.tenant_topic is not None:
                     tenants = [r[0] for r in self._listen.execute(Q["tenant_ids"])]
@@ -286,6 +287,17 @@ class TopicWatch:
                 target_type, _, queue = rest.partition(":")
                 batch.append((tenant, target_type, queue))
             self._submit(self.on_destinations, batch)
+
+    def _listen_to(self) -> list[str]:
+        """The LISTEN statements of the channels this watch acts on: announced
+        topics always; new tenants where it makes tenants' topics; jobs'
+        destinations where it creates them (the dispatcher's alone)."""
+        channels = ["listen_topics"]
+        if self.tenant_topic is not None:
+            channels.append("listen_tenants")
+        if self.on_destinations is not None:
+            channels.append("listen_destinations")
+        return channels
 
     def _add_tenants(self, tenant_ids: list[str]) -> None:
         assert self.tenant_topic is not None

@@ -105,6 +105,38 @@ def test_topic_watch__wake_on_announce__an_announced_new_topic_of_the_prefix_wak
         watch.close()
 
 
+@pytest.mark.parametrize(
+    "role, acts_on",
+    [
+        ("executor", {"cw_topics"}),
+        ("dispatcher", {"cw_topics", "cw_tenants", "cw_destinations"}),
+    ],
+)
+def test_topic_watch__listens_only_on_the_channels_it_acts_on(
+    database_url, kafka_bootstrap, topic_prefix, role, acts_on
+):
+    """cw_destinations comes with every job created: a watch that creates no
+    destination topics (the executor's, the webhook service's) is not sent
+    it, nor cw_tenants where it makes no tenant's topic. Asked of the
+    watch's own listening connection, as the database keeps it."""
+    dispatcher = role == "dispatcher"
+    watch = TopicWatch(
+        database_url,
+        kafka.admin(kafka_bootstrap, principal=role),
+        f"{topic_prefix}.runs." if dispatcher else f"{topic_prefix}.managed.",
+        tenant_topic=Topics(topic_prefix).runs if dispatcher else None,
+        ensure=(lambda names: None) if dispatcher else None,
+        on_destinations=(lambda batch: None) if dispatcher else None,
+        scan_every_s=3600,
+    )
+    try:
+        watch.poll()
+        listening = {r[0] for r in watch._listen.execute("SELECT pg_listening_channels()")}
+        assert listening == acts_on
+    finally:
+        watch.close()
+
+
 def _polled(watch: TopicWatch) -> list[str]:
     got: list[list[str] | None] = [None]
     wait_for(lambda: got.__setitem__(0, watch.poll()) or got[0], timeout=10, what="poll()")

@@ -3,9 +3,14 @@
 -- cw_topics (a topic name, from whoever created the topic) and cw_destinations
 -- ("<tenant>:<type>:<queue>", from the jobs trigger), all in migration 0015.
 
--- name: listen
+-- A watch listens only on the channels it acts on (TopicWatch._listen_to):
+-- cw_destinations comes with every job created, and a watch that creates
+-- no destination topics would be sent each one for nothing.
+
+-- name: listen_tenants
 LISTEN cw_tenants;
-LISTEN cw_topics;
+
+-- name: listen_destinations
 LISTEN cw_destinations;
 
 -- name: tenant_ids
@@ -21,5 +26,5 @@ SELECT DISTINCT tenant_id || ':' || (target->>'type') || ':' || coalesce(target-
 SELECT pg_notify('cw_topics', t) FROM unnest(%(topics)s::text[]) AS t;
 
 -- name: listen_topics
--- The wake thread's connection (TopicWatch, wake_on_announce): announced topics only.
+-- Every watch's, and the wake thread's own connection (wake_on_announce).
 LISTEN cw_topics;
