@@ -75,6 +75,7 @@ import psycopg
 from common import (
     Services,
     broker_live_heap_mb,
+    broker_pauses,
     cpu_seconds,
     create_topics,
     delete_topics,
@@ -82,6 +83,7 @@ from common import (
     fresh_database,
     grant,
     header,
+    in_a_pause,
     kafka_broker_pid,
     machine_load,
     observer_group,
@@ -158,7 +160,7 @@ def first_run(
                 "managed": topics.managed,
             }.get(target, lambda t: topics.queue(t, "q"))
             first = _outcome(url, topics, made, due_ms, dest, receiver, target)
-            queue_late, relay_late, delivered, _runs = first
+            queue_late, relay_late, delivered, _runs, _hops = first
             if again:
                 # The same tenants again, at the same pace and due: their
                 # topics assigned and every cache warm, so the same path's
@@ -187,14 +189,14 @@ def first_run(
             receiver.close()
         if mine := prefix_topics(prefix):
             delete_topics(mine)
-    _print_outcome(f"{tenants} new tenants' first runs, ", receiver, target, *first[:3])
+    _print_outcome(f"{tenants} new tenants' first runs, ", receiver, target, *first[:3], first[4])
     if old:
         say(
             f"the {len(steady)} runs of the tenants beside over the same seconds,"
             f" due -> dispatcher produce() (ms): {describe(steady) if steady else 'none'}"
         )
     if second:
-        _print_outcome("the same tenants' second runs, ", receiver, target, *second[:3])
+        _print_outcome("the same tenants' second runs, ", receiver, target, *second[:3], second[4])
     late = delivered if target != "queue" else queue_late
     if second:  # the same path's steady runs: the target the issue sets
         steady = second[2] if target != "queue" else second[0]
@@ -202,10 +204,13 @@ def first_run(
     say(f"RESULT first-run lateness ({target}) p99 {_p99(late)} ms (target: {goal})")
 
 
-def _print_outcome(what: str, receiver, target: str, queue_late, relay_late, delivered) -> None:
+def _print_outcome(
+    what: str, receiver, target: str, queue_late, relay_late, delivered, hops
+) -> None:
     say(f"{what}{target} records {len(queue_late)}; run-topic records {len(relay_late)}")
     say(f"{what}due -> relay produce() (ms): {describe(relay_late)}")
     say(f"{what}due -> dispatcher produce() (ms): {describe(queue_late)}")
+    say(f"{what}the slowest forwards (ms): {_slowest_hops(hops)}")
     if receiver is not None:
         say(f"{what}due -> the receiver got the webhook (ms): {describe(delivered)}")
     elif target == "managed":
@@ -220,6 +225,27 @@ def _print_outcome(what: str, receiver, target: str, queue_late, relay_late, del
                     "" if len(values) == len(queue_late) == len(relay_late) else " (runs missing)"
                 )
                 say(f"{what}{name}, each in the tenants' order{gaps} (ms): {each}")
+
+
+def _slowest_hops(hops: list[tuple[float, float, float]], n: int = 5) -> str:
+    """The `n` latest forwards (due -> the dispatcher's produce()), each
+    marked where the broker's collector stopped it between the relay's
+    produce() and the dispatcher's: a slow forward the broker's pause
+    explains rather than the dispatcher. `hops`: (lateness, the relay's
+    produce() ms, the dispatcher's produce() ms)."""
+    if not hops:
+        return "none"
+    pauses = broker_pauses(min(h[1] for h in hops), max(h[2] for h in hops))
+    if pauses is None:
+        return " ".join(f"{late:.0f}" for late, _s, _r in sorted(hops)[-n:][::-1]) + (
+            " (no collector log: not the local stack's broker)"
+        )
+    paused = sum(in_a_pause(pauses, sent, read) for _l, sent, read in hops)
+    slowest = ", ".join(
+        f"{late:.0f}" + (" (broker paused)" if in_a_pause(pauses, sent, read) else "")
+        for late, sent, read in sorted(hops)[-n:][::-1]
+    )
+    return f"{slowest}; {paused} of {len(hops)} forwards had a broker pause in flight"
 
 
 def _one_offs(
@@ -245,13 +271,13 @@ def _outcome(url, topics, made, due_ms, dest, receiver, target):
     topic, on the run topic, and delivered or started (empty for queue jobs),
     and the destination records' runs."""
     ids = [(t["tenant_id"], at) for t, at in made]
-    queue_late, relay_late, runs = _read(topics, ids, due_ms / 1000 + 30, dest)
+    queue_late, relay_late, runs, hops = _read(topics, ids, due_ms / 1000 + 30, dest)
     delivered: list[float] = []
     if receiver is not None:
         delivered = _delivered(receiver, runs, timeout_s=30)
     elif target == "managed":
         delivered = _started(url, runs, timeout_s=30)
-    return queue_late, relay_late, delivered, runs
+    return queue_late, relay_late, delivered, runs, hops
 
 
 def idle(counts: list[int], window_s: int, dispatchers: int = 1, spread: bool = False) -> None:
@@ -594,11 +620,13 @@ def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest):
     and on its run topic scheduled at or after the instant in `made`
     (an earlier pass's runs are passed over): their timestamps minus the
     scheduled instant; and the destination records' (run id, scheduled
-    instant) by topic."""
+    instant) by topic; and each forward as (its lateness, the run topic
+    record's timestamp, the destination record's), in ms."""
     c = kafka.consumer(observer_group(), principal="observer")
     decode = default_registry().decode
     wanted = {dest(t): at for t, at in made} | {topics.runs(t): at for t, at in made}
     got: dict[str, float] = {}
+    stamps: dict[str, int] = {}
     runs: dict[str, tuple[str, int]] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -621,14 +649,21 @@ def _read(topics: Topics, made: list[tuple[str, int]], timeout_s: float, dest):
                         _n, d = decode(m.value())
                         if d.get("scheduled_at", -1) < wanted[m.topic()]:
                             continue  # an earlier pass's run, or not a run's record
-                        got[m.topic()] = m.timestamp()[1] - d["scheduled_at"]
+                        stamps[m.topic()] = m.timestamp()[1]
+                        got[m.topic()] = stamps[m.topic()] - d["scheduled_at"]
                         runs[m.topic()] = (d["run_id"], d["scheduled_at"])
     finally:
         c.close()
     # In the tenants' order (`made`'s), not the order they were read in.
     forwarded = [got[dest(t)] for t, _at in made if dest(t) in got]
     fired = [got[topics.runs(t)] for t, _at in made if topics.runs(t) in got]
-    return forwarded, fired, {dest(t): runs[dest(t)] for t, _at in made if dest(t) in runs}
+    hops = [
+        (got[dest(t)], stamps[topics.runs(t)], stamps[dest(t)])
+        for t, _at in made
+        if dest(t) in got and topics.runs(t) in got
+    ]
+    runs_by_dest = {dest(t): runs[dest(t)] for t, _at in made if dest(t) in runs}
+    return forwarded, fired, runs_by_dest, hops
 
 
 def _target(target: str, receiver) -> dict:
