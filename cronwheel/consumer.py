@@ -43,7 +43,7 @@ from cronwheel.assignment import LeasedAssignment
 from cronwheel.core.avro import UndecodableRecord, default_registry
 from cronwheel.core.clock import now_ms
 from cronwheel.fetch_nudge import FetchNudge, ensurer
-from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
+from cronwheel.fetch_watch import DeliveryWatch, EndsAsked, FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.producer_shards import HOT_RATE, ShardedProducer, produce
 from cronwheel.store.db import Reconnecting
@@ -244,22 +244,34 @@ def flush(producer: Producer, stop: threading.Event, grace_s: float) -> bool:
 
 def watch_fetching(
     watch: FetchWatch,
-    watched: list[consuming.Where],
+    watched: Callable[[], list[consuming.Where]],
     position: Callable[[list[consuming.Where]], dict],
-    asker: kafka.RenewingAsker,
+    asked: EndsAsked,
 ) -> None:
     """A fetch watch's look (cronwheel.fetch_watch) at the partitions a
-    consumer holds and means to read (`watched`): those it has not read for
-    a whole look though the broker (asked through `asker`) has records for
-    them raise ClientsWedged, for new clients to take over."""
-    at = position(watched) if watched else {}
-    stuck = watch.look(watched, at.get, asker.end_offsets)
-    if stuck:
-        (t, p), every = stuck[0], watch.every_s
-        raise ClientsWedged(
-            f"{len(stuck)} partitions not read for {every:.0f} s though the broker has "
-            f"records for them ({t}[{p}] at {at[(t, p)]})"
-        )
+    consumer holds and means to read (`watched()`), on every pass of its
+    loop: when a look is due, their positions now and their ends asked of
+    the broker off the loop (`asked`); at the pass after the answer, those
+    not read for a whole look though the broker has records for them raise
+    ClientsWedged, for new clients to take over."""
+    answer = asked.answered()
+    if answer is not None:
+        at, ends = answer
+        stuck = watch.look(list(at), at.get, lambda keys: ends)
+        if stuck:
+            (t, p), every = stuck[0], watch.every_s
+            raise ClientsWedged(
+                f"{len(stuck)} partitions not read for {every:.0f} s though the broker has "
+                f"records for them ({t}[{p}] at {at[(t, p)]})"
+            )
+    elif not asked.asking and watch.due():
+        keys = watched()
+        at = position(keys) if keys else {}
+        known = {key: v for key, v in at.items() if v is not None and v >= 0}
+        if known:
+            asked.ask(known)
+        else:  # nothing to ask of the broker: the look notes as much at once
+            watch.look([], known.get, lambda keys: {})
 
 
 def watch_delivering(
@@ -389,11 +401,12 @@ class ConsumerService:
         # Hand-assigned consumers: partitions librdkafka stopped fetching
         # (cronwheel.fetch_watch), asked of the broker through `asker`, a
         # client of the watch's own (made when first asked, renewed when it
-        # gets no answer).
+        # gets no answer), on a thread of the ask's own (`_ends_asked`).
         self.fetch_watch: FetchWatch | None = None
         self.asker = kafka.RenewingAsker(
             bootstrap, principal=self.name, group=f"{self.group_id}.ask"
         )
+        self._ends_asked: EndsAsked | None = None
         # A producer that holds records and reports no delivery while the
         # broker answers a new client (cronwheel.fetch_watch): a subclass that
         # sets it counts its delivery reports in `delivery_reports`.
@@ -475,7 +488,7 @@ class ConsumerService:
                     assigned=self.assignment.assigned if self.assignment is not None else None,
                     position=lambda keys: self.position(consumer, keys),
                 )
-                if self.fetch_watch is not None and self.fetch_watch.due():
+                if self.fetch_watch is not None:
                     self._watch_clients(consumer)
                 self.watch_delivery()
                 self.producer.renew_if_quiet(self.name, self.log)
@@ -569,6 +582,8 @@ class ConsumerService:
         """Flush the producer and close the database connection (run() does this)."""
         self.producer.flush(self.shutdown_grace_ms / 1000)
         self._db.close()
+        if self._ends_asked is not None:
+            self._ends_asked.close()
 
     # -- a consumer that does not read -------------------------------------------
 
@@ -589,14 +604,20 @@ class ConsumerService:
         return consuming.positions(consumer, keys)
 
     def _watch_clients(self, consumer: Consumer) -> None:
-        """The fetch watch's look (cronwheel.fetch_watch): partitions held and
-        not read though the broker has records for them end the run
+        """The fetch watch, each pass (cronwheel.fetch_watch): partitions held
+        and not read though the broker has records for them end the run
         (ClientsWedged), for new clients to take over."""
         assert self.fetch_watch is not None and self.assignment is not None
-        held = self.held_back()
-        watched = [key for key in self.assignment.assigned if key not in held]
+        assignment = self.assignment
+        if self._ends_asked is None:
+            self._ends_asked = EndsAsked(self.asker.end_offsets)
+
+        def watched() -> list[consuming.Where]:
+            held = self.held_back()
+            return [key for key in assignment.assigned if key not in held]
+
         watch_fetching(
-            self.fetch_watch, watched, lambda keys: self.position(consumer, keys), self.asker
+            self.fetch_watch, watched, lambda keys: self.position(consumer, keys), self._ends_asked
         )
 
     # -- the database -----------------------------------------------------------

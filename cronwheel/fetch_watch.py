@@ -44,12 +44,30 @@ holds there:
   reconnect.backoff.max.ms) after the broker came back has done so within
   the `every_s` (15 s) the broker answered throughout.
 - A look more than twice `every_s` after the last starts over, as above.
+
+The broker's end offsets are asked off the consumer's loop (`EndsAsked`):
+the positions are taken on the loop when a look is due, the ends asked on a
+thread of the ask's own, and the look made on the loop's first pass after
+the answer. Asked on the loop, the ask held it a round trip per 500
+partitions every look (27 ms for 3,000: a webhook service or executor
+holding a thousand tenants' partitions), and the first look of a process
+also made the asking client, a connection and its SASL handshake: a
+delivery that came meanwhile waited (a new tenant's first webhook 25 ms
+late, docs/dispatcher.md). The asking client is not the consumer, so
+confluent-kafka does not serialise the two (docs/dispatcher.md). An end
+asked a moment after the positions were taken can only be further on; a
+partition is still judged stuck only when its position stood still a
+whole look later.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+log = logging.getLogger("cronwheel.fetch_watch")
 
 Where = tuple[str, int]
 
@@ -99,6 +117,44 @@ class FetchWatch:
     def forget(self) -> None:
         """The consumer was replaced: positions start over."""
         self._seen = {}
+
+
+class EndsAsked:
+    """A look's end offsets, asked on a thread of their own through `ends`
+    (a RenewingAsker's `end_offsets`, whose client no other thread uses but
+    a diagnosis): `ask` starts one, `answered` gives it once it came."""
+
+    def __init__(self, ends: Callable[[list[Where]], dict[Where, int | None] | None]):
+        self._ends = ends
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fetch-watch")
+        self._asked: Future | None = None
+        self._at: dict[Where, int] = {}
+
+    @property
+    def asking(self) -> bool:
+        return self._asked is not None
+
+    def ask(self, at: dict[Where, int]) -> None:
+        """Ask the ends of the partitions of `at`, their positions now."""
+        assert self._asked is None, "one ask at a time"
+        self._at = at
+        self._asked = self._pool.submit(self._ends, sorted(at))
+
+    def answered(self) -> tuple[dict[Where, int], dict[Where, int | None] | None] | None:
+        """(the positions asked with, their ends; None where the ask
+        failed) once the answer came; None while it has not."""
+        if self._asked is None or not self._asked.done():
+            return None
+        asked, self._asked = self._asked, None
+        try:
+            ends = asked.result()
+        except Exception as exc:  # a client that could not be made: nothing is judged
+            log.warning("end offsets for the fetch watch not asked: %s", exc)
+            ends = None
+        return self._at, ends
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class DeliveryWatch:

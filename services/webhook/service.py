@@ -71,7 +71,7 @@ from cronwheel.core.events import traceparent
 from cronwheel.core.runs import priority_rank
 from cronwheel.core.ssrf import Network
 from cronwheel.fetch_nudge import FetchNudge, ensurer
-from cronwheel.fetch_watch import FetchWatch
+from cronwheel.fetch_watch import EndsAsked, FetchWatch
 from cronwheel.kafka import Placement, Topics
 from cronwheel.logs import run_fields
 from cronwheel.store import webhooks
@@ -249,6 +249,7 @@ class WebhookService:
         self._asker = kafka.RenewingAsker(  # made when asked
             self.bootstrap, principal=CONSUMER, group=f"{self.group_id}.ask"
         )
+        self._ends_asked = EndsAsked(self._asker.end_offsets)  # off the Kafka thread
         self._client = Client(
             Guard(self.allow),
             keepalive_s=s.keepalive_ms / 1000,
@@ -632,13 +633,12 @@ class WebhookService:
         self._producer.poll(0)
         self._offsets.commit(consumer, asynchronous=True, assigned=self._assignment.assigned)
         self._offsets.report_lag(consumer, assigned=self._assignment.assigned)
-        if self._fetch_watch is not None and self._fetch_watch.due():
-            watched = [key for key in self._assignment.assigned if key not in self._paused]
+        if self._fetch_watch is not None:
             watch_fetching(
                 self._fetch_watch,
-                watched,
+                lambda: [key for key in self._assignment.assigned if key not in self._paused],
                 lambda keys: consuming.positions(consumer, keys),
-                self._asker,
+                self._ends_asked,
             )
 
     def _give_up(self, partitions: list[TopicPartition]) -> None:
@@ -665,6 +665,7 @@ class WebhookService:
 
     async def _close_clients(self) -> None:
         self._kafka_thread.shutdown(wait=True)
+        self._ends_asked.close()
         self._client.close()
         await self._loop.run_in_executor(None, self._db.close)
 

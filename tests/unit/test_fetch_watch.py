@@ -3,7 +3,13 @@ and when a producer stopped delivering."""
 
 from __future__ import annotations
 
-from cronwheel.fetch_watch import DeliveryWatch, FetchWatch
+import threading
+
+import pytest
+
+from cronwheel.consumer import ClientsWedged, watch_fetching
+from cronwheel.fetch_watch import DeliveryWatch, EndsAsked, FetchWatch
+from tests.support.wait import wait_for
 
 A, B = ("t.runs.a", 0), ("t.runs.b", 0)
 
@@ -78,6 +84,64 @@ def test_due__every_interval():
     assert w.due()
     w.look([], lambda _k: None, lambda _keys: {})
     assert not w.due()
+
+
+def test_ends_asked_off_the_loop__a_pass_never_waits_for_the_broker__stuck_said_after_the_answer():
+    """The loop's pass starts the ask and goes on; the passes while the
+    broker has not answered do nothing (no second ask); the look is made at
+    the first pass after the answer, with the positions of the ask."""
+    w, clock = watch()
+    released = threading.Event()
+    asked: list[list] = []
+
+    def ends(keys):
+        asked.append(keys)
+        assert released.wait(30), "the test never answered"
+        return {A: 12, B: 4}
+
+    e = EndsAsked(ends)
+    positions = {A: 10, B: 4}
+
+    def one_pass() -> int:
+        watch_fetching(w, lambda: [A, B], lambda keys: dict(positions), e)
+        return w.looks
+
+    try:
+        clock.now += 15
+        one_pass()  # returns while `ends` waits: the pass did not wait for it
+        assert e.asking and w.looks == 0
+        one_pass()
+        one_pass()
+        wait_for(lambda: asked, what="the ask on its thread")
+        assert asked == [[A, B]] and w.looks == 0
+        released.set()
+        wait_for(one_pass, what="the look at a pass after the answer")
+        assert w.stuck_total == 0 and not e.asking
+        one_pass()  # not due again yet: nothing asked
+        assert len(asked) == 1
+        clock.now += 15  # a whole look later A stood still behind its end
+        one_pass()
+        with pytest.raises(ClientsWedged, match="1 partitions not read"):  # A's, not B's
+            wait_for(lambda: one_pass() and False, timeout=10, what="the verdict")
+    finally:
+        released.set()
+        e.close()
+
+
+def test_ends_asked__the_ask_failing__nothing_judged_and_noted_afresh():
+    w, clock = watch()
+
+    def ends(_keys):
+        raise RuntimeError("no client")
+
+    e = EndsAsked(ends)
+    try:
+        clock.now += 15
+        watch_fetching(w, lambda: [A], lambda keys: {A: 10}, e)
+        wait_for(lambda: watch_fetching(w, lambda: [A], lambda keys: {A: 10}, e) or w.looks)
+        assert w.stuck_total == 0 and not e.asking
+    finally:
+        e.close()
 
 
 def deliveries(looks: list[tuple[int, int, bool]], gap_s: float = 15) -> list[bool]:
