@@ -245,7 +245,12 @@ def _slowest_hops(hops: list[tuple[float, float, float]], n: int = 5) -> str:
         f"{late:.0f}" + (" (broker paused)" if in_a_pause(pauses, sent, read) else "")
         for late, sent, read in sorted(hops)[-n:][::-1]
     )
-    return f"{slowest}; {paused} of {len(hops)} forwards had a broker pause in flight"
+    span_s = (max(h[2] for h in hops) - min(h[1] for h in hops)) / 1000
+    return (
+        f"{slowest}; {paused} of {len(hops)} forwards had a broker pause in flight;"
+        f" the broker paused {len(pauses)} times ({sum(ms for _s, ms in pauses):.0f} ms)"
+        f" over these {span_s:.0f} s"
+    )
 
 
 def _one_offs(
