@@ -228,11 +228,12 @@ def _print_outcome(
 
 
 def _slowest_hops(hops: list[tuple[float, float, float]], n: int = 5) -> str:
-    """The `n` latest forwards (due -> the dispatcher's produce()), each
+    """The `n` slowest forwards (due -> the dispatcher's produce()), each
     marked where the broker's collector stopped it between the relay's
     produce() and the dispatcher's: a slow forward the broker's pause
-    explains rather than the dispatcher. `hops`: (lateness, the relay's
-    produce() ms, the dispatcher's produce() ms)."""
+    explains rather than the dispatcher; and how often the broker paused
+    over the phase. `hops`: (lateness, the relay's produce() ms, the
+    dispatcher's produce() ms)."""
     if not hops:
         return "none"
     pauses = broker_pauses(min(h[1] for h in hops), max(h[2] for h in hops))

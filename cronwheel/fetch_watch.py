@@ -49,11 +49,10 @@ The broker's end offsets are asked off the consumer's loop (`EndsAsked`):
 the positions are taken on the loop when a look is due, the ends asked on a
 thread of the ask's own, and the look made on the loop's first pass after
 the answer. Asked on the loop, the ask held it a round trip per 500
-partitions every look (27 ms for 3,000: a webhook service or executor
-holding a thousand tenants' partitions), and the first look of a process
-also made the asking client, a connection and its SASL handshake: a
-delivery that came meanwhile waited (a new tenant's first webhook 25 ms
-late, docs/dispatcher.md). The asking client is not the consumer, so
+partitions every look, and the first look of a process also made the
+asking client, a connection and its SASL handshake: a record that came
+meanwhile waited (docs/dispatcher.md, "The fetch watch's ask, off the
+loop"). The asking client is not the consumer, so
 confluent-kafka does not serialise the two (docs/dispatcher.md). An end
 asked a moment after the positions were taken can only be further on; a
 partition is still judged stuck only when its position stood still a
