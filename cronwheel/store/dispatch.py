@@ -8,15 +8,19 @@ in between forwards again; it never loses a record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Sequence
 
 import psycopg
 
 from cronwheel import metrics
-from cronwheel.core.clock import to_dt
+from cronwheel.core.clock import now_ms, to_dt
+from cronwheel.store.db import Reconnecting
 from cronwheel.store.sql_loader import queries
 
 Q = queries("dispatch")
+log = logging.getLogger("cronwheel.store.dispatch")
 
 
 def message_key(run_id: str, attempt: int, created_ms: int) -> str:
@@ -77,27 +81,86 @@ class Processed:
 
 
 class Pruner:
-    """Prunes one consumer's `processed` rows now and then from its service loop:
-    a bite per `every_ms`, more bites at once while a bite comes back full."""
+    """Prunes one consumer's `processed` rows on a thread of its own, through
+    a connection of its own: a pass every `every_ms`, of bites of `limit`
+    rows while a bite comes back full (`bites` a pass; a full pass is
+    followed by the next at once). Run on the service's loop, a pass held
+    it a round trip per bite: a minute's rows of a dispatcher forwarding
+    1,000 runs a second are 60,000, twelve bites, more than a pass's ten,
+    so the table also outgrew its pruning.
 
-    def __init__(self, processed: Processed, retention: int, every_ms: int = 60_000):
+    `start` runs the first pass before it returns (waiting out a database
+    that is away until `stop`), so a service prunes before it records
+    anything: what it records in its first turn is kept a whole retention
+    (tests/faults/scenarios.py, replay_retention)."""
+
+    def __init__(
+        self,
+        processed: Processed,
+        retention: int,
+        every_ms: int = 60_000,
+        clock: Callable[[], int] = now_ms,
+    ):
         self.processed = processed
         self.retention_ms = retention
         self.every_ms = every_ms
+        self.clock = clock
         self.pruned_total = 0
-        self._next = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def due(self, now: int) -> bool:
-        return now >= self._next
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
 
     def run(self, conn: psycopg.Connection, now: int, limit: int = 5_000, bites: int = 10) -> int:
-        self._next = now + self.every_ms
+        """One pass: up to `bites` bites of `limit` rows; how many went."""
         n = 0
         for _ in range(bites):
             got = self.processed.prune(conn, now - self.retention_ms, limit)
             n += got
+            self.pruned_total += got
+            metrics.PROCESSED_PRUNED.labels(self.processed.consumer).inc(got)
             if got < limit:
                 break
-        self.pruned_total += n
-        metrics.PROCESSED_PRUNED.labels(self.processed.consumer).inc(n)
         return n
+
+    def start(self, dsn: str, stop: threading.Event, service_log: logging.Logger) -> None:
+        """The first pass now, on the caller's thread; then the thread, on the
+        same connection (one more per service instance). Once."""
+        assert self._thread is None, "started once"
+        db = Reconnecting(dsn, service_log)
+        full = self._pass(db, stop)
+        self._thread = threading.Thread(
+            target=self._passes,
+            args=(db, stop, full),
+            name=f"prune-{self.processed.consumer}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _pass(self, db: Reconnecting, stop: threading.Event, limit: int = 5_000) -> bool:
+        """One pass through `db`; whether it came back full (more to prune)."""
+        bites = 10
+        n = db.call(lambda c: self.run(c, self.clock(), limit, bites), stop, stopped=0)
+        return n >= limit * bites
+
+    def _passes(self, db: Reconnecting, stop: threading.Event, full: bool) -> None:
+        try:
+            while not (stop.is_set() or self._stop.is_set()):
+                if not full and self._stop.wait(self.every_ms / 1000):
+                    break
+                if stop.is_set():
+                    break
+                try:
+                    full = self._pass(db, stop)
+                except Exception:  # a statement that failed: tried again next pass
+                    log.exception("pruning %s's processed rows failed", self.processed.consumer)
+                    full = False
+        finally:
+            db.close()

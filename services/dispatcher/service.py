@@ -271,9 +271,10 @@ class Dispatcher(ConsumerService):
         # Pruned before reading: the first pass comes at the start, before this
         # instance has recorded anything, so what it records in its first turn
         # is kept a whole retention even when that turn's sends outlast it
-        # (replay_retention's check of what a replay forwarded again).
-        if self.pruner.due(now_ms()):
-            self.with_db(lambda c: self.pruner.run(c, now_ms()), stop)
+        # (replay_retention's check of what a replay forwarded again); the
+        # later passes on the pruner's thread, never holding this loop.
+        if not self.pruner.started:
+            self.pruner.start(self.dsn, stop, self.log)
         read = self._released(consumer) + self._consume(consumer)
         msgs = self._within_quota(consumer, read, stop) if read else read
         if msgs and not self._send(msgs, stop):
@@ -356,6 +357,7 @@ class Dispatcher(ConsumerService):
     def close(self) -> None:
         if self.dozing is not None:
             self.dozing.close()
+        self.pruner.stop()
         super().close()
 
     def _consume(self, consumer: Consumer) -> list[Message]:

@@ -87,7 +87,7 @@ class WorkflowService(ConsumerService):
         self.session_timeout_ms = session_timeout_ms
         self.clock = clock
         self.store = Workflows(self.topics)
-        self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms)
+        self.pruner = Pruner(Processed(CONSUMER), processed_retention_ms, clock=clock)
         self.counts: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # refused records by reason
 
@@ -112,12 +112,14 @@ class WorkflowService(ConsumerService):
         # already fetched (or arrives within `max_wait_ms`, default 0: a quiet
         # topic adds no wait; under load the batch fills while the previous
         # one is applied).
+        if not self.pruner.started:  # its first pass now, the rest on its thread
+            self.pruner.start(self.dsn, stop, self.log)
         msgs = self.take(consumer)
-        if msgs and not self.handle(msgs, stop):
-            return False
-        if self.pruner.due(self.clock()):
-            self.with_db(lambda c: self.pruner.run(c, self.clock()), stop)
-        return True
+        return not msgs or self.handle(msgs, stop)  # False: `stop` interrupted the batch
+
+    def close(self) -> None:
+        self.pruner.stop()
+        super().close()
 
     # -- one batch ----------------------------------------------------------------
     def handle(self, msgs: list[Message], stop: threading.Event) -> bool:
