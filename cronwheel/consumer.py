@@ -406,7 +406,7 @@ class ConsumerService:
         self.asker = kafka.RenewingAsker(
             bootstrap, principal=self.name, group=f"{self.group_id}.ask"
         )
-        self._ends_asked: EndsAsked | None = None
+        self._ends_asked = EndsAsked(self.asker.end_offsets)  # its thread made at the first ask
         # A producer that holds records and reports no delivery while the
         # broker answers a new client (cronwheel.fetch_watch): a subclass that
         # sets it counts its delivery reports in `delivery_reports`.
@@ -582,8 +582,7 @@ class ConsumerService:
         """Flush the producer and close the database connection (run() does this)."""
         self.producer.flush(self.shutdown_grace_ms / 1000)
         self._db.close()
-        if self._ends_asked is not None:
-            self._ends_asked.close()
+        self._ends_asked.close()
 
     # -- a consumer that does not read -------------------------------------------
 
@@ -609,8 +608,6 @@ class ConsumerService:
         (ClientsWedged), for new clients to take over."""
         assert self.fetch_watch is not None and self.assignment is not None
         assignment = self.assignment
-        if self._ends_asked is None:
-            self._ends_asked = EndsAsked(self.asker.end_offsets)
 
         def watched() -> list[consuming.Where]:
             held = self.held_back()

@@ -21,6 +21,8 @@ from cronwheel.store.sql_loader import queries
 
 Q = queries("dispatch")
 log = logging.getLogger("cronwheel.store.dispatch")
+BITE = 5_000  # rows a prune statement deletes at most: a short transaction
+BITES = 10  # bites a pass
 
 
 def message_key(run_id: str, attempt: int, created_ms: int) -> str:
@@ -73,7 +75,7 @@ class Processed:
             Q["mark_processed"], {"consumer": self.consumer, "keys": list(keys)}
         ).rowcount
 
-    def prune(self, conn: psycopg.Connection, before_ms: int, limit: int = 5_000) -> int:
+    def prune(self, conn: psycopg.Connection, before_ms: int, limit: int = BITE) -> int:
         """Delete up to `limit` rows recorded before `before_ms`; returns how many."""
         return conn.execute(
             Q["prune"], {"consumer": self.consumer, "before": to_dt(before_ms), "limit": limit}
@@ -89,7 +91,7 @@ class Pruner:
     1,000 runs a second are 60,000, twelve bites, more than a pass's ten,
     so the table also outgrew its pruning.
 
-    `start` runs the first pass before it returns (waiting out a database
+    `start_once` runs the first pass before it returns (waiting out a database
     that is away until `stop`), so a service prunes before it records
     anything: what it records in its first turn is kept a whole retention
     (tests/faults/scenarios.py, replay_retention)."""
@@ -109,11 +111,7 @@ class Pruner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
-    def run(self, conn: psycopg.Connection, now: int, limit: int = 5_000, bites: int = 10) -> int:
+    def run(self, conn: psycopg.Connection, now: int, limit: int = BITE, bites: int = BITES) -> int:
         """One pass: up to `bites` bites of `limit` rows; how many went."""
         n = 0
         for _ in range(bites):
@@ -125,10 +123,12 @@ class Pruner:
                 break
         return n
 
-    def start(self, dsn: str, stop: threading.Event, service_log: logging.Logger) -> None:
-        """The first pass now, on the caller's thread; then the thread, on the
-        same connection (one more per service instance). Once."""
-        assert self._thread is None, "started once"
+    def start_once(self, dsn: str, stop: threading.Event, service_log: logging.Logger) -> None:
+        """At the first call: the first pass now, on the caller's thread; then
+        the thread, on the same connection (one more per service instance).
+        Later calls do nothing (a service calls it at each turn's start)."""
+        if self._thread is not None:
+            return
         db = Reconnecting(dsn, service_log)
         full = self._pass(db, stop)
         self._thread = threading.Thread(
@@ -144,18 +144,17 @@ class Pruner:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _pass(self, db: Reconnecting, stop: threading.Event, limit: int = 5_000) -> bool:
+    def _pass(self, db: Reconnecting, stop: threading.Event) -> bool:
         """One pass through `db`; whether it came back full (more to prune)."""
-        bites = 10
-        n = db.call(lambda c: self.run(c, self.clock(), limit, bites), stop, stopped=0)
-        return n >= limit * bites
+        n = db.call(lambda c: self.run(c, self.clock()), stop, stopped=0)
+        return n >= BITE * BITES
 
     def _passes(self, db: Reconnecting, stop: threading.Event, full: bool) -> None:
+        """A pass every `every_ms`, or at once after a full one, until
+        `stop()` or the service's `stop`."""
         try:
-            while not (stop.is_set() or self._stop.is_set()):
-                if not full and self._stop.wait(self.every_ms / 1000):
-                    break
-                if stop.is_set():
+            while full or not self._stop.wait(self.every_ms / 1000):
+                if stop.is_set() or self._stop.is_set():
                     break
                 try:
                     full = self._pass(db, stop)

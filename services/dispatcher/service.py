@@ -273,8 +273,7 @@ class Dispatcher(ConsumerService):
         # is kept a whole retention even when that turn's sends outlast it
         # (replay_retention's check of what a replay forwarded again); the
         # later passes on the pruner's thread, never holding this loop.
-        if not self.pruner.started:
-            self.pruner.start(self.dsn, stop, self.log)
+        self.pruner.start_once(self.dsn, stop, self.log)
         read = self._released(consumer) + self._consume(consumer)
         msgs = self._within_quota(consumer, read, stop) if read else read
         if msgs and not self._send(msgs, stop):

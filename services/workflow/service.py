@@ -112,8 +112,7 @@ class WorkflowService(ConsumerService):
         # already fetched (or arrives within `max_wait_ms`, default 0: a quiet
         # topic adds no wait; under load the batch fills while the previous
         # one is applied).
-        if not self.pruner.started:  # its first pass now, the rest on its thread
-            self.pruner.start(self.dsn, stop, self.log)
+        self.pruner.start_once(self.dsn, stop, self.log)  # first pass now, the rest on its thread
         msgs = self.take(consumer)
         return not msgs or self.handle(msgs, stop)  # False: `stop` interrupted the batch
 

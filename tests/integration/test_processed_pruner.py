@@ -1,5 +1,5 @@
 """The `processed` pruner (cronwheel.store.dispatch.Pruner) prunes on a thread
-of its own: its first pass before `start` returns (a service prunes before
+of its own: its first pass before `start_once` returns (a service prunes before
 it records anything), the later ones without the service's loop, and a pass
 that came back full is followed by the next at once, so a table filling
 faster than a pass's ten bites a minute is still kept to its retention.
@@ -52,10 +52,9 @@ def test_pruner__first_pass_before_start_returns__a_full_pass_followed_at_once_o
         # Every hour: only a full pass's follow-up can prune the rest now.
         pruner = Pruner(Processed(consumer), 7 * DAY_MS, every_ms=3_600_000)
         try:
-            pruner.start(database_url, stop, logging.getLogger("test"))
+            pruner.start_once(database_url, stop, logging.getLogger("test"))
             # The first pass is done when start returns: ten full bites.
             assert pruner.pruned_total >= 50_000
-            assert pruner.started
             wait_for(lambda: _left(conn, consumer) == 1, timeout=30, what="the rest pruned")
             wait_for(lambda: pruner.pruned_total == 62_000, timeout=10, what="the count")
             rows = conn.execute(
