@@ -2,10 +2,11 @@
 tenants cost the platform.
 
 `--first-run` (the default case): timer, relay and dispatcher run as
-processes. Tenants are created one at a time (`--tenants`, one every
-`--pace-ms`), each with a one-off queue job due `--due-ms` after its tenant
-was created, through the same store calls the API makes (create_tenant,
-Jobs.create). A run's lateness is its queue record's timestamp (the
+processes, and a gateway. Tenants are created one at a time (`--tenants`,
+one every `--pace-ms`), each with a one-off queue job due `--due-ms` after
+its tenant's creation answered, as a user makes them: POST /v1/tenants, then
+POST /v1/jobs (`--via store`: through the store calls the API makes,
+create_tenant and Jobs.create, in this process, with no gateway). A run's lateness is its queue record's timestamp (the
 dispatcher's produce()) minus its scheduled instant; the same for the run
 topic's record (the relay's produce()). Printed: p50 / p99 / max of both, and
 how many records arrived. `--beside N` first registers N tenants with a queue
@@ -66,12 +67,15 @@ It prints figures and asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 import uuid
 from pathlib import Path
 
+import httpx
 import psycopg
+from bench_lifecycle import OPERATOR_KEY, Platform
 from common import (
     Services,
     broker_live_heap_mb,
@@ -110,6 +114,7 @@ def first_run(
     beside: int = 0,
     target: str = "queue",
     again: bool = True,
+    via: str = "api",
 ) -> None:
     """`beside`: that many tenants registered first, each with a queue job
     every minute at its own second (i % 60: 50 runs a second at 3,000), their
@@ -120,7 +125,10 @@ def first_run(
     the webhook service to a local receiver (bench_webhook.Receiver), and
     the lateness of the delivery is printed too; "managed": managed jobs
     (`true`, sandboxed), started by the executor, and the lateness of the
-    run's start (its `started_at`, the database's clock on this host)."""
+    run's start (its `started_at`, the database's clock on this host).
+    `via` "api": tenants and jobs made through a gateway process; "store":
+    by the store calls it makes, in this process (no topics made before the
+    answer: CRONWHEEL_GATEWAY_MAKES_TOPICS)."""
     header(
         f"first runs of {tenants} new tenants, each {target} job due {due_ms} ms after its"
         " tenant" + (f", beside {beside} tenants with a job a minute each" if beside else "")
@@ -145,16 +153,24 @@ def first_run(
         with (
             fresh_database() as url,
             Services(url, prefix, names) as svc,
+            psycopg.connect(url, autocommit=True) as conn,
+            contextlib.ExitStack() as gateway,
         ):
+            api = None
+            if via == "api":
+                gw = gateway.enter_context(Platform(url, prefix, ("gateway",), None))
+                api = gateway.enter_context(httpx.Client(base_url=gw.base, timeout=30))
             old, made_s = _minutely_tenants(url, topics, svc, beside, True) if beside else ([], 0)
             if old:
                 time.sleep(_fired_once_by(made_s, True) - time.time())
             say(f"load before: {machine_load()}")
-            jobs = Jobs(topics)
+            maker = _ThroughStore(conn, topics) if via == "store" else _ThroughApi(api)
+            say(f"tenants and jobs made through the {via}")
             started_s = time.time()
             body = {"name": "first", "target": _target(target, receiver)}
-            with psycopg.connect(url, autocommit=True) as conn:
-                made = _one_offs(conn, jobs, body, due_ms, pace_ms, [None] * tenants)
+            made = _one_offs(maker, body, due_ms, pace_ms, [None] * tenants)
+            if api is not None:
+                maker.say_took(f"{tenants} new tenants' first runs, ")
             dest = {
                 "webhook": topics.webhook,
                 "managed": topics.managed,
@@ -165,11 +181,10 @@ def first_run(
                 # The same tenants again, at the same pace and due: their
                 # topics assigned and every cache warm, so the same path's
                 # steady lateness, measured the same way.
-                with psycopg.connect(url, autocommit=True) as conn:
-                    body["name"] = "again"
-                    again_made = _one_offs(
-                        conn, jobs, body, due_ms, pace_ms, [t for t, _at in made]
-                    )
+                body["name"] = "again"
+                again_made = _one_offs(maker, body, due_ms, pace_ms, [t for t, _at in made])
+                if api is not None:
+                    maker.say_took("the same tenants' second runs, ")
                 second = _outcome(url, topics, again_made, due_ms, dest, receiver, target)
             steady: list[float] = []
             if old:
@@ -254,19 +269,65 @@ def _slowest_hops(hops: list[tuple[float, float, float]], n: int = 5) -> str:
     )
 
 
+class _ThroughStore:
+    """Tenants and jobs made by the store calls the API makes, in this process."""
+
+    def __init__(self, conn, topics: Topics):
+        self.conn, self.jobs = conn, Jobs(topics)
+
+    def tenant(self, name: str) -> dict:
+        return create_tenant(self.conn, name)
+
+    def job(self, tenant: dict, body: dict) -> None:
+        with self.conn.transaction():
+            self.jobs.create(self.conn, tenant, body, now_ms())
+
+
+class _ThroughApi:
+    """Tenants and jobs made as a user makes them: POST /v1/tenants (operator),
+    POST /v1/jobs (the tenant's key), answered by a gateway process."""
+
+    def __init__(self, client: httpx.Client):
+        self.client = client
+        self.took: dict[str, list[float]] = {"tenant": [], "job": []}  # ms per call
+
+    def tenant(self, name: str) -> dict:
+        return self._call("tenant", "/v1/tenants", {"name": name}, OPERATOR_KEY)
+
+    def job(self, tenant: dict, body: dict) -> None:
+        self._call("job", "/v1/jobs", body, tenant["api_key"])
+
+    def _call(self, kind: str, path: str, body: dict, key: str) -> dict:
+        start = time.perf_counter()
+        r = self.client.post(path, json=body, headers=_bearer(key))
+        r.raise_for_status()
+        self.took[kind].append((time.perf_counter() - start) * 1000)
+        return r.json()
+
+    def say_took(self, what: str) -> None:
+        for kind, took in self.took.items():
+            if took:
+                say(f"{what}POST for each {kind} took (ms): {describe(took)}")
+            took.clear()
+
+
+def _bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
 def _one_offs(
-    conn, jobs: Jobs, body: dict, due_ms: int, pace_ms: int, tenants: list[dict | None]
+    maker, body: dict, due_ms: int, pace_ms: int, tenants: list[dict | None]
 ) -> list[tuple[dict, int]]:
-    """One one-off job each, due `due_ms` after it is made, one every
-    `pace_ms`; a None tenant is created first (the new tenant). Returns
-    (tenant, scheduled_ms) in order."""
+    """One one-off job each, due `due_ms` after the tenant was made (or, for
+    a tenant made before, after the job is sent), one every `pace_ms`; a
+    None tenant is created first (the new tenant). Returns (tenant,
+    scheduled_ms) in order."""
     made = []
     for i, t in enumerate(tenants):
         if t is None:
-            t = create_tenant(conn, f"new-{i}")
+            t = maker.tenant(f"new-{i}")
         at = now_ms() + due_ms
-        with conn.transaction():
-            jobs.create(conn, t, body | {"schedule": {"at": iso(at)}}, now_ms())
+        maker.job(t, body | {"schedule": {"at": iso(at)}})
         made.append((t, at))
         time.sleep(pace_ms / 1000)  # the pace of tenant creation, not a wait
     return made
@@ -737,6 +798,12 @@ def main() -> None:
         default=True,
         help="first runs: then the same tenants' second runs, the same way (the steady p99)",
     )
+    ap.add_argument(
+        "--via",
+        choices=("api", "store"),
+        default="api",
+        help="first runs: tenants and jobs made through a gateway, or by its store calls here",
+    )
     ap.add_argument("--idle", help="tenant counts, comma-separated: the idle-cost case")
     ap.add_argument("--window", type=int, default=180, help="seconds measured (--idle)")
     ap.add_argument("--dispatchers", type=int, default=1, help="dispatcher instances (--idle)")
@@ -758,7 +825,9 @@ def main() -> None:
         return
     if min(args.tenants, args.pace_ms, args.due_ms) < 1 or args.beside < 0:
         ap.error("--tenants, --pace-ms and --due-ms must be at least 1, --beside at least 0")
-    first_run(args.tenants, args.pace_ms, args.due_ms, args.beside, args.target, args.again)
+    first_run(
+        args.tenants, args.pace_ms, args.due_ms, args.beside, args.target, args.again, args.via
+    )
 
 
 if __name__ == "__main__":

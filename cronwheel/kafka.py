@@ -30,6 +30,10 @@ log = logging.getLogger("cronwheel.kafka")
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
 
+class UnknownTarget(ValueError):
+    """A run's target type that has no destination topic."""
+
+
 @dataclass(frozen=True)
 class Topics:
     prefix: str = "cw"
@@ -45,6 +49,17 @@ class Topics:
 
     def managed(self, tenant_id: str) -> str:
         return f"{self.prefix}.managed.{_safe(tenant_id)}"
+
+    def destination(self, tenant_id: str, target_type: str, queue: str | None) -> str:
+        """The topic where a run of this target is delivered (ValueError for a
+        target type that has none, or a queue name no topic can carry)."""
+        if target_type == "queue":
+            return self.queue(tenant_id, queue or "")
+        if target_type == "webhook":
+            return self.webhook(tenant_id)
+        if target_type == "managed":
+            return self.managed(tenant_id)
+        raise UnknownTarget(f"unknown target_type {target_type!r}")
 
     def partitions(self, name: str) -> int:
         """How many partitions the topic `name` starts with (see RUN_PARTITIONS)."""
@@ -454,6 +469,7 @@ def ensure_topics(
     bootstrap: str | None = None,
     client=None,
     principal: str | Credentials | None = None,
+    wait_s: float = 10.0,
 ) -> None:
     """Create topics that do not exist yet; an existing topic is not an error.
     Through `client`, else an admin client of `principal` (whose ACLs must
@@ -463,7 +479,8 @@ def ensure_topics(
 
     Returns once the broker's metadata names every new topic with a leader for
     each partition, so a consumer that subscribes to it next is assigned at
-    once (the controller acknowledges the create before the broker knows it)."""
+    once (the controller acknowledges the create before the broker knows it).
+    `wait_s` bounds the create and that wait each (TimeoutError past it)."""
     names = list(dict.fromkeys(names))  # a name twice refuses the whole request
     if not names:
         return
@@ -473,22 +490,35 @@ def ensure_topics(
         client = admin(bootstrap, principal=principal)
     wanted = [NewTopic(n, partitions, 1) for n in names]
     created = []
-    for name, fut in client.create_topics(wanted, operation_timeout=10).items():
+    asked = client.create_topics(wanted, operation_timeout=wait_s, request_timeout=wait_s)
+    for name, fut in asked.items():
         try:
-            fut.result()
+            fut.result(timeout=wait_s)
             created.append(name)
+        except TimeoutError as e:  # concurrent.futures' own, since Python 3.11
+            raise TimeoutError(f"creating topic {name}: no answer in {wait_s} s") from e
         except Exception as e:  # created already, or concurrently by another process
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise RuntimeError(f"creating topic {name}: {e}") from e
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + wait_s
     for name in created:
-        while not _has_leaders(client, name) and time.monotonic() < deadline:
+        while not _has_leaders(client, name, min(5.0, wait_s)) and time.monotonic() < deadline:
             time.sleep(0.01)  # a poll of the broker's metadata, bounded by the deadline
 
 
-def _has_leaders(client, name: str) -> bool:
+def ensure_sized(names, topics: Topics, client, wait_s: float = 10.0) -> None:
+    """ensure_topics for names of several kinds: each created with its kind's
+    partition count (Topics.partitions), one request per count."""
+    by_size: dict[int, list[str]] = {}
+    for name in sorted(names):
+        by_size.setdefault(topics.partitions(name), []).append(name)
+    for n, group in by_size.items():
+        ensure_topics(group, partitions=n, client=client, wait_s=wait_s)
+
+
+def _has_leaders(client, name: str, timeout_s: float = 5.0) -> bool:
     try:
-        meta = client.list_topics(name, timeout=5).topics.get(name)
+        meta = client.list_topics(name, timeout=timeout_s).topics.get(name)
     except Exception:  # KafkaException: asked again
         return False
     return bool(

@@ -132,6 +132,8 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     ),
     # Grows a tenant's queue topics (PUT .../queues/{q}/partitions) and creates
     # tenants' principals and ACLs (ALTER and DESCRIBE on the cluster).
+    # Creates a new tenant's run topic and a new job's destination before
+    # answering (services/gateway/topics_ready.py): CREATE, never WRITE.
     # For the operator's GET /v1/system (services/gateway/system.py): the
     # offsets of the deployment's topics and groups (DESCRIBE: metadata and
     # offsets, never a record) for consumer lag, and the dead letters read
@@ -139,6 +141,9 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     # group and commits nothing).
     "gateway": (
         _topics("{P}.q.", D, C, A),
+        _topics("{P}.runs.", C),
+        _topics("{P}.webhook.", C),
+        _topics("{P}.managed.", C),
         Grant(CLUSTER, "kafka-cluster", LITERAL, (A, D)),
         _topics("{P}.", D),
         _topics("{P}.dead-letter", R, pattern=LITERAL),

@@ -95,16 +95,14 @@ def route(topics: Topics, m: Message) -> tuple[str, dict]:
 
 def destination(topics: Topics, tenant: str, target_type: str, queue: str | None) -> str:
     """The topic where a run of this target executes; Poison if there is none."""
-    if target_type == "queue":
-        try:
-            return topics.queue(tenant, queue or "")
-        except ValueError:
-            raise Poison("bad_queue", f"queue target with queue {queue!r}") from None
-    if target_type == "webhook":
-        return topics.webhook(tenant)
-    if target_type == "managed":
-        return topics.managed(tenant)
-    raise Poison("unknown_target", f"unknown target_type {target_type!r}")
+    try:
+        return topics.destination(tenant, target_type, queue)
+    except kafka.UnknownTarget as e:
+        raise Poison("unknown_target", str(e)) from None
+    except ValueError:
+        if target_type != "queue":
+            raise
+        raise Poison("bad_queue", f"queue target with queue {queue!r}") from None
 
 
 class Pause(enum.Enum):
@@ -569,12 +567,8 @@ class Dispatcher(ConsumerService):
             missing -= existing
         if not missing:
             return set()
-        by_size: dict[int, list[str]] = {}
-        for name in sorted(missing):
-            by_size.setdefault(self.topics.partitions(name), []).append(name)
         try:
-            for n, group in by_size.items():
-                kafka.ensure_topics(group, partitions=n, client=self._admin)
+            kafka.ensure_sized(missing, self.topics, self._admin)
         except Exception as exc:
             log.warning("could not create topics %s: %s", sorted(missing), exc)
             return set()

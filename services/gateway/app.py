@@ -57,6 +57,7 @@ def create_app(
     worker_fastpath: bool = True,
     jobs_fastpath: bool | None = None,
     rate_limit_table: str | None = None,
+    make_topics: bool = False,
 ) -> FastAPI:
     """The ASGI app. Its pool opens now; call `app.state.gateway.close()` when done.
     `worker_fastpath`: serve start, heartbeat and complete (and their batches)
@@ -64,7 +65,10 @@ def create_app(
     either way. `jobs_fastpath`: the same for POST /v1/jobs and /v1/jobs/batch;
     None follows `worker_fastpath`.
     `rate_limit_table`: the rate-limit buckets shared by the gateway's worker
-    processes (ratelimit.create_table); None keeps them in this process."""
+    processes (ratelimit.create_table); None keeps them in this process.
+    `make_topics`: tenants' topics made before the calls that create tenants
+    and jobs answer (topics_ready.py); the gateway's process turns it on
+    (CRONWHEEL_GATEWAY_MAKES_TOPICS)."""
     if rate_limit_table is None:
         limiter = RateLimiter(rate_per_s, burst)
     else:
@@ -79,6 +83,7 @@ def create_app(
         cell=cell or config.cell(),
         webhook_allow=allowed_networks() if webhook_allow is None else webhook_allow,
         pool_max=pool_max,
+        make_topics=make_topics,
     )
     app = FastAPI(
         title="cronwheel",

@@ -65,6 +65,9 @@ class GatewaySettings:
     # Off: the worker protocol and job creation go through FastAPI's routing
     # too (for comparisons); the answers are the same.
     fastpath: bool = setting("CRONWHEEL_GATEWAY_FASTPATH", True)
+    # A new tenant's run topic and a new job's topics made before the call
+    # answers, so its first run is as punctual as any (topics_ready.py).
+    make_topics: bool = setting("CRONWHEEL_GATEWAY_MAKES_TOPICS", True)
     # Processes; unset: one per two CPUs, at most 8 (worker_count).
     workers: int | None = setting(WORKERS, None, minimum=1)
     # Set by the gateway for its workers, not by people.
@@ -166,6 +169,7 @@ def serve(settings: GatewaySettings, log) -> None:
         pool_max=settings.pool,
         worker_fastpath=settings.fastpath,
         rate_limit_table=settings.rate_limit_table if fd is not None else None,
+        make_topics=settings.make_topics,
     )
     app.state.key_guard = KeyGuard(AuthLimits(settings.auth_failures, settings.auth_cache_s))
     app.state.gateway.destinations = DestinationCheck(

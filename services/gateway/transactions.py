@@ -20,7 +20,7 @@ import contextlib
 import functools
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from services.gateway.auth import READS, Caller, unauthenticated
 from services.gateway.destinations import DestinationCheck
 from services.gateway.problems import Problem
 from services.gateway.ratelimit import RateLimiter
+from services.gateway.topics_ready import TopicsReady
 
 OPERATOR_SCOPE = "operator"  # the idempotency scope of operator requests
 
@@ -93,7 +94,10 @@ class Gateway:
         webhook_allow: Sequence[Network] = (),
         pool_min: int = 1,
         pool_max: int = 10,
+        make_topics: bool = False,
     ):
+        """`make_topics`: tenants' topics made before the calls that create
+        tenants and jobs answer (topics_ready.py; main.py turns it on)."""
         if not operator_key:
             raise ValueError("an operator key is required")
         self.topics = topics
@@ -121,10 +125,21 @@ class Gateway:
         )
         self._admin = None
         self._admin_lock = threading.Lock()
+        self.topics_ready = TopicsReady(topics, self.kafka_admin) if make_topics else None
 
     @staticmethod
     def _configure(conn) -> None:
         conn.execute(_q()["gateway_role"])
+
+    def answer_with_topics(
+        self, response: Response, *, tenants: Iterable[str] = (), jobs: Iterable[dict] = ()
+    ) -> Response:
+        """`response` to a call that made these tenants or jobs (its transaction
+        committed), once their topics exist (topics_ready.py; when this gateway
+        makes them)."""
+        if self.topics_ready is not None and response.status_code < 300:
+            self.topics_ready.make(tenants, jobs)
+        return response
 
     def close(self) -> None:
         self.pool.close()

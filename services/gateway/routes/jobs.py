@@ -110,12 +110,15 @@ def create_job(gw: Gw, who: TenantCaller, body: JsonObject):
     verdicts = looked_up(gw, [body])
     verdicts.raise_timeout()  # 503, before the transaction, never recorded
 
+    made: list[dict] = []
+
     def create(tx):
         check_destination(verdicts, body)
         admit(tx, who, "jobs", 1, _parses(tx))(body)  # 409 QUOTA_EXCEEDED
-        return shown(gw.jobs.create(tx.conn, tx.tenant, body, tx.now))
+        made.append(shown(gw.jobs.create(tx.conn, tx.tenant, body, tx.now)))
+        return made[-1]
 
-    return gw.as_tenant(who, create, 201)
+    return gw.answer_with_topics(gw.as_tenant(who, create, 201), jobs=made)
 
 
 @router.post(
@@ -133,6 +136,7 @@ def create_jobs(gw: Gw, who: TenantCaller, body: BatchObject):
         raise ValidationError("jobs", f"must be a list of 1 to {oa.MAX_JOB_BATCH} jobs")
 
     verdicts = looked_up(gw, items)  # a lookup that timed out: a 503 in its job's slot
+    made: list[dict] = []
 
     def check(item) -> None:
         """What the single call checks before the store: an object, a destination."""
@@ -147,10 +151,14 @@ def create_jobs(gw: Gw, who: TenantCaller, body: BatchObject):
             check(item)
             quota(item)
 
-        results = gw.jobs.create_many(tx.conn, tx.tenant, items, tx.now, check=check_all)
-        return {"results": [_batch_result(r) for r in results]}
+        results = [
+            _batch_result(r)
+            for r in gw.jobs.create_many(tx.conn, tx.tenant, items, tx.now, check=check_all)
+        ]
+        made.extend(r["job"] for r in results if r["status"] == 201)
+        return {"results": results}
 
-    return gw.as_tenant(who, create)
+    return gw.answer_with_topics(gw.as_tenant(who, create), jobs=made)
 
 
 def _parses(tx):
@@ -205,9 +213,11 @@ def update_job(gw: Gw, who: TenantCaller, job_id: str, body: JsonObject):
     def update(tx):
         check_destination(verdicts, body)
         patch = _unmask_env(gw, tx, jid, body)
-        return shown(gw.jobs.update(tx.conn, tx.tenant, jid, patch, tx.now))
+        made.append(shown(gw.jobs.update(tx.conn, tx.tenant, jid, patch, tx.now)))
+        return made[-1]
 
-    return gw.as_tenant(who, update)
+    made: list[dict] = []  # a new target's topics: made before the answer, as a new job's
+    return gw.answer_with_topics(gw.as_tenant(who, update), jobs=made if "target" in body else [])
 
 
 @router.delete(

@@ -84,9 +84,11 @@ def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
         tenant["kafka"] = kafka_credentials.provision(gw, tenant["tenant_id"], tx.conn)
         # Last: a directory that does not answer rolls the tenant back (503).
         homing.place(tenant["tenant_id"], cell)
+        made.append(tenant["tenant_id"])
         return tenant
 
-    return gw.as_operator(who, create, 201)
+    made: list[str] = []
+    return gw.answer_with_topics(gw.as_operator(who, create, 201), tenants=made)
 
 
 def _cell_asked(homing, body: dict) -> str:

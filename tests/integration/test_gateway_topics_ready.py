@@ -1,0 +1,111 @@
+"""A tenant's topics exist when the calls that create the tenant and its jobs
+answer (services/gateway/topics_ready.py), so a run due a moment later does
+not wait for them; a broker away never costs a job its creation."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from cronwheel import kafka
+from cronwheel.core.ssrf import allowed_networks
+from cronwheel.kafka import Topics
+from services.gateway.app import create_app
+from tests.integration.test_gateway_api import OPERATOR
+from tests.support.gateway import served
+
+pytestmark = pytest.mark.integration
+
+OPERATOR_KEY = OPERATOR["Authorization"].removeprefix("Bearer ")
+QUEUE = {"type": "queue", "queue": "reports"}
+WEBHOOK = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}  # allowed below
+MANAGED = {"type": "managed", "command": ["true"]}
+
+
+def _job(name: str, target: dict) -> dict:
+    return {"name": name, "schedule": {"cron": "0 * * * *"}, "target": target}
+
+
+def _made(outcome: str) -> float:
+    return REGISTRY.get_sample_value("cronwheel_gateway_topics_total", {"outcome": outcome}) or 0.0
+
+
+def _leaders(bootstrap: str, topic: str) -> int | None:
+    """The topic's partition count if the broker's metadata names a leader for
+    each, else None: read once, at once (a topic made after the answer is
+    not there yet)."""
+    admin = kafka.admin(bootstrap, principal="observer")
+    meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        return None
+    if any(p.leader < 0 for p in meta.partitions.values()):
+        return None
+    return len(meta.partitions)
+
+
+def test_topics_exist_when_the_calls_answer__tenant_job_batch_and_retarget(
+    database_url, kafka_bootstrap, topic_prefix
+):
+    topics = Topics(topic_prefix)
+    app = create_app(
+        database_url,
+        topics,
+        kafka_bootstrap,
+        OPERATOR_KEY,
+        webhook_allow=allowed_networks("127.0.0.0/8"),
+        make_topics=True,
+    )
+    with served(app) as c:
+        made_before = _made("made")
+        r = c.post("/v1/tenants", json={"name": "acme"}, headers=OPERATOR)
+        assert r.status_code == 201, r.text
+        tenant, key = r.json()["tenant_id"], r.json()["api_key"]
+        assert _leaders(kafka_bootstrap, topics.runs(tenant)) == kafka.RUN_PARTITIONS
+        auth = {"Authorization": f"Bearer {key}"}
+
+        r = c.post("/v1/jobs", json=_job("one", QUEUE), headers=auth)
+        assert r.status_code == 201, r.text
+        assert _leaders(kafka_bootstrap, topics.queue(tenant, "reports")) == 1
+
+        batch = {"jobs": [_job("hook", WEBHOOK), _job("sandboxed", MANAGED), {"name": 1}]}
+        r = c.post("/v1/jobs/batch", json=batch, headers=auth)
+        assert [x["status"] for x in r.json()["results"]] == [201, 201, 422], r.text
+        assert _leaders(kafka_bootstrap, topics.webhook(tenant)) == kafka.CLASS_PARTITIONS
+        assert _leaders(kafka_bootstrap, topics.managed(tenant)) == kafka.CLASS_PARTITIONS
+
+        job_id = c.get("/v1/jobs", headers=auth).json()["items"][0]["job_id"]
+        moved = {"target": {"type": "queue", "queue": "nightly"}}
+        r = c.patch(f"/v1/jobs/{job_id}", json=moved, headers=auth)
+        assert r.status_code == 200, r.text
+        assert _leaders(kafka_bootstrap, topics.queue(tenant, "nightly")) == 1
+        # Five topics, each made once: a second job to a known one asks nothing.
+        assert _made("made") - made_before == 5
+        r = c.post("/v1/jobs", json=_job("two", QUEUE), headers=auth)
+        assert r.status_code == 201 and _made("made") - made_before == 5
+
+
+def test_broker_away__jobs_created_all_the_same__then_left_to_the_dispatcher_awhile(
+    database_url, topic_prefix
+):
+    away = "127.0.0.1:1"  # nothing listens: every ask of the broker goes unanswered
+    app = create_app(database_url, Topics(topic_prefix), away, OPERATOR_KEY, make_topics=True)
+    ready = app.state.gateway.topics_ready
+    now = [0.0]
+    ready.wait_s, ready.clock = 0.5, lambda: now[0]
+    with served(app) as c:
+        failed_before = _made("failed")
+        r = c.post("/v1/tenants", json={"name": "acme"}, headers=OPERATOR)
+        assert r.status_code == 201, r.text
+        assert _made("failed") - failed_before == 1  # its run topic: not made, not refused
+        auth = {"Authorization": f"Bearer {r.json()['api_key']}"}
+
+        # Within the quiet time the broker is not asked again.
+        r = c.post("/v1/jobs", json=_job("one", QUEUE), headers=auth)
+        assert r.status_code == 201, r.text
+        assert _made("failed") - failed_before == 1
+
+        now[0] += ready.quiet_s
+        r = c.post("/v1/jobs", json=_job("two", QUEUE), headers=auth)
+        assert r.status_code == 201, r.text
+        assert _made("failed") - failed_before == 3  # the run topic and the queue's
+        assert len(c.get("/v1/jobs", headers=auth).json()["items"]) == 2
