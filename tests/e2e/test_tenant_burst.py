@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter
 
+import httpx
 import psycopg
 import pytest
 
@@ -48,6 +49,16 @@ def busy_cpu():
     finally:
         spin.kill()
         spin.wait(10)
+
+
+def _gateway_topics(api_base: str, outcome: str) -> float:
+    """cronwheel_gateway_topics_total{outcome} as the gateway exports it."""
+    text = httpx.get(f"{api_base}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("cronwheel_gateway_topics_total{") and f'outcome="{outcome}"' in line
+    )
 
 
 @pytest.fixture
@@ -118,9 +129,18 @@ def test_tenant_burst__queue_webhook_managed_jobs_while_runs_flow_under_load__ev
                 )
                 assert sdk.poll() is None, sdk_log.read_text()[-3000:]
                 made: list[tuple[str, dict]] = []
-                with busy_cpu():
+                with busy_cpu(), httpx.Client(base_url=base, timeout=30) as api:
                     for i in range(NEW_TENANTS):
-                        t = create_tenant(conn, f"burst-{i}-{uuid.uuid4().hex[:4]}")
+                        # As a user makes them: the gateway makes each new
+                        # tenant's topics before it answers, beside the
+                        # dispatcher's making them on the notifications.
+                        r = api.post(
+                            "/v1/tenants",
+                            json={"name": f"burst-{i}-{uuid.uuid4().hex[:4]}"},
+                            headers={"Authorization": f"Bearer {OPERATOR_KEY}"},
+                        )
+                        assert r.status_code == 201, r.text
+                        t = r.json()
                         at = iso(now_ms() + 2000)
                         bodies = [
                             {"name": "q", "schedule": {"at": at},
@@ -130,10 +150,15 @@ def test_tenant_burst__queue_webhook_managed_jobs_while_runs_flow_under_load__ev
                             {"name": "managed", "schedule": {"at": at},
                              "target": {"type": "managed", "command": ["true"]}},
                         ]  # fmt: skip
-                        with conn.transaction():
-                            results = jobs.create_many(conn, t, bodies, now_ms())
-                        assert all(isinstance(r, dict) for r in results), results
-                        made.append((t["tenant_id"], {r["name"]: r["job_id"] for r in results}))
+                        r = api.post(
+                            "/v1/jobs/batch",
+                            json={"jobs": bodies},
+                            headers={"Authorization": f"Bearer {t['api_key']}"},
+                        )
+                        results = r.json()["results"]
+                        assert [x["status"] for x in results] == [201] * 3, r.text
+                        jobs_made = [x["job"] for x in results]
+                        made.append((t["tenant_id"], {j["name"]: j["job_id"] for j in jobs_made}))
                         for name, p in procs.items():
                             assert p.alive(), f"{name} died during the burst:\n{p.log()[-3000:]}"
                         time.sleep(0.1)  # the burst's pace, not a wait
@@ -170,6 +195,10 @@ def test_tenant_burst__queue_webhook_managed_jobs_while_runs_flow_under_load__ev
                 for name, p in procs.items():
                     assert p.alive(), f"{name} died:\n{p.log()[-3000:]}"
                     assert "Assertion" not in p.log(), name
+                # The gateway made every new tenant's topics (run, queue,
+                # webhook, managed) before answering, as its own principal.
+                assert "could not make topics" not in procs["gateway"].log()
+                assert _gateway_topics(api_base=base, outcome="made") == 4 * NEW_TENANTS
                 assert sdk.poll() is None, sdk_log.read_text()[-3000:]
 
                 # Once each: counted with duplicates.
