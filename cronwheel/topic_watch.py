@@ -8,7 +8,12 @@ waited 2-5 s. A topic must exist before it is assigned, so:
 
 - Where a watch stands for tenants (`tenant_topic` set: the dispatcher's run
   topics), a new tenant comes from the tenants trigger (channel cw_tenants),
-  and its topic is created (`ensure`) before it joins the list.
+  and its topic is created (`ensure`) before it joins the list. A tenant
+  made through the API has it already (the gateway makes a new tenant's and
+  a new job's topics before it answers, services/gateway/topics_ready.py);
+  `ensure` then finds it, and the watch is what makes it for every other
+  way a tenant comes (a move, the store's own calls, a gateway that could
+  not reach the broker).
 - Topics created on first use (webhook and managed destinations, which the
   dispatcher creates) are announced by their creator on cw_topics.
 - A job's destination (channel cw_destinations, from the jobs trigger) is

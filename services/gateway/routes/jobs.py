@@ -210,13 +210,14 @@ def update_job(gw: Gw, who: TenantCaller, job_id: str, body: JsonObject):
     verdicts = looked_up(gw, [body])
     verdicts.raise_timeout()
 
+    made: list[dict] = []  # a new target's topics: made before the answer, as a new job's
+
     def update(tx):
         check_destination(verdicts, body)
         patch = _unmask_env(gw, tx, jid, body)
         made.append(shown(gw.jobs.update(tx.conn, tx.tenant, jid, patch, tx.now)))
         return made[-1]
 
-    made: list[dict] = []  # a new target's topics: made before the answer, as a new job's
     return gw.answer_with_topics(gw.as_tenant(who, update), jobs=made if "target" in body else [])
 
 

@@ -78,6 +78,8 @@ def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
     # A tenant key gets its 403 from as_operator, not a word about the cells.
     cell = _cell_asked(homing, body) if who.operator else homing.cell
 
+    made: list[str] = []  # its run topic: made before the answer (topics_ready.py)
+
     def create(tx):
         tenant = accounts.new_tenant(tx.conn, {**body, "cell": cell}, gw.cell)
         # Made before the transaction commits: no tenant without its principal.
@@ -87,7 +89,6 @@ def create_tenant(gw: Gw, who: AnyCaller, body: JsonObject):
         made.append(tenant["tenant_id"])
         return tenant
 
-    made: list[str] = []
     return gw.answer_with_topics(gw.as_operator(who, create, 201), tenants=made)
 
 
