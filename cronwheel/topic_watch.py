@@ -19,27 +19,39 @@ waited 2-5 s. A topic must exist before it is assigned, so:
 - A job's destination (channel cw_destinations, from the jobs trigger) is
   handed to `on_destinations([(tenant_id, target_type, queue), ...])`: the
   dispatcher creates that topic before the job's first run, not in its path.
-  When the listening connection is made (at start, after a reconnect), every
-  job's destination is handed over too: a job created while nobody listened
-  has its topic made then rather than by its first run.
+  When the thread's listening connection is made (at start, after a
+  reconnect), every job's destination is handed over too: a job created
+  while nobody listened has its topic made then rather than by its first run.
 - A scan of the broker by prefix at start and every `scan_every_s` finds
-  what no notification named: topics created by hand, or while the listening
-  connection was down. After a reconnect the tenants are read again too.
+  what no notification named: topics created by hand, or while a listening
+  connection was down. After the thread's reconnect the tenants are read
+  again too.
 
 `poll()` is cheap and never waits for the broker: called on every pass of a
-consumer loop, it checks the listening socket without blocking. A loop
-blocked in its wait for records (up to 200 ms for the executor) would see a
-notification only after that wait: with `wake_on_announce`, a thread of the
-watch listens on cw_topics on a connection of its own and, for an announced
-topic of the prefix not known yet, adds it and calls `on_change()`, which
-ends the loop's wait (a fetch nudge), so the next poll() returns it.
-Measured: a managed job due 50 ms after it was made started 76-236 ms late,
-the executor's wait being most of it (docs/dispatcher.md). Only those
-announcements wake it: cw_destinations comes with every job created. Creating
-topics, `on_destinations` and the broker scans run on one thread of the
-watch's own, so a run due while another tenant's topics are being created is
-not held up behind them (measured: first runs 56-522 ms late at p99 while the
-dispatcher's loop created the next tenants' topics itself).
+consumer loop, it checks its listening socket (cw_topics) without blocking.
+A loop blocked in its wait for records (up to 200 ms for the executor; a
+dozing dispatcher's until a record comes) would see a notification only
+after that wait, so the notifications that need acting on at once come to a
+thread of the watch's own (`_listen_here`), on a connection of its own:
+
+- cw_tenants and cw_destinations (the dispatcher's): handed to the worker
+  as they come. Read at the loop's passes, a job created ~35 ms after its
+  tenant reached a dozing dispatcher only when its first run's record did:
+  its webhook topic was announced then, and the webhook service assigned it
+  ~10 ms after the record was written (docs/dispatcher.md, "Topics made
+  before the API answers"). The catch-up reads at a (re)connection (every
+  tenant, every job's destination) run there too, off the loop.
+- cw_topics, with `wake_on_announce` (the executor's and the webhook
+  service's): an announced topic of the prefix not known yet is added and
+  `on_change()` called, which ends the loop's wait (a fetch nudge), so the
+  next poll() returns it. Measured: a managed job due 50 ms after it was
+  made started 76-236 ms late, the executor's wait being most of it. No
+  loop is woken for cw_destinations, which comes with every job created.
+
+Creating topics, `on_destinations` and the broker scans run on the watch's
+worker thread, so a run due while another tenant's topics are being created
+is not held up behind them (measured: first runs 56-522 ms late at p99
+while the dispatcher's loop created the next tenants' topics itself).
 """
 
 from __future__ import annotations
@@ -57,7 +69,7 @@ from cronwheel.store.db import RECONNECT_FIRST_S, RECONNECT_MAX_S, link
 from cronwheel.store.sql_loader import queries
 
 log = logging.getLogger("cronwheel.topic_watch")
-WAKE_WAIT_S = 0.5  # the wake thread's longest wait for a notification (then: closing?)
+WAKE_WAIT_S = 0.5  # the thread's longest wait for a notification (then: closing?)
 Q = queries("topics")
 
 
@@ -88,7 +100,7 @@ class TopicWatch:
         run on that thread too. `on_change()`: called on that thread when it
         changed the list, for the consumer's loop to call poll() at once
         rather than at the end of its wait for records; with
-        `wake_on_announce`, also on the wake thread, for each announced topic
+        `wake_on_announce`, also on the watch's thread, for each announced topic
         of the prefix not known yet (thread-safe, quick)."""
         self.dsn = dsn
         self.client = metadata_client
@@ -115,23 +127,25 @@ class TopicWatch:
         self._scanning = False
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="topic-watch")
         self._closing = threading.Event()
-        self.wake_listening = threading.Event()  # the wake thread listens now
-        self._waker: threading.Thread | None = None
+        self.listening = threading.Event()  # the thread listens now (_listen_here)
+        self._listener: threading.Thread | None = None
+        self.thread_conn: psycopg.Connection | None = None  # the thread's (for a look)
         self._wake_on_announce = wake_on_announce
         if wake_on_announce:
             assert on_change is not None, "a wake is an on_change call"
-        self._woke: set[str] = set()  # added by the wake thread; poll()'s copy is no news
+        self._here = self._thread_channels()  # the thread's (_listen_here)
+        self._woke: set[str] = set()  # added by the thread (announced); poll()'s copy is no news
         self._wake_pending = False  # a wake poll() has not answered yet
 
     def poll(self) -> list[str] | None:
         """The whole sorted list when it changed since the last call, else None."""
-        if self._wake_on_announce and self._waker is None and not self._closing.is_set():
+        if self._here and self._listener is None and not self._closing.is_set():
             # Started by the loop's first poll, not at construction: a watch
             # whose service never ran leaves no thread or connection behind.
-            self._waker = threading.Thread(
-                target=self._wake_on_notifications, name="topic-watch-wake", daemon=True
+            self._listener = threading.Thread(
+                target=self._listen_here, name="topic-watch-listen", daemon=True
             )
-            self._waker.start()
+            self._listener.start()
         self._wake_pending = False
         now = time.monotonic()
         if now >= self._next_check:  # the sources, every check_every_s (or when woken)
@@ -172,8 +186,8 @@ class TopicWatch:
 
     def close(self) -> None:
         self._closing.set()
-        if self._waker is not None:
-            self._waker.join(timeout=WAKE_WAIT_S * 2)
+        if self._listener is not None:
+            self._listener.join(timeout=WAKE_WAIT_S * 2)
         self._worker.shutdown(wait=True, cancel_futures=True)
         for conn in (self._listen, self._announcer):
             if conn is not None:
@@ -190,78 +204,99 @@ class TopicWatch:
         with contextlib.suppress(RuntimeError):  # shut down: the consumer is stopping
             self._worker.submit(run)
 
-    def _wake_on_notifications(self) -> None:
-        """On a thread of its own, with a connection of its own listening on
-        cw_topics: an announced topic of the prefix not known yet is added to
-        the list and `on_change()` called (once until poll() runs again: a
-        burst of new topics ends the loop's wait once). The database away:
-        tried again after the services' backoff, meanwhile poll() finds the
-        topics as before."""
-        assert self.on_change is not None
+    def _listen_here(self) -> None:
+        """On a thread of its own, with a connection of its own: the
+        notifications this watch acts on as they come rather than at the
+        consumer loop's next pass (`_here`). New tenants and jobs'
+        destinations go to the worker (their topics made there); an
+        announced topic of the prefix not known yet is added to the list and
+        `on_change()` called (once until poll() runs again: a burst of new
+        topics ends the loop's wait once). At each (re)connection, what was
+        missed while not listening is read: every tenant, every job's
+        destination. The database away: tried again after the services'
+        backoff, meanwhile the broker scans find the topics as before."""
         conn: psycopg.Connection | None = None
         delay = RECONNECT_FIRST_S
         while not self._closing.is_set():
+            tenants: list[str] = []
+            destinations: list[str] = []
+            fresh: list[str] = []
             try:
                 if conn is None or conn.closed:
-                    conn = link(self.dsn)
-                    conn.execute(Q["listen_topics"])
+                    conn = self.thread_conn = link(self.dsn)
+                    for channel in self._here:
+                        conn.execute(Q[channel])
+                    tenants, destinations = self._missed(conn)
                     delay = RECONNECT_FIRST_S
-                    self.wake_listening.set()
-                fresh = [
-                    note.payload
-                    for note in conn.notifies(timeout=WAKE_WAIT_S, stop_after=1)
-                    if note.payload.startswith(self.prefix)
-                ]
+                    self.listening.set()
+                for note in conn.notifies(timeout=WAKE_WAIT_S, stop_after=1):
+                    if note.channel == "cw_tenants":
+                        tenants.append(note.payload)
+                    elif note.channel == "cw_destinations":
+                        destinations.append(note.payload)
+                    elif note.payload.startswith(self.prefix):
+                        fresh.append(note.payload)
             except psycopg.Error as exc:
-                self.wake_listening.clear()
-                log.debug("topic announcements not watched (%s): again in %.1fs", exc, delay)
+                self.listening.clear()
+                log.debug("notifications not watched (%s): again in %.1fs", exc, delay)
                 if conn is not None:
                     conn.close()
                 conn = None
+                self._next_scan = 0.0  # scan the broker at the next poll
                 self._closing.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
-            with self._lock:
-                new = [t for t in dict.fromkeys(fresh) if t not in self.names]
-                self._woke.update(new)
-            # Added here, so poll() returns it whatever its own connection has
-            # read by then; the loop is woken once until poll() has run.
-            if not self._add(new) or self._wake_pending or self._closing.is_set():
-                continue
-            self._wake_pending = True
-            self.woken_total += 1
-            try:
-                self.on_change()
-            except Exception as exc:  # the loop's next pass reads it anyway
-                log.warning("on_change failed: %s", exc)
+            if tenants:
+                self._add_tenants(tenants)
+            if destinations:
+                self._hand_destinations(destinations)
+            if fresh:
+                self._woken_by(fresh)
         if conn is not None:
             conn.close()
+
+    def _missed(self, conn: psycopg.Connection) -> tuple[list[str], list[str]]:
+        """Every tenant and every job's destination, where this thread
+        listens for them: what came while nobody listened."""
+        tenants = destinations = []
+        if "listen_tenants" in self._here:
+            tenants = [r[0] for r in conn.execute(Q["tenant_ids"])]
+        if "listen_destinations" in self._here:
+            destinations = [r[0] for r in conn.execute(Q["destinations"])]
+        return tenants, destinations
+
+    def _woken_by(self, fresh: list[str]) -> None:
+        """Announced topics: those not known yet added, and the loop woken."""
+        assert self.on_change is not None
+        with self._lock:
+            new = [t for t in dict.fromkeys(fresh) if t not in self.names]
+            self._woke.update(new)
+        # Added here, so poll() returns it whatever its own connection has
+        # read by then; the loop is woken once until poll() has run.
+        if not self._add(new) or self._wake_pending or self._closing.is_set():
+            return
+        self._wake_pending = True
+        self.woken_total += 1
+        try:
+            self.on_change()
+        except Exception as exc:  # the loop's next pass reads it anyway
+            log.warning("on_change failed: %s", exc)
 
     # -- sources --------------------------------------------------------------
 
     def _read_notifications(self) -> None:
-        tenants: list[str] = []
+        """Announced topics, on the loop's own connection (new tenants and
+        destinations come to the thread, `_listen_here`)."""
         topics: list[str] = []
-        destinations: list[str] = []
         if (self._listen is None or self._listen.closed) and time.monotonic() < self._listen_at:
             return  # the database was away: the listener is tried again after its backoff
         try:
             if self._listen is None or self._listen.closed:
                 self._listen = link(self.dsn)
-                for channel in self._listen_to():
-                    self._listen.execute(Q[channel])
-                # What was missed while not listening.
-                if self.tenant_topic is not None:
-                    tenants = [r[0] for r in self._listen.execute(Q["tenant_ids"])]
-                if self.on_destinations is not None:
-                    destinations = [r[0] for r in self._listen.execute(Q["destinations"])]
+                self._listen.execute(Q["listen_topics"])
                 self._listen_delay = RECONNECT_FIRST_S
             for note in self._listen.notifies(timeout=0):
-                if note.channel == "cw_tenants":
-                    tenants.append(note.payload)
-                elif note.channel == "cw_destinations":
-                    destinations.append(note.payload)
-                elif note.payload.startswith(self.prefix):
+                if note.payload.startswith(self.prefix):
                     topics.append(note.payload)
         except psycopg.Error as exc:
             # The services' reconnect policy (cronwheel.store.db), without
@@ -277,27 +312,31 @@ class TopicWatch:
             self._listen_at = time.monotonic() + self._listen_delay
             self._listen_delay = min(self._listen_delay * 2, RECONNECT_MAX_S)
             self._next_scan = 0.0  # scan the broker now for what the notifications would say
-        if tenants and self.tenant_topic is not None:
-            self._add_tenants(tenants)
         with self._lock:
             # A known topic announced again has grown, but not one the wake
             # thread added from this very announcement.
             again = {t for t in topics if t in self.names and t not in self._woke}
             self._woke.difference_update(topics)
         self._add(topics, again)
-        if self.on_destinations is not None and destinations:
-            batch = []
-            for payload in dict.fromkeys(destinations):  # once each, in order
-                tenant, _, rest = payload.partition(":")
-                target_type, _, queue = rest.partition(":")
-                batch.append((tenant, target_type, queue))
-            self._submit(self.on_destinations, batch)
 
-    def _listen_to(self) -> list[str]:
-        """The LISTEN statements of the channels this watch acts on: announced
-        topics always; new tenants where it makes tenants' topics; jobs'
-        destinations where it creates them (the dispatcher's alone)."""
-        channels = ["listen_topics"]
+    def _hand_destinations(self, destinations: list[str]) -> None:
+        """cw_destinations' payloads to `on_destinations`, on the worker."""
+        batch = []
+        for payload in dict.fromkeys(destinations):  # once each, in order
+            tenant, _, rest = payload.partition(":")
+            target_type, _, queue = rest.partition(":")
+            batch.append((tenant, target_type, queue))
+        self._submit(self.on_destinations, batch)
+
+    def _thread_channels(self) -> list[str]:
+        """The LISTEN statements of the thread's connection, each only where
+        the watch acts on that channel: new tenants where it makes tenants'
+        topics and jobs' destinations where it creates them (the dispatcher's
+        alone: cw_destinations comes with every job created), announced
+        topics where they wake the loop (`wake_on_announce`)."""
+        channels = []
+        if self._wake_on_announce:
+            channels.append("listen_topics")
         if self.tenant_topic is not None:
             channels.append("listen_tenants")
         if self.on_destinations is not None:

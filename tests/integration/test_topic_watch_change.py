@@ -15,11 +15,15 @@ import psycopg
 import pytest
 
 from cronwheel import kafka
+from cronwheel.core.clock import now_ms
 from cronwheel.kafka import Topics
+from cronwheel.store.jobs import Jobs, create_tenant
 from cronwheel.topic_watch import TopicWatch, announce
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
+
+QUEUE_Q = {"type": "queue", "queue": "q"}
 
 
 def test_topic_watch__worker_adds_a_tenants_topic__on_change_on_its_thread__poll_returns_it_at_once(
@@ -88,12 +92,12 @@ def test_topic_watch__wake_on_announce__an_announced_new_topic_of_the_prefix_wak
     )
     try:
         assert watch.poll() is None  # listening; the broker has none of ours
-        assert watch.wake_listening.wait(10)
+        assert watch.listening.wait(10)
         with psycopg.connect(database_url, autocommit=True) as conn:
             announce(conn, [f"{topic_prefix}.webhook.acme"])  # another kind's
             announce(conn, [f"{prefix}acme"])
             wait_for(woken.is_set, timeout=10, what="the wake")
-            assert threads == ["topic-watch-wake"] and watch.woken_total == 1
+            assert threads == ["topic-watch-listen"] and watch.woken_total == 1
             assert _polled(watch) == [f"{prefix}acme"]
             woken.clear()
             announce(conn, [f"{prefix}acme"])  # known now: no wake
@@ -106,19 +110,22 @@ def test_topic_watch__wake_on_announce__an_announced_new_topic_of_the_prefix_wak
 
 
 @pytest.mark.parametrize(
-    "role, acts_on",
+    "role, polled, on_thread",
     [
-        ("executor", {"cw_topics"}),
-        ("dispatcher", {"cw_topics", "cw_tenants", "cw_destinations"}),
+        ("executor", {"cw_topics"}, {"cw_topics"}),
+        ("dispatcher", {"cw_topics"}, {"cw_tenants", "cw_destinations"}),
     ],
 )
-def test_topic_watch__listens_only_on_the_channels_it_acts_on(
-    database_url, kafka_bootstrap, topic_prefix, role, acts_on
+def test_topic_watch__listens_only_on_the_channels_it_acts_on__tenants_and_jobs_on_its_thread(
+    database_url, kafka_bootstrap, topic_prefix, role, polled, on_thread
 ):
     """cw_destinations comes with every job created: a watch that creates no
     destination topics (the executor's, the webhook service's) is not sent
-    it, nor cw_tenants where it makes no tenant's topic. Asked of the
-    watch's own listening connection, as the database keeps it."""
+    it, nor cw_tenants where it makes no tenant's topic. Those two come to
+    the watch's thread, where the dispatcher acts on them as they come, not
+    at its loop's next pass; so do announced topics where they wake the loop
+    (the executor's). Asked of each listening connection, as the database
+    keeps it."""
     dispatcher = role == "dispatcher"
     watch = TopicWatch(
         database_url,
@@ -127,12 +134,50 @@ def test_topic_watch__listens_only_on_the_channels_it_acts_on(
         tenant_topic=Topics(topic_prefix).runs if dispatcher else None,
         ensure=(lambda names: None) if dispatcher else None,
         on_destinations=(lambda batch: None) if dispatcher else None,
+        on_change=None if dispatcher else (lambda: None),
         scan_every_s=3600,
+        wake_on_announce=not dispatcher,
     )
     try:
         watch.poll()
-        listening = {r[0] for r in watch._listen.execute("SELECT pg_listening_channels()")}
-        assert listening == acts_on
+        assert watch.listening.wait(10)
+        channels = "SELECT pg_listening_channels()"
+        assert {r[0] for r in watch._listen.execute(channels)} == polled
+        assert watch.thread_conn is not None
+        assert {r[0] for r in watch.thread_conn.execute(channels)} == on_thread
+    finally:
+        watch.close()
+
+
+def test_topic_watch__a_job_made_while_the_loop_waits__its_destination_handed_over_unpolled(
+    database_url, kafka_bootstrap, topic_prefix
+):
+    """The dispatcher's loop may wait for records long after a job is made
+    (dozing, nothing due): the job's destination reaches `on_destinations`
+    without another poll(), and a new tenant's topic reaches `ensure`."""
+    topics = Topics(topic_prefix)
+    handed: list[tuple[str, str, str]] = []
+    ensured: list[str] = []
+    watch = TopicWatch(
+        database_url,
+        kafka.admin(kafka_bootstrap, principal="dispatcher"),
+        f"{topic_prefix}.runs.",
+        tenant_topic=topics.runs,
+        ensure=ensured.extend,
+        on_destinations=handed.extend,
+        scan_every_s=3600,
+    )
+    try:
+        watch.poll()  # the loop's first pass, and its last here
+        assert watch.listening.wait(10)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            made = create_tenant(conn, "acme")
+            tenant = made["tenant_id"]
+            with conn.transaction():
+                body = {"name": "j", "schedule": {"cron": "0 * * * *"}, "target": QUEUE_Q}
+                Jobs(topics).create(conn, made, body, now_ms())
+        wait_for(lambda: (tenant, "queue", "q") in handed, timeout=10, what="the job's destination")
+        wait_for(lambda: topics.runs(tenant) in ensured, timeout=10, what="the tenant's topic")
     finally:
         watch.close()
 

@@ -3,7 +3,7 @@
 -- cw_topics (a topic name, from whoever created the topic) and cw_destinations
 -- ("<tenant>:<type>:<queue>", from the jobs trigger), all in migration 0015.
 
--- A watch listens only on the channels it acts on (TopicWatch._listen_to):
+-- A watch listens only on the channels it acts on (TopicWatch._thread_channels):
 -- cw_destinations comes with every job created, and a watch that creates
 -- no destination topics would be sent each one for nothing.
 
@@ -26,5 +26,6 @@ SELECT DISTINCT tenant_id || ':' || (target->>'type') || ':' || coalesce(target-
 SELECT pg_notify('cw_topics', t) FROM unnest(%(topics)s::text[]) AS t;
 
 -- name: listen_topics
--- Every watch's, and the wake thread's own connection (wake_on_announce).
+-- Every watch's poll() connection, and its thread's where it wakes the loop
+-- (wake_on_announce).
 LISTEN cw_topics;
