@@ -6,7 +6,8 @@ processes, and a gateway. Tenants are created one at a time (`--tenants`,
 one every `--pace-ms`), each with a one-off queue job due `--due-ms` after
 its tenant's creation answered, as a user makes them: POST /v1/tenants, then
 POST /v1/jobs (`--via store`: through the store calls the API makes,
-create_tenant and Jobs.create, in this process, with no gateway). A run's lateness is its queue record's timestamp (the
+create_tenant and Jobs.create, in this process, with no gateway); what each
+POST took is printed. A run's lateness is its queue record's timestamp (the
 dispatcher's produce()) minus its scheduled instant; the same for the run
 topic's record (the relay's produce()). Printed: p50 / p99 / max of both, and
 how many records arrived. `--beside N` first registers N tenants with a queue

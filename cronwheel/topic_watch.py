@@ -129,7 +129,8 @@ class TopicWatch:
         self._closing = threading.Event()
         self.listening = threading.Event()  # the thread listens now (_listen_here)
         self._listener: threading.Thread | None = None
-        self.thread_conn: psycopg.Connection | None = None  # the thread's (for a look)
+        # The thread's connection, for a look at what it listens on.
+        self.thread_conn: psycopg.Connection | None = None
         self._wake_on_announce = wake_on_announce
         if wake_on_announce:
             assert on_change is not None, "a wake is an on_change call"
@@ -238,7 +239,16 @@ class TopicWatch:
                         fresh.append(note.payload)
             except psycopg.Error as exc:
                 self.listening.clear()
-                log.debug("notifications not watched (%s): again in %.1fs", exc, delay)
+                # The loop's poll() still reads announced topics; new tenants
+                # and jobs wait for this thread (or the broker scans): said.
+                alone = self._here != ["listen_topics"]
+                log.log(
+                    logging.WARNING if alone else logging.DEBUG,
+                    "notifications %s not watched (%s): scanning the broker, again in %.1fs",
+                    [c.removeprefix("listen_") for c in self._here],
+                    exc,
+                    delay,
+                )
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -258,7 +268,8 @@ class TopicWatch:
     def _missed(self, conn: psycopg.Connection) -> tuple[list[str], list[str]]:
         """Every tenant and every job's destination, where this thread
         listens for them: what came while nobody listened."""
-        tenants = destinations = []
+        tenants: list[str] = []
+        destinations: list[str] = []
         if "listen_tenants" in self._here:
             tenants = [r[0] for r in conn.execute(Q["tenant_ids"])]
         if "listen_destinations" in self._here:
