@@ -9,7 +9,9 @@ Phases, one after the other, each on fresh job names:
            so a queue that builds up shows) and the answers' status codes
   batch    --batches (10) batches of --batch-size jobs (1,000) over 2
            connections, closed loop: jobs/s from the first send to the last
-           answer, per-batch latency, per-job result statuses
+           answer, per-batch latency, per-job result statuses; with
+           --new-queues every job to a queue of its own, whose topic the
+           gateway makes before it answers
 
 The jobs are cron jobs (`*/5 * * * *`, UTC) to queue targets, spread over 4
 tenants. The gateway's CPU and its PostgreSQL backends' are printed beside
@@ -35,18 +37,28 @@ from pathlib import Path
 import psycopg
 from bench_gateway import Call, OpenLoop
 from bench_lifecycle import CpuTimeline, Platform, profile_report
-from common import create_tenants, describe, fresh_database, grant, header, machine_load, say
+from common import (
+    create_tenants,
+    delete_topics,
+    describe,
+    fresh_database,
+    grant,
+    header,
+    machine_load,
+    prefix_topics,
+    say,
+)
 
 from cronwheel.core.clock import now_ms
 
 TENANTS = 4
 
 
-def job(name: str) -> dict:
+def job(name: str, queue: str = "reports") -> dict:
     return {
         "name": name,
         "schedule": {"cron": "*/5 * * * *", "timezone": "UTC"},
-        "target": {"type": "queue", "queue": "reports"},
+        "target": {"type": "queue", "queue": queue},
         "payload": {"bench": True},
     }
 
@@ -90,10 +102,16 @@ def single(gw: Platform, keys: list[str], rate: int, seconds: int) -> None:
     say(f"RESULT single job creation {n / took:.0f}/s (target >= 300/s)")
 
 
-def batch(gw: Platform, keys: list[str], batches: int, size: int) -> None:
+def batch(gw: Platform, keys: list[str], batches: int, size: int, new_queues: bool) -> None:
+    """`new_queues`: each job of each batch to a queue of its own, whose topic
+    the gateway makes before it answers (services/gateway/topics_ready.py)."""
     calls = []
     for b in range(batches):
-        body = {"jobs": [job(f"batch-{b}-{i}") for i in range(size)]}
+        body = {
+            "jobs": [
+                job(f"batch-{b}-{i}", f"b{b}q{i}" if new_queues else "reports") for i in range(size)
+            ]
+        }
         calls.append(
             Call(0.0, "post", "", keys[b % len(keys)], path="/v1/jobs/batch",
                  body=json.dumps(body).encode())
@@ -105,8 +123,10 @@ def batch(gw: Platform, keys: list[str], batches: int, size: int) -> None:
     cpu, per_job = _measure(gw, calls, 2, jobs)
     took = max(c.done for c in calls) - t0
     statuses = Counter(c.status for c in calls)
+    to = f"{batches * size} new queues" if new_queues else "one queue"
     say(
-        f"batch: {batches} x {size} jobs over 2 connections in {took:.1f} s; statuses {dict(statuses)}"
+        f"batch: {batches} x {size} jobs to {to} over 2 connections in {took:.1f} s;"
+        f" statuses {dict(statuses)}"
     )
     say(f"batch: per request {describe([(c.done - c.sent) * 1000 for c in calls])}")
     say(f"batch: CPU {cpu}")
@@ -121,6 +141,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--only", choices=["single", "batch"])
+    ap.add_argument(
+        "--new-queues",
+        action="store_true",
+        help="batch: every job to a queue of its own (a topic made per job before the answer)",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile the gateway (one process)")
     args = ap.parse_args()
     if min(args.rate, args.seconds, args.batches) < 1 or not 1 <= args.batch_size <= 1000:
@@ -128,6 +153,14 @@ def main() -> None:
     header("bench_job_create: registering jobs over HTTP")
     prefix = f"bj{uuid.uuid4().hex[:8]}"
     grant(prefix)
+    try:
+        run(args, prefix)
+    finally:
+        if mine := prefix_topics(prefix):  # the gateway made the jobs' topics
+            delete_topics(mine)
+
+
+def run(args, prefix: str) -> None:
     with fresh_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
             tenants = create_tenants(conn, TENANTS)
@@ -140,7 +173,7 @@ def main() -> None:
             if args.only in (None, "single"):
                 single(gw, keys, args.rate, args.seconds)
             if args.only in (None, "batch"):
-                batch(gw, keys, args.batches, args.batch_size)
+                batch(gw, keys, args.batches, args.batch_size, args.new_queues)
         if args.profile:
             profile_report(profile)
         shutil.rmtree(profile.parent, ignore_errors=True)

@@ -501,9 +501,12 @@ def ensure_topics(
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise RuntimeError(f"creating topic {name}: {e}") from e
     deadline = time.monotonic() + wait_s
-    for name in created:
-        while not _has_leaders(client, name, min(5.0, wait_s)) and time.monotonic() < deadline:
-            time.sleep(0.01)  # a poll of the broker's metadata, bounded by the deadline
+    waiting = set(created)
+    while waiting:
+        waiting = _leaderless(client, waiting, min(5.0, wait_s))
+        if not waiting or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)  # a poll of the broker's metadata, bounded by the deadline
 
 
 def ensure_sized(names, topics: Topics, client, wait_s: float = 10.0) -> None:
@@ -516,17 +519,28 @@ def ensure_sized(names, topics: Topics, client, wait_s: float = 10.0) -> None:
         ensure_topics(group, partitions=n, client=client, wait_s=wait_s)
 
 
-def _has_leaders(client, name: str, timeout_s: float = 5.0) -> bool:
+def _leaderless(client, names: set[str], timeout_s: float = 5.0) -> set[str]:
+    """Those of `names` whose partitions the broker's metadata does not all
+    give a leader yet: one request for one topic, one cluster-wide request
+    for many (BULK_TOPICS; a batch of jobs to a thousand new queues waited
+    for them one request each)."""
     try:
-        meta = client.list_topics(name, timeout=timeout_s).topics.get(name)
+        if len(names) < BULK_TOPICS:
+            topics = {}
+            for name in names:
+                topics.update(client.list_topics(name, timeout=timeout_s).topics)
+        else:
+            topics = client.list_topics(timeout=timeout_s).topics
     except Exception:  # KafkaException: asked again
-        return False
-    return bool(
-        meta is not None
-        and meta.error is None
-        and meta.partitions
-        and all(p.leader >= 0 for p in meta.partitions.values())
-    )
+        return names
+    return {
+        name
+        for name in names
+        if (meta := topics.get(name)) is None
+        or meta.error is not None
+        or not meta.partitions
+        or any(p.leader < 0 for p in meta.partitions.values())
+    }
 
 
 def grow_topic(name: str, partitions: int, client) -> int:
