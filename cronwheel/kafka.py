@@ -480,7 +480,9 @@ def ensure_topics(
     Returns once the broker's metadata names every new topic with a leader for
     each partition, so a consumer that subscribes to it next is assigned at
     once (the controller acknowledges the create before the broker knows it).
-    `wait_s` bounds the create and that wait each (TimeoutError past it)."""
+    `wait_s` bounds each: TimeoutError when the create is not answered in
+    time; the wait for leaders ends then either way (a consumer that assigns
+    the topic before its leader is known asks again)."""
     names = list(dict.fromkeys(names))  # a name twice refuses the whole request
     if not names:
         return
@@ -521,9 +523,9 @@ def ensure_sized(names, topics: Topics, client, wait_s: float = 10.0) -> None:
 
 def _leaderless(client, names: set[str], timeout_s: float = 5.0) -> set[str]:
     """Those of `names` whose partitions the broker's metadata does not all
-    give a leader yet: one request for one topic, one cluster-wide request
-    for many (BULK_TOPICS; a batch of jobs to a thousand new queues waited
-    for them one request each)."""
+    give a leader yet: a request per topic for a few, one cluster-wide
+    request for many (BULK_TOPICS), so a thousand new topics cost a few
+    requests, not a thousand."""
     try:
         if len(names) < BULK_TOPICS:
             topics = {}

@@ -35,12 +35,13 @@ after that wait, so the notifications that need acting on at once come to a
 thread of the watch's own (`_listen_here`), on a connection of its own:
 
 - cw_tenants and cw_destinations (the dispatcher's): handed to the worker
-  as they come. Read at the loop's passes, a job created ~35 ms after its
-  tenant reached a dozing dispatcher only when its first run's record did:
-  its webhook topic was announced then, and the webhook service assigned it
-  ~10 ms after the record was written (docs/dispatcher.md, "Topics made
-  before the API answers"). The catch-up reads at a (re)connection (every
-  tenant, every job's destination) run there too, off the loop.
+  as they come. A dozing dispatcher's loop waits until a record comes, so
+  read at its passes, a job made a moment after its tenant was seen only
+  with its first run, and its destination topic made and announced only
+  then, after the record the webhook service or the executor had to read
+  from it (docs/dispatcher.md, "Topics made before the API answers"). The
+  catch-up reads at a (re)connection (every tenant, every job's
+  destination) run there too, off the loop.
 - cw_topics, with `wake_on_announce` (the executor's and the webhook
   service's): an announced topic of the prefix not known yet is added and
   `on_change()` called, which ends the loop's wait (a fetch nudge), so the

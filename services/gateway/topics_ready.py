@@ -6,8 +6,8 @@ The dispatcher makes them too (cronwheel/topic_watch.py, on cw_tenants and
 cw_destinations), and that alone is enough for every run to be delivered: but
 those notifications come when the transaction commits, about when the
 gateway answers, and making a topic and waiting for its leader takes tens of
-milliseconds, so a run due sooner than ~100 ms after its tenant was created
-waited for its topics (docs/dispatcher.md). Here, the call that created a
+milliseconds, so a run due that soon after its tenant was created waited for
+its topics (docs/dispatcher.md). Here, the call that created a
 tenant (its run topic) or a job (the run topic and the job's destination)
 makes them after its transaction commits, and answers once the broker's
 metadata names their leaders.
