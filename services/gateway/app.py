@@ -19,7 +19,7 @@ from cronwheel import config
 from cronwheel.core.clock import now_ms
 from cronwheel.core.ssrf import Network, allowed_networks
 from cronwheel.kafka import Topics
-from services.gateway import console, fastpath, problems
+from services.gateway import console, fastpath, problems, topics_ready
 from services.gateway.http_metrics import HttpMetrics
 from services.gateway.ratelimit import RateLimiter, SharedRateLimiter
 from services.gateway.routes import (
@@ -58,6 +58,7 @@ def create_app(
     jobs_fastpath: bool | None = None,
     rate_limit_table: str | None = None,
     make_topics: bool = False,
+    topics_wait_s: float = topics_ready.WAIT_S,
 ) -> FastAPI:
     """The ASGI app. Its pool opens now; call `app.state.gateway.close()` when done.
     `worker_fastpath`: serve start, heartbeat and complete (and their batches)
@@ -67,8 +68,9 @@ def create_app(
     `rate_limit_table`: the rate-limit buckets shared by the gateway's worker
     processes (ratelimit.create_table); None keeps them in this process.
     `make_topics`: tenants' topics made before the calls that create tenants
-    and jobs answer (topics_ready.py); the gateway's process turns it on
-    (CRONWHEEL_GATEWAY_MAKES_TOPICS)."""
+    and jobs answer, waiting for the broker `topics_wait_s` at most
+    (topics_ready.py); the gateway's process turns it on
+    (CRONWHEEL_GATEWAY_MAKES_TOPICS, CRONWHEEL_GATEWAY_TOPICS_WAIT_MS)."""
     if rate_limit_table is None:
         limiter = RateLimiter(rate_per_s, burst)
     else:
@@ -84,6 +86,7 @@ def create_app(
         webhook_allow=allowed_networks() if webhook_allow is None else webhook_allow,
         pool_max=pool_max,
         make_topics=make_topics,
+        topics_wait_s=topics_wait_s,
     )
     app = FastAPI(
         title="cronwheel",

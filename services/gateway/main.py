@@ -68,6 +68,7 @@ class GatewaySettings:
     # A new tenant's run topic and a new job's topics made before the call
     # answers, so its first run is as punctual as any (topics_ready.py).
     make_topics: bool = setting("CRONWHEEL_GATEWAY_MAKES_TOPICS", True)
+    topics_wait_ms: int = setting("CRONWHEEL_GATEWAY_TOPICS_WAIT_MS", 2000, minimum=1)
     # Processes; unset: one per two CPUs, at most 8 (worker_count).
     workers: int | None = setting(WORKERS, None, minimum=1)
     # Set by the gateway for its workers, not by people.
@@ -170,6 +171,7 @@ def serve(settings: GatewaySettings, log) -> None:
         worker_fastpath=settings.fastpath,
         rate_limit_table=settings.rate_limit_table if fd is not None else None,
         make_topics=settings.make_topics,
+        topics_wait_s=settings.topics_wait_ms / 1000,
     )
     app.state.key_guard = KeyGuard(AuthLimits(settings.auth_failures, settings.auth_cache_s))
     app.state.gateway.destinations = DestinationCheck(

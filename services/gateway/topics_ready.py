@@ -14,7 +14,7 @@ metadata names their leaders.
 
 Best effort, never a refusal: the job is in the database, so it is delivered
 whether or not the broker answers here. A broker that does not answer within
-WAIT_S costs one call that long; the calls of the next QUIET_S make nothing
+`wait_s` (CRONWHEEL_GATEWAY_TOPICS_WAIT_MS) costs one call that long; the calls of the next QUIET_S make nothing
 (the dispatcher makes their topics), so a broker away does not slow every
 new job. Topics made or found are remembered for the life of the process, so
 only a tenant's first job per destination pays the round trip.
@@ -34,7 +34,7 @@ from cronwheel.kafka import Topics
 
 log = logging.getLogger("cronwheel.gateway.topics")
 
-WAIT_S = 2.0  # the longest a call waits for the broker to make its topics
+WAIT_S = 2.0  # the longest a call waits for the broker to make its topics (by default)
 QUIET_S = 30.0  # after a failure, how long calls leave their topics to the dispatcher
 
 TOPICS = Counter(

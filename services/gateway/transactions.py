@@ -35,7 +35,7 @@ from cronwheel.store.jobs import Jobs, hash_key
 from cronwheel.store.lifecycle import Lifecycle
 from cronwheel.store.sql_loader import queries
 from cronwheel.store.workflows import Workflows
-from services.gateway import idempotency, problems
+from services.gateway import idempotency, problems, topics_ready
 from services.gateway.auth import READS, Caller, unauthenticated
 from services.gateway.destinations import DestinationCheck
 from services.gateway.problems import Problem
@@ -95,9 +95,11 @@ class Gateway:
         pool_min: int = 1,
         pool_max: int = 10,
         make_topics: bool = False,
+        topics_wait_s: float = topics_ready.WAIT_S,
     ):
         """`make_topics`: tenants' topics made before the calls that create
-        tenants and jobs answer (topics_ready.py; main.py turns it on)."""
+        tenants and jobs answer, waiting for the broker `topics_wait_s` at
+        most (topics_ready.py; main.py turns it on)."""
         if not operator_key:
             raise ValueError("an operator key is required")
         self.topics = topics
@@ -125,7 +127,9 @@ class Gateway:
         )
         self._admin = None
         self._admin_lock = threading.Lock()
-        self.topics_ready = TopicsReady(topics, self.kafka_admin) if make_topics else None
+        self.topics_ready = (
+            TopicsReady(topics, self.kafka_admin, wait_s=topics_wait_s) if make_topics else None
+        )
 
     @staticmethod
     def _configure(conn) -> None:

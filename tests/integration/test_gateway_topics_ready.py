@@ -17,6 +17,9 @@ from tests.support.gateway import served
 pytestmark = pytest.mark.integration
 
 OPERATOR_KEY = OPERATOR["Authorization"].removeprefix("Bearer ")
+# A loaded machine may take seconds to make topics: the tests that count them
+# made wait that long, as CRONWHEEL_GATEWAY_TOPICS_WAIT_MS lets an operator.
+SLOW_BROKER_S = 60.0
 QUEUE = {"type": "queue", "queue": "reports"}
 WEBHOOK = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}  # allowed below
 MANAGED = {"type": "managed", "command": ["true"]}
@@ -54,6 +57,7 @@ def test_topics_exist_when_the_calls_answer__tenant_job_batch_and_retarget(
         OPERATOR_KEY,
         webhook_allow=allowed_networks("127.0.0.0/8"),
         make_topics=True,
+        topics_wait_s=SLOW_BROKER_S,
     )
     with served(app) as c:
         made_before = _made("made")
@@ -90,7 +94,14 @@ def test_a_batch_to_many_new_queues__every_topic_led_when_it_answers(
     """Past kafka.BULK_TOPICS new topics, their leaders are waited for
     through cluster-wide metadata requests rather than one request each."""
     topics = Topics(topic_prefix)
-    app = create_app(database_url, topics, kafka_bootstrap, OPERATOR_KEY, make_topics=True)
+    app = create_app(
+        database_url,
+        topics,
+        kafka_bootstrap,
+        OPERATOR_KEY,
+        make_topics=True,
+        topics_wait_s=SLOW_BROKER_S,
+    )
     with served(app) as c:
         r = c.post("/v1/tenants", json={"name": "acme"}, headers=OPERATOR)
         tenant, key = r.json()["tenant_id"], r.json()["api_key"]
@@ -109,10 +120,12 @@ def test_broker_away__jobs_created_all_the_same__then_left_to_the_dispatcher_awh
     database_url, topic_prefix
 ):
     away = "127.0.0.1:1"  # nothing listens: every ask of the broker goes unanswered
-    app = create_app(database_url, Topics(topic_prefix), away, OPERATOR_KEY, make_topics=True)
+    app = create_app(
+        database_url, Topics(topic_prefix), away, OPERATOR_KEY, make_topics=True, topics_wait_s=0.5
+    )
     ready = app.state.gateway.topics_ready
     now = [0.0]
-    ready.wait_s, ready.clock = 0.5, lambda: now[0]
+    ready.clock = lambda: now[0]
     with served(app) as c:
         failed_before = _made("failed")
         r = c.post("/v1/tenants", json={"name": "acme"}, headers=OPERATOR)
