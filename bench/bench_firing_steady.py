@@ -319,7 +319,7 @@ def main() -> None:
     }
     for label, p99 in results.items():
         say(
-            f"RESULT steady {label}: p99 lateness {p99:.0f} ms"
+            f"RESULT steady {label}: p99 lateness {p99:.1f} ms"
             f" (target <= {TARGET_P99_MS} ms: {'met' if p99 <= TARGET_P99_MS else 'MISSED'})"
         )
 

@@ -790,7 +790,7 @@ def _remove_tenant(tenant_id: str) -> None:
 
 @dataclass
 class Arrival:
-    received_ms: int
+    received_ms: float  # now_precise_ms(): a lateness is read below the millisecond
     scheduled_ms: int | None = None
     created_ms: int | None = None
     produced_ms: int | None = None  # the record's timestamp: when its producer took it
@@ -918,7 +918,7 @@ class Reader:
             first = self.consumer.poll(0.05)
             if first is None:
                 continue
-            at = now_ms()
+            at = now_precise_ms()
             for m in [first, *self.consumer.consume(num_messages=2000, timeout=0)]:
                 if m.error():
                     self.errors.append(str(m.error()))
@@ -1199,6 +1199,13 @@ def storm(
     )
 
 
+def now_precise_ms() -> float:
+    """The wall clock in milliseconds with its fraction. A lateness of a few
+    milliseconds read in whole ones is off by up to one (a stamp truncated to
+    its millisecond): the figure issue 21 holds to 1.5x a floor of 3 ms."""
+    return time.time() * 1000
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
     s = sorted(values)
@@ -1208,8 +1215,8 @@ def percentile(values: list[float], q: float) -> float:
 def describe(values: list[float]) -> str:
     """p50, p99, max and mean in ms; an infinite value stands for a missing record."""
     return (
-        f"p50 {percentile(values, 50):.0f} ms, p99 {percentile(values, 99):.0f} ms,"
-        f" max {max(values):.0f} ms, mean {statistics.fmean(values):.1f} ms"
+        f"p50 {percentile(values, 50):.1f} ms, p99 {percentile(values, 99):.1f} ms,"
+        f" max {max(values):.1f} ms, mean {statistics.fmean(values):.1f} ms"
     )
 
 
