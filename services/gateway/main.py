@@ -68,6 +68,9 @@ class GatewaySettings:
     # A new tenant's run topic and a new job's topics made before the call
     # answers, so its first run is as punctual as any (topics_ready.py).
     make_topics: bool = setting("CRONWHEEL_GATEWAY_MAKES_TOPICS", True)
+    # topics_ready.WAIT_S, written again: this module imports the gateway's
+    # modules only once the metrics directory is set (prometheus_client reads
+    # it at import).
     topics_wait_ms: int = setting("CRONWHEEL_GATEWAY_TOPICS_WAIT_MS", 2000, minimum=1)
     # Processes; unset: one per two CPUs, at most 8 (worker_count).
     workers: int | None = setting(WORKERS, None, minimum=1)
