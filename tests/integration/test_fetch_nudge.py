@@ -84,6 +84,10 @@ def test_nudge__a_partition_assigned_while_a_fetch_waits__its_record_read_once_n
 
         wait_for(learnt, timeout=30, interval=0, what="the leaders learnt, a nudge before each ask")
         asked = nudge.sent_total
+        # The asks' nudges read, so the fetch outstanding is one sent after
+        # them: read later, the last could end a fetch after the assignment
+        # below, and the one sent next would name the new partition.
+        assert not any(m.topic() == second for m in _polled(consumer, 1.0))
         consumer.incremental_assign([TopicPartition(second, 0, 0)])
         writer.produce(topic=second, key=b"run-1", value=b"x")
         assert writer.flush(10) == 0
