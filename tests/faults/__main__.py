@@ -4,7 +4,8 @@ each one's notes; exit 1 when any checker found a violation (in a scenario
 not listed in KNOWN_FAILURES). A scenario that found one keeps its services'
 logs (stacks and consumer state included: harness.Platform.diagnose), and
 the last line says where.
-`python -m tests.faults NAME ...` runs only the scenarios named."""
+`python -m tests.faults NAME ...` runs only the scenarios named;
+`--keep-logs` keeps every scenario's logs (to read how one recovered)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from tests.faults.harness import private_stack
 from tests.faults.scenarios import FAULTS, KNOWN_FAILURES, LONG, NEEDS, run
 
 
-def main(names: list[str]) -> int:
+def main(args: list[str]) -> int:
+    keep = "--keep-logs" in args
+    names = [a for a in args if a != "--keep-logs"]
     unknown = set(names) - set(FAULTS)
     if unknown:
         print(f"unknown scenarios: {sorted(unknown)}; known: {sorted(FAULTS)}", file=sys.stderr)
@@ -40,7 +43,7 @@ def main(names: list[str]) -> int:
                 continue
             print(report.line(), flush=True)
             reports.append(report)
-            if not report.problems:
+            if not report.problems and not keep:
                 shutil.rmtree(log_dir, ignore_errors=True)
     print()
     for report in reports:
@@ -51,7 +54,9 @@ def main(names: list[str]) -> int:
         if report.scenario in KNOWN_FAILURES:
             print(f"  known failure: {KNOWN_FAILURES[report.scenario]}")
     failed = [r for r in reports if r.problems and r.scenario not in KNOWN_FAILURES]
-    if broken or any(r.problems for r in reports):
+    if keep:
+        print(f"\nlogs of every scenario: {logs}")
+    elif broken or any(r.problems for r in reports):
         print(f"\nlogs of the scenarios that failed or found a problem: {logs}")
     else:
         shutil.rmtree(logs, ignore_errors=True)
