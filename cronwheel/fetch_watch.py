@@ -40,9 +40,9 @@ holds there:
   (acknowledged or failed) came between them, and a new client of the
   process got an answer from the broker at both. A broker that is down
   answers nobody; a busy producer reports deliveries; a producer waiting out
-  its reconnect backoff (at most 10 s, librdkafka's
-  reconnect.backoff.max.ms) after the broker came back has done so within
-  the `every_s` (15 s) the broker answered throughout.
+  its reconnect backoff (at most 2 s, kafka.LOST_LINK_MS) after the broker
+  came back has done so within the `every_s` (15 s) the broker answered
+  throughout.
 - A look more than twice `every_s` after the last starts over, as above.
 
 The broker's end offsets are asked off the consumer's loop (`EndsAsked`):

@@ -173,19 +173,27 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
     return name, passwords[role]
 
 
-# Every platform client ends a request that has had no answer for 15 s, and
-# with it the connection (librdkafka's socket.timeout.ms, 60 s by default),
-# then connects again. A connection whose packets are dropped (a network
-# partition, not a broker that is down) gives no error: at the default a
-# dispatcher cut off from the broker for 30 s waited on its hung requests
-# another 30 s after the cut healed (docs/reliability.md, "Cut off, and
-# back"). A fetch waits at most fetch.wait.max.ms (500) for its records
-# before the timeout counts; a produce on this broker is answered in
-# milliseconds. A connection attempt keeps librdkafka's 30 s
-# (socket.connection.setup.timeout.ms): it covers the SASL handshake, which a
-# loaded machine can take seconds over (docs/reliability.md, "Cut off, and
-# back", tells what a 5 s limit did).
-HUNG_REQUEST_MS = {"socket.timeout.ms": 15_000}
+# Every platform client ends a lost link itself and is quick to make it
+# again once the network is back (docs/reliability.md, "Cut off, and back"):
+# - a request that has had no answer for 15 s ends, and its connection with
+#   it (librdkafka's socket.timeout.ms, 60 s by default). A connection whose
+#   packets are dropped (a network partition, not a broker that is down)
+#   gives no error: at the default a dispatcher cut off from the broker for
+#   30 s waited on its hung requests another 30 s after the cut healed. A
+#   fetch waits at most fetch.wait.max.ms (500) for its records before the
+#   timeout counts; a produce on this broker is answered in milliseconds.
+# - a connection attempt is given up after 10 s (socket.connection.setup.
+#   timeout.ms, 30 s by default), and the next made within 2 s (reconnect.
+#   backoff.max.ms, 10 s). Through a partition an attempt's SYNs go out at
+#   the kernel's doubling intervals (0, 1, 3, 7, 15, 31 s): within a 30 s
+#   attempt the link came back up to 16 s before a SYN saw it, within a 10 s
+#   one 4 s. Not shorter: the limit covers the SASL handshake, which a
+#   loaded machine can take seconds over (5 s was tried; docs/reliability.md).
+LOST_LINK_MS = {
+    "socket.timeout.ms": 15_000,
+    "socket.connection.setup.timeout.ms": 10_000,
+    "reconnect.backoff.max.ms": 2_000,
+}
 
 
 def producer(
@@ -203,7 +211,7 @@ def producer(
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 500000,
         "compression.type": "lz4",
-        **HUNG_REQUEST_MS,
+        **LOST_LINK_MS,
         "log_level": 3,
         **(kafka_stats.options(principal) if isinstance(principal, str) else {}),
     }
@@ -230,7 +238,7 @@ def consumer(
         # a scheduler's records should not wait that long behind a dead process.
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 2_000,
-        **HUNG_REQUEST_MS,
+        **LOST_LINK_MS,
         "log_level": 3,
     }
     conf.update(overrides)
@@ -242,7 +250,7 @@ def admin(bootstrap: str | None = None, *, principal: str | Credentials) -> Admi
         {
             "bootstrap.servers": bootstrap or config.kafka_bootstrap(),
             **security(principal, bootstrap),
-            **HUNG_REQUEST_MS,
+            **LOST_LINK_MS,
             "log_level": 3,
         }
     )
@@ -261,7 +269,7 @@ def asker(bootstrap: str | None = None, *, principal: str | Credentials, group: 
             "group.id": group,
             "enable.auto.commit": False,
             "isolation.level": "read_uncommitted",
-            **HUNG_REQUEST_MS,
+            **LOST_LINK_MS,
             "log_level": 3,
         }
     )
