@@ -97,6 +97,17 @@ FOLLOW_CHECK_EVERY_S = 0.5
 # gone can wait for it.
 CLOSE_WAIT_S = 10.0
 
+# A lost link ended, and made again soon after the network is back, as the
+# platform's clients do (cronwheel.kafka.LOST_LINK_MS, which says why; the
+# SDK does not import the platform, and a unit test keeps the two equal):
+# a worker cut from the broker starts runs again seconds sooner after the
+# heal (docs/reliability.md, "Connection attempts that see the heal").
+LOST_LINK_MS = {
+    "socket.timeout.ms": 15_000,
+    "socket.connection.setup.timeout.ms": 10_000,
+    "reconnect.backoff.max.ms": 2_000,
+}
+
 
 def kafka_security(username: str | None = None, password: str | None = None) -> dict:
     """The consumer's SASL settings: the tenant's Kafka credentials (returned
@@ -297,6 +308,7 @@ class Worker:
                 # A crashed worker's partitions move to the others after 10 s.
                 "session.timeout.ms": 10_000,
                 "heartbeat.interval.ms": 2_000,
+                **LOST_LINK_MS,
                 "log_level": 3,
                 **self.consumer_config,
             }

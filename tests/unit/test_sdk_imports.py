@@ -30,3 +30,11 @@ def test_import_sdk__loads_no_platform_module():
 def test_default_bootstrap__is_the_local_stacks():
     # The SDK keeps its own copy of the address (it does not import config).
     assert worker.LOCAL_KAFKA_BOOTSTRAP == config.LOCAL_KAFKA_BOOTSTRAP
+
+
+def test_worker_lost_link_settings__are_the_platforms():
+    """The SDK keeps its own copy (it imports nothing of cronwheel.kafka):
+    a worker must end and remake a lost link as the platform's clients do."""
+    from cronwheel import kafka
+
+    assert worker.LOST_LINK_MS == kafka.LOST_LINK_MS
