@@ -6,6 +6,7 @@ renewal and after it."""
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 
 import psycopg
@@ -34,6 +35,14 @@ JOB = {
 }
 
 
+def _renewed_having_met(line: str, topics: int) -> None:
+    """The renewal's log line names `topics` met and at most half of them used
+    in the look's second (TopicsMet's rule): usually none, but on a loaded
+    machine a publish or a nudge can still fall inside it (one did in CI)."""
+    met = re.search(r"the last had met (\d+) topics, (\d+) of them used", line)
+    assert met is not None and int(met[1]) == topics and 2 * int(met[2]) <= topics, line
+
+
 def test_relay_met_topics_gone_quiet__new_producer__each_run_published_once(
     database_url, kafka_bootstrap, topic_prefix, caplog
 ):
@@ -49,7 +58,7 @@ def test_relay_met_topics_gone_quiet__new_producer__each_run_published_once(
     with running(relay):
         wait_for(lambda: relay.published_total >= 4, 60, what="the first four published")
         # Five topics met (the run topics and the wake topic); a look with
-        # none of them used renews the producer.
+        # at most half of them used renews the producer.
         wait_for(lambda: relay.producer.renewed_total >= 1, 30, what="a new producer")
         assert relay.producer._producer is not old
         busy_tenant, busy_job = made[0]
@@ -58,7 +67,7 @@ def test_relay_met_topics_gone_quiet__new_producer__each_run_published_once(
         wait_for(lambda: relay.published_total >= 5, 60, what="the later run published")
     [line] = [r.getMessage() for r in caplog.records if "a new producer" in r.getMessage()]
     # The four run topics and the dozing dispatchers' wake topic (cronwheel.dozing).
-    assert "the last had met 5 topics, 0 of them used" in line
+    _renewed_having_met(line, 5)
     published = Counter(
         m.key().decode()
         for m in read_all(kafka_bootstrap, [topics.runs(t["tenant_id"]) for t in tenants])
@@ -84,7 +93,7 @@ def test_dispatcher_met_queues_gone_quiet__new_producer__each_run_forwarded_once
         wait_for(lambda: dispatcher.forwarded_total >= 5, 60, what="the later run forwarded")
     [line] = [r.getMessage() for r in caplog.records if "a new producer" in r.getMessage()]
     # The four queues, and the wake topic its nudge after the assignment wrote to.
-    assert "the last had met 5 topics, 0 of them used" in line
+    _renewed_having_met(line, 5)
     queues = [topics.queue(t, "billing") for t in tenants]
     forwarded = Counter(m.key().decode() for m in read_all(kafka_bootstrap, queues))
     assert forwarded == {**{f"{t}-a": 1 for t in tenants}, "t0-b": 1}
