@@ -174,7 +174,8 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
 
 
 # Every platform client ends a lost link itself and is quick to make it
-# again once the network is back (docs/reliability.md, "Cut off, and back"):
+# again once the network is back (docs/reliability.md, "Cut off, and back"
+# and "Connection attempts that see the heal"):
 # - a request that has had no answer for 15 s ends, and its connection with
 #   it (librdkafka's socket.timeout.ms, 60 s by default). A connection whose
 #   packets are dropped (a network partition, not a broker that is down)
@@ -185,10 +186,12 @@ def _local_password(role: str, bootstrap: str) -> tuple[str | None, str | None]:
 # - a connection attempt is given up after 10 s (socket.connection.setup.
 #   timeout.ms, 30 s by default), and the next made within 2 s (reconnect.
 #   backoff.max.ms, 10 s). Through a partition an attempt's SYNs go out at
-#   the kernel's doubling intervals (0, 1, 3, 7, 15, 31 s): within a 30 s
-#   attempt the link came back up to 16 s before a SYN saw it, within a 10 s
-#   one 4 s. Not shorter: the limit covers the SASL handshake, which a
-#   loaded machine can take seconds over (5 s was tried; docs/reliability.md).
+#   the kernel's doubling intervals (0, 1, 3, 7, 15, 31 s), so a link back
+#   from a partition waits for the attempt's next SYN: up to 16 s within a
+#   30 s attempt; about 5 s at most with 10 s ones and the next within 2 s
+#   (SYNs at 0, 1, 3 and 7 s, a new attempt by 12 s). Not shorter: the
+#   limit covers the SASL handshake, which a loaded machine can take
+#   seconds over (5 s was tried; docs/reliability.md).
 LOST_LINK_MS = {
     "socket.timeout.ms": 15_000,
     "socket.connection.setup.timeout.ms": 10_000,
