@@ -16,8 +16,9 @@ Best effort, never a refusal: the job is in the database, so it is delivered
 whether or not the broker answers here. A broker that does not answer within
 `wait_s` (CRONWHEEL_GATEWAY_TOPICS_WAIT_MS) costs one call that long; the
 calls of the next QUIET_S make nothing (the dispatcher makes their topics),
-so a broker away does not slow every new job. Topics made or found are remembered for the life of the process, so
-only a tenant's first job per destination pays the round trip.
+so a broker away does not slow every new job. Topics made or found are
+remembered for the life of the process, so only a tenant's first job per
+destination pays the round trip.
 """
 
 from __future__ import annotations
